@@ -1,0 +1,431 @@
+"""The one place that knows about devices: numpy/scipy/faiss-cpu on the CPU, CuPy/cupyx/FAISS-GPU on NVIDIA GPUs.
+
+Engines receive a :class:`Backend` and write their maths once against ``backend.xp`` (numpy or cupy),
+``backend.sparse`` (scipy.sparse or cupyx.scipy.sparse) and ``backend.special``. What the two stacks do not share
+(kNN, k-means, batched solves, host/device transfers) is a method here with a CPU twin.
+
+Nothing here imports cupy, cupyx, cuml or faiss at module import time: ``import gpuc`` works on a machine without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.special
+
+Device = Literal["auto", "cpu", "gpu"]
+_DEVICES = ("auto", "cpu", "gpu")
+GPU_EXTRA_HINT = "pip install 'gpuc[gpu]'  (cupy-cuda12x, cuml-cu12, faiss-gpu-cu12)"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# optional imports
+# --------------------------------------------------------------------------------------------------------------------
+def optional_import(module: str, extra: str, purpose: str = "") -> ModuleType:
+    """Import an optional dependency or raise an :class:`ImportError` naming the extra that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        what = f" for {purpose}" if purpose else ""
+        msg = f"{module!r} is needed{what} but could not be imported ({err}). Install it with: pip install 'gpuc[{extra}]'"
+        raise ImportError(msg) from err
+
+
+@functools.cache
+def gpu_status() -> tuple[bool, str]:
+    """Return ``(usable, reason)``: whether cupy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+    except Exception as err:  # noqa: BLE001 - any failure means "no GPU"
+        return False, f"cupy is not installed or failed to import ({type(err).__name__}: {err})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as err:  # noqa: BLE001
+        return False, f"cupy imported but no CUDA device is usable ({type(err).__name__}: {err})"
+    if n < 1:
+        return False, "cupy imported but reports 0 CUDA devices"
+    return True, f"{n} CUDA device(s)"
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA device can be used through cupy."""
+    return gpu_status()[0]
+
+
+def is_cupy_array(x: Any) -> bool:
+    """Whether ``x`` is a cupy ndarray or a cupyx sparse matrix, without importing cupy."""
+    mod = type(x).__module__
+    return mod.startswith("cupy")
+
+
+def is_sparse(x: Any) -> bool:
+    """Whether ``x`` is a scipy or cupyx sparse matrix/array."""
+    if sp.issparse(x):
+        return True
+    return is_cupy_array(x) and type(x).__module__.startswith("cupyx.scipy.sparse")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# device resolution
+# --------------------------------------------------------------------------------------------------------------------
+def resolve_device(device: Device | None = None, data: Any = None) -> Literal["cpu", "gpu"]:
+    """Turn ``"auto" | "cpu" | "gpu" | None`` into the device to use.
+
+    ``None`` means :attr:`gpuc.settings.device`. ``"auto"`` picks the GPU when the input already lives there or when
+    cupy imports and sees a device, else the CPU. ``"gpu"`` without a usable device raises a :class:`RuntimeError`.
+    """
+    if device is None:
+        from gpuc._settings import settings
+
+        device = settings.device
+    if device not in _DEVICES:
+        msg = f"device={device!r} is not valid; use one of {_DEVICES}."
+        raise ValueError(msg)
+    if device == "cpu":
+        return "cpu"
+    if device == "gpu" or (data is not None and is_cupy_array(data)):
+        ok, reason = gpu_status()
+        if not ok:
+            msg = f"device='gpu' was requested but no usable GPU was found: {reason}. Install {GPU_EXTRA_HINT} on a machine with an NVIDIA GPU, or pass device='cpu'."
+            raise RuntimeError(msg)
+        return "gpu"
+    return "gpu" if gpu_available() else "cpu"
+
+
+def get_backend(device: Device | None = None, data: Any = None) -> Backend:
+    """Return the :class:`Backend` for ``device`` (see :func:`resolve_device`)."""
+    return _backend_for(resolve_device(device, data))
+
+
+@functools.cache
+def _backend_for(name: str) -> Backend:
+    if name == "cpu":
+        return Backend("cpu", np, sp, scipy.special)
+    import cupy
+    import cupyx.scipy.sparse
+    import cupyx.scipy.special
+
+    return Backend("gpu", cupy, cupyx.scipy.sparse, cupyx.scipy.special)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the backend
+# --------------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Backend:
+    """Array namespace and device-specific helpers for one device.
+
+    Attributes
+    ----------
+    name
+        ``"cpu"`` or ``"gpu"``.
+    xp
+        ``numpy`` or ``cupy``.
+    sparse
+        ``scipy.sparse`` or ``cupyx.scipy.sparse``.
+    special
+        ``scipy.special`` or ``cupyx.scipy.special`` (gammaln, digamma, polygamma, ...).
+    """
+
+    name: str
+    xp: ModuleType = field(repr=False)
+    sparse: ModuleType = field(repr=False)
+    special: ModuleType = field(repr=False)
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether this backend runs on a CUDA device."""
+        return self.name == "gpu"
+
+    # ---- transfers -------------------------------------------------------------------------------------------------
+    def asarray(self, x: Any, dtype: Any = None) -> Any:
+        """Move ``x`` (dense or sparse, host or device) to this backend, converting dtype if given; no copy if already there."""
+        if self.is_gpu:
+            if is_sparse(x):
+                if sp.issparse(x):
+                    x = _cupyx_from_scipy(self.sparse, x)
+                return x.astype(dtype) if dtype is not None and x.dtype != dtype else x
+            return self.xp.asarray(x, dtype=dtype)
+        x = to_host(x)
+        if sp.issparse(x):
+            return x.astype(dtype) if dtype is not None and x.dtype != dtype else x
+        return np.asarray(x, dtype=dtype)
+
+    def to_host(self, x: Any) -> Any:
+        """Return ``x`` as numpy / scipy.sparse (see :func:`to_host`)."""
+        return to_host(x)
+
+    def scalar(self, x: Any) -> float:
+        """A 0-d array as a Python float (one device->host transfer of 8 bytes)."""
+        return float(x)
+
+    def synchronize(self) -> None:
+        """Wait for queued GPU work (for timing); no-op on the CPU."""
+        if self.is_gpu:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    # ---- random numbers ------------------------------------------------------------------------------------------
+    def rng(self, seed: int | np.random.SeedSequence) -> Any:
+        """A random generator on this device seeded from ``seed``."""
+        ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+        if self.is_gpu:
+            return self.xp.random.default_rng(int(ss.generate_state(1, np.uint64)[0] >> 1))
+        return np.random.default_rng(ss)
+
+    # ---- linear algebra --------------------------------------------------------------------------------------------
+    def solve_batched(self, a: Any, b: Any) -> Any:
+        """Solve the stacked systems ``a[..., :, :] @ x = b[..., :]`` (``b`` may also carry a trailing rhs axis)."""
+        xp = self.xp
+        if b.ndim == a.ndim - 1:
+            return xp.linalg.solve(a, b[..., None])[..., 0]
+        return xp.linalg.solve(a, b)
+
+    def cholesky_solve_batched(self, a: Any, b: Any) -> Any:
+        """Batched solve for symmetric positive-definite ``a`` through a Cholesky factor."""
+        xp = self.xp
+        chol = xp.linalg.cholesky(a)
+        rhs = b[..., None] if b.ndim == a.ndim - 1 else b
+        y = _tri_solve(xp, chol, rhs, lower=True)
+        x = _tri_solve(xp, xp.swapaxes(chol, -1, -2), y, lower=False)
+        return x[..., 0] if b.ndim == a.ndim - 1 else x
+
+    # ---- nearest neighbours --------------------------------------------------------------------------------------
+    def knn(
+        self,
+        x: Any,
+        n_neighbors: int,
+        *,
+        method: Literal["auto", "exact", "ivf"] = "auto",
+        queries: Any = None,
+        n_lists: int | None = None,
+        n_probe: int | None = None,
+        block_size: int = 4096,
+    ) -> tuple[Any, Any]:
+        """Euclidean k nearest neighbours of each row of ``queries`` (default ``x``) among the rows of ``x``.
+
+        Returns ``(distances, indices)``, each ``(n_queries, n_neighbors)``, sorted by distance, on this backend's
+        device. When ``queries`` is ``x`` each point is its own first neighbour. ``method="exact"`` is brute force
+        (FAISS ``IndexFlatL2``, or blocked matrix products on the GPU when FAISS-GPU is absent); ``"ivf"`` is FAISS
+        ``IndexIVFFlat`` with ``n_lists`` (default ~4 sqrt(n)) cells and ``n_probe`` (default ~n_lists/8) probes;
+        ``"auto"`` is exact up to 50,000 points, IVF above.
+        """
+        n = x.shape[0]
+        if not 1 <= n_neighbors <= n:
+            msg = f"n_neighbors={n_neighbors} must be between 1 and the number of points ({n})."
+            raise ValueError(msg)
+        if method not in ("auto", "exact", "ivf"):
+            msg = f"method={method!r} is not valid; use 'auto', 'exact' or 'ivf'."
+            raise ValueError(msg)
+        if method == "auto":
+            method = "exact" if n <= 50_000 else "ivf"
+        faiss = _import_faiss(gpu=self.is_gpu, required=not self.is_gpu or method == "ivf")
+        if faiss is None:  # GPU without FAISS-GPU: exact blocked search in cupy
+            return knn_blocked(self.xp, x, n_neighbors, queries=queries, block_size=block_size)
+        xb = np.ascontiguousarray(to_host(x), dtype=np.float32)
+        xq = xb if queries is None else np.ascontiguousarray(to_host(queries), dtype=np.float32)
+        d = xb.shape[1]
+        if method == "exact":
+            index = faiss.IndexFlatL2(d)
+        else:
+            n_lists = n_lists or max(1, min(int(4 * math.sqrt(n)), n // 39))
+            quantizer = faiss.IndexFlatL2(d)
+            index = faiss.IndexIVFFlat(quantizer, d, n_lists)
+            index.train(xb)
+            index.nprobe = n_probe or max(1, n_lists // 8)
+        if self.is_gpu:
+            index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
+        index.add(xb)
+        dist2, idx = index.search(xq, n_neighbors)
+        dist = np.sqrt(np.maximum(dist2, 0.0))
+        return self.asarray(dist), self.asarray(idx.astype(np.int64))
+
+    def knn_graph(self, x: Any, n_neighbors: int, **kwargs: Any) -> sp.csr_matrix:
+        """Scanpy-style kNN distance graph: host CSR ``(n, n)``, ``n_neighbors - 1`` non-self neighbours per row.
+
+        This is what ``scanpy.pp.neighbors`` stores in ``obsp['distances']`` (self excluded, Euclidean distances).
+        """
+        dist, idx = self.knn(x, n_neighbors, **kwargs)
+        return neighbors_to_csr(to_host(dist), to_host(idx), drop_self=True)
+
+    # ---- k-means ---------------------------------------------------------------------------------------------------
+    def kmeans(
+        self,
+        x: Any,
+        n_clusters: int,
+        *,
+        n_init: int = 1,
+        max_iter: int = 100,
+        random_state: int = 0,
+        method: Literal["auto", "faiss", "lloyd"] = "auto",
+    ) -> tuple[Any, Any, float]:
+        """k-means of the rows of ``x``.
+
+        Returns ``(centroids, labels, inertia)``: centroids ``(n_clusters, d)`` and labels ``(n,)`` on this device,
+        inertia (sum of squared distances to the assigned centroid) as a float. ``method="faiss"`` uses
+        ``faiss.Kmeans`` (float32); ``"lloyd"`` is k-means++ seeding and Lloyd iterations written once in ``xp``,
+        float64-capable; ``"auto"`` is FAISS where it is installed for this device, else Lloyd.
+        """
+        n = x.shape[0]
+        if not 1 <= n_clusters <= n:
+            msg = f"n_clusters={n_clusters} must be between 1 and the number of points ({n})."
+            raise ValueError(msg)
+        if method == "auto":
+            method = "faiss" if _import_faiss(gpu=self.is_gpu, required=False) is not None else "lloyd"
+        if method == "lloyd":
+            return kmeans_lloyd(self.xp, self.asarray(x), n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state)
+        if method != "faiss":
+            msg = f"method={method!r} is not valid; use 'auto', 'faiss' or 'lloyd'."
+            raise ValueError(msg)
+        faiss = _import_faiss(gpu=self.is_gpu, required=True)
+        xh = np.ascontiguousarray(to_host(x), dtype=np.float32)
+        km = faiss.Kmeans(xh.shape[1], n_clusters, niter=max_iter, nredo=n_init, seed=int(random_state), gpu=self.is_gpu, verbose=False, min_points_per_centroid=1, max_points_per_centroid=max(256, n))
+        km.train(xh)
+        dist2, labels = km.index.search(xh, 1)
+        return self.asarray(km.centroids), self.asarray(labels[:, 0].astype(np.int64)), float(dist2.sum())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# helpers written once for numpy and cupy
+# --------------------------------------------------------------------------------------------------------------------
+def knn_blocked(xp: ModuleType, x: Any, n_neighbors: int, *, queries: Any = None, block_size: int = 4096) -> tuple[Any, Any]:
+    """Exact Euclidean kNN by blocked matrix products (``||q||^2 - 2 q.x + ||x||^2``), in any ``xp``.
+
+    Memory is ``block_size * n`` per block; used on the GPU when FAISS-GPU is not installed.
+    """
+    x = xp.asarray(x)
+    q = x if queries is None else xp.asarray(queries)
+    x_sq = (x * x).sum(axis=1)
+    out_d = xp.empty((q.shape[0], n_neighbors), dtype=x.dtype)
+    out_i = xp.empty((q.shape[0], n_neighbors), dtype=xp.int64)
+    for start in range(0, q.shape[0], block_size):
+        qb = q[start : start + block_size]
+        d2 = (qb * qb).sum(axis=1)[:, None] - 2.0 * (qb @ x.T) + x_sq[None, :]
+        if queries is None:  # a point is its own nearest neighbour, exactly (avoid rounding ties)
+            rows = xp.arange(qb.shape[0])
+            d2[rows, start + rows] = -1.0
+        part = xp.argpartition(d2, n_neighbors - 1, axis=1)[:, :n_neighbors] if n_neighbors < x.shape[0] else xp.broadcast_to(xp.arange(x.shape[0]), d2.shape)
+        pd = xp.take_along_axis(d2, part, axis=1)
+        order = xp.argsort(pd, axis=1)
+        out_i[start : start + block_size] = xp.take_along_axis(part, order, axis=1)
+        out_d[start : start + block_size] = xp.sqrt(xp.maximum(xp.take_along_axis(pd, order, axis=1), 0.0))
+    return out_d, out_i
+
+
+def neighbors_to_csr(dist: np.ndarray, idx: np.ndarray, *, drop_self: bool = True) -> sp.csr_matrix:
+    """Build an ``(n, n_ref)`` CSR distance graph from kNN results, optionally removing each point's self-match."""
+    n, k = idx.shape
+    rows = np.repeat(np.arange(n), k)
+    cols = idx.ravel()
+    vals = dist.ravel().astype(np.float64)
+    keep = cols >= 0
+    if drop_self:
+        # remove the self-match; if a duplicate point displaced self from the list, drop the last neighbour instead
+        is_self = cols == rows
+        has_self = is_self.reshape(n, k).any(axis=1)
+        last = np.zeros((n, k), dtype=bool)
+        last[~has_self, -1] = True
+        keep &= ~is_self & ~last.ravel()
+    g = sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, max(n, int(cols.max()) + 1) if drop_self else int(cols.max()) + 1))
+    g.sort_indices()
+    return g
+
+
+def kmeans_lloyd(xp: ModuleType, x: Any, n_clusters: int, *, n_init: int = 1, max_iter: int = 100, random_state: int = 0, tol: float = 1e-8) -> tuple[Any, Any, float]:
+    """k-means++ seeding then Lloyd iterations, written once for numpy and cupy; best of ``n_init`` starts."""
+    x = xp.asarray(x)
+    x_sq = (x * x).sum(axis=1)
+    best: tuple[Any, Any, float] | None = None
+    for init in range(n_init):
+        gen = np.random.default_rng(np.random.SeedSequence([int(random_state), init]))
+        centres = _kmeanspp(xp, x, x_sq, n_clusters, gen)
+        prev = math.inf
+        for _ in range(max_iter):
+            d2 = x_sq[:, None] - 2.0 * (x @ centres.T) + (centres * centres).sum(axis=1)[None, :]
+            labels = xp.argmin(d2, axis=1)
+            inertia = float(xp.maximum(d2[xp.arange(x.shape[0]), labels], 0).sum())
+            counts = xp.bincount(labels, minlength=n_clusters).astype(x.dtype)
+            # cluster sums as one sparse (k x n) indicator product, the same call in scipy and cupyx
+            indicator = _sparse_module(xp).csr_matrix((xp.ones(x.shape[0], dtype=x.dtype), (labels, xp.arange(x.shape[0]))), shape=(n_clusters, x.shape[0]))
+            sums = xp.asarray(indicator @ x)
+            empty = counts == 0
+            centres = xp.where(empty[:, None], centres, sums / xp.maximum(counts, 1)[:, None])
+            if prev - inertia <= tol * max(abs(prev), 1e-300) and prev != math.inf:
+                break
+            prev = inertia
+        if best is None or inertia < best[2]:
+            best = (centres, labels, inertia)
+    assert best is not None
+    return best
+
+
+def _kmeanspp(xp: ModuleType, x: Any, x_sq: Any, k: int, gen: np.random.Generator) -> Any:
+    n = x.shape[0]
+    centres = [int(gen.integers(n))]
+    closest = xp.maximum(x_sq - 2.0 * (x @ x[centres[0]]) + x_sq[centres[0]], 0)
+    for _ in range(1, k):
+        p = to_host(closest).astype(np.float64)
+        total = p.sum()
+        nxt = int(gen.choice(n, p=p / total)) if total > 0 else int(gen.integers(n))
+        centres.append(nxt)
+        closest = xp.minimum(closest, xp.maximum(x_sq - 2.0 * (x @ x[nxt]) + x_sq[nxt], 0))
+    return x[xp.asarray(centres)].copy()
+
+
+def _tri_solve(xp: ModuleType, tri: Any, rhs: Any, *, lower: bool) -> Any:
+    """Batched triangular solve by substitution over the (small) matrix dimension."""
+    p = tri.shape[-1]
+    out = xp.zeros_like(rhs)
+    order = range(p) if lower else range(p - 1, -1, -1)
+    for i in order:
+        acc = rhs[..., i, :] - (tri[..., i, :, None] * out).sum(axis=-2)
+        out[..., i, :] = acc / tri[..., i, i, None]
+    return out
+
+
+def _cupyx_from_scipy(cpsparse: ModuleType, x: Any) -> Any:
+    if x.format not in ("csr", "csc", "coo"):
+        x = x.tocsr()
+    fmt = {"csr": cpsparse.csr_matrix, "csc": cpsparse.csc_matrix, "coo": cpsparse.coo_matrix}[x.format]
+    if isinstance(x, sp.sparray):  # cupyx takes the matrix classes
+        x = {"csr": sp.csr_matrix, "csc": sp.csc_matrix, "coo": sp.coo_matrix}[x.format](x)
+    return fmt(x)
+
+
+def _sparse_module(xp: ModuleType) -> ModuleType:
+    if xp is np:
+        return sp
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
+
+
+def _import_faiss(*, gpu: bool, required: bool) -> ModuleType | None:
+    """FAISS for this device: any faiss on the CPU; on the GPU, only a build with GPU support (else ``None``)."""
+    try:
+        faiss = importlib.import_module("faiss")
+    except ImportError as err:
+        if required:
+            extra = "gpu" if gpu else "cpu"
+            msg = f"faiss could not be imported ({err}); reinstall gpuc (faiss-cpu is a dependency) or pip install 'gpuc[{extra}]'"
+            raise ImportError(msg) from err
+        return None
+    if gpu and not hasattr(faiss, "StandardGpuResources"):
+        if required:
+            msg = f"approximate kNN on the GPU needs FAISS-GPU: {GPU_EXTRA_HINT}; or use method='exact'."
+            raise ImportError(msg)
+        return None
+    return faiss
+
+
+def to_host(x: Any) -> Any:
+    """Return ``x`` in host memory: cupy -> numpy, cupyx sparse -> scipy CSR/CSC/COO; anything else unchanged."""
+    if is_cupy_array(x):
+        return x.get()
+    return x

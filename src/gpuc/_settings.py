@@ -1,0 +1,41 @@
+"""Global settings: ``gpuc.settings.device`` and the progress-bar switch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_DEVICES = ("auto", "cpu", "gpu")
+
+
+@dataclass
+class _Settings:
+    """Package-wide defaults.
+
+    Attributes
+    ----------
+    device
+        Default for every ``device=None`` argument: ``"auto"`` (GPU if usable, else CPU), ``"cpu"`` or ``"gpu"``.
+    progress
+        Show tqdm progress bars for long computations.
+    """
+
+    _device: str = "auto"
+    progress: bool = True
+
+    @property
+    def device(self) -> str:
+        """Default device: ``"auto"``, ``"cpu"`` or ``"gpu"``."""
+        return self._device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        if value not in _DEVICES:
+            msg = f"gpuc.settings.device must be one of {_DEVICES}, got {value!r}."
+            raise ValueError(msg)
+        self._device = value
+
+    def __repr__(self) -> str:
+        return f"gpuc.settings(device={self._device!r}, progress={self.progress})"
+
+
+settings = _Settings()
