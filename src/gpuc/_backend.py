@@ -43,11 +43,11 @@ def gpu_status() -> tuple[bool, str]:
     """Return ``(usable, reason)``: whether cupy imports and sees at least one CUDA device."""
     try:
         import cupy
-    except Exception as err:  # noqa: BLE001 - any failure means "no GPU"
+    except Exception as err:
         return False, f"cupy is not installed or failed to import ({type(err).__name__}: {err})"
     try:
         n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         return False, f"cupy imported but no CUDA device is usable ({type(err).__name__}: {err})"
     if n < 1:
         return False, "cupy imported but reports 0 CUDA devices"

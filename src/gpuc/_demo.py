@@ -26,7 +26,8 @@ DEMO_STEPS: list[tuple[str, str]] = [
 @dataclass
 class DemoContext:
     """What a demo step receives: the preprocessed pbmc3k AnnData, output folder, device, a logger, and a scratch
-    dict where a step leaves results for later steps (e.g. the metacell AnnData for NMF)."""
+    dict where a step leaves results for later steps (e.g. the metacell AnnData for NMF).
+    """
 
     adata: Any
     out: Path
@@ -55,9 +56,9 @@ def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
     sc.pp.filter_cells(adata, min_genes=200)
     adata = adata[adata.obs["passed_seurat_qc"].astype(bool)].copy()
     log(f"  pbmc3k: {adata.n_obs} cells x {adata.n_vars} genes after QC")
-    sc.pp.highly_variable_genes(adata, n_top_genes=2000, flavor="seurat_v3", layer="counts")
     sc.pp.normalize_total(adata, target_sum=1e4)
     sc.pp.log1p(adata)
+    sc.pp.highly_variable_genes(adata, n_top_genes=2000, flavor="seurat")
     sc.pp.pca(adata, n_comps=50, mask_var="highly_variable", random_state=0)
     sc.pp.neighbors(adata, n_neighbors=15, random_state=0)
     sc.tl.umap(adata, random_state=0)
@@ -77,9 +78,9 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
 
     from gpuc._backend import resolve_device
 
+    dev = resolve_device(device)  # raises before anything is written if device='gpu' is unusable
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = resolve_device(device)  # raises early if device='gpu' is unusable
     log(f"gpuc demo -> {out.resolve()} (device: {dev})")
     rows: list[dict[str, Any]] = []
 

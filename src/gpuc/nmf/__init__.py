@@ -1,0 +1,1 @@
+"""Consensus NMF engine (pure arrays, no AnnData): batched HALS restarts, consensus, k sweep."""

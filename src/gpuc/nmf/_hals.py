@@ -1,0 +1,311 @@
+"""Batched HALS: many NMF restarts of one matrix fitted side by side.
+
+Orientation: ``V`` is cells x genes (``m x n``); a run's usage ``W`` is ``m x k`` and its spectra ``H`` are ``k x n``.
+The factors of all ``R`` runs are stacked component-minor as ``W: (m, R, k)`` and ``Ht: (n, R, k)`` so that one
+sparse or dense product serves every run in a half-iteration (``V^T W`` is ``(n, R*k)``, ``V Ht`` is ``(m, R*k)``);
+the ``k x k`` Gram matrices are batched ``(R, k, k)`` and the Gauss-Seidel sweep over components runs on all runs at
+once. Runs that converge are taken out of the batch at the next check, so the others keep their own schedule and a
+run's fit does not depend on which runs it was batched with.
+
+Written once against ``backend.xp`` / ``backend.sparse``; only scalars (one loss per active run per check) leave the
+device during a fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuc._backend import Backend, is_sparse
+
+
+@dataclass
+class HalsResult:
+    """Factors and diagnostics of ``R`` restarts at rank ``k``.
+
+    Attributes
+    ----------
+    usages
+        ``(m, R, k)`` on the backend device; each usage column has unit L2 norm.
+    spectra_t
+        ``(n, R, k)`` on the backend device (the spectra transposed; they carry the magnitudes).
+    losses
+        ``(R,)`` host float64, ``||V - W H||_F^2`` at the last iteration of each run.
+    n_iter
+        ``(R,)`` host int, iterations run.
+    converged
+        ``(R,)`` host bool, whether the relative-change rule stopped the run before ``max_iter``.
+    norm2
+        ``||V||_F^2`` (float).
+    """
+
+    usages: Any
+    spectra_t: Any
+    losses: np.ndarray
+    n_iter: np.ndarray
+    converged: np.ndarray
+    norm2: float
+
+    @property
+    def rel_errors(self) -> np.ndarray:
+        """Each run's ``||V - WH||^2 / ||V||^2``."""
+        return self.losses / max(self.norm2, 1e-300)
+
+    def spectra(self, run: int) -> Any:
+        """Run ``run``'s spectra as ``(k, n)``."""
+        return self.spectra_t[:, run, :].T
+
+    def usage(self, run: int) -> Any:
+        """Run ``run``'s usages as ``(m, k)``."""
+        return self.usages[:, run, :]
+
+
+@dataclass
+class Operator:
+    """``V`` prepared for a fit on one device: products with ``V`` and ``V^T`` and ``||V||^2``.
+
+    Sparse input is held as CSR of ``V`` and CSR of ``V^T`` (= CSC of ``V``), so both products are row-parallel SpMMs.
+    """
+
+    v: Any
+    vt: Any
+    shape: tuple[int, int]
+    norm2: float
+    mean: float
+    sparse: bool
+    dtype: Any
+
+    @classmethod
+    def build(cls, backend: Backend, v: Any, dtype: Any = None) -> Operator:
+        """Upload ``v`` (host or device, dense or sparse) once and precompute what every fit needs."""
+        xp = backend.xp
+        if dtype is None:
+            dtype = np.float32 if backend.is_gpu else np.float64
+        if is_sparse(v):
+            vd = backend.asarray(v, dtype=dtype).tocsr()
+            vd.sum_duplicates()
+            vt = vd.T.tocsr()
+            data = vd.data
+            sparse = True
+        else:
+            vd = xp.ascontiguousarray(backend.asarray(v, dtype=dtype))
+            vt = vd.T
+            data = vd
+            sparse = False
+        norm2 = float((data.astype(xp.float64) ** 2).sum())
+        mean = float(data.astype(xp.float64).sum()) / (v.shape[0] * v.shape[1])
+        return cls(vd, vt, (int(v.shape[0]), int(v.shape[1])), norm2, mean, sparse, np.dtype(dtype))
+
+    def dot(self, x: Any) -> Any:
+        """``V @ x`` for dense ``x`` of shape ``(n, c)``."""
+        return self.v @ x
+
+    def tdot(self, x: Any) -> Any:
+        """``V^T @ x`` for dense ``x`` of shape ``(m, c)``."""
+        return self.vt @ x
+
+    def transposed(self) -> Operator:
+        """The operator of ``V^T`` (no copy)."""
+        return Operator(self.vt, self.v, (self.shape[1], self.shape[0]), self.norm2, self.mean, self.sparse, self.dtype)
+
+
+def _as_dense(xp: Any, y: Any) -> Any:
+    # scipy returns ndarray for sparse @ dense; np.matrix never appears with csr_matrix @ ndarray, but be safe
+    return xp.asarray(y)
+
+
+def gram(xp: Any, x: Any) -> Any:
+    """Per-run Gram matrices ``(R, k, k)`` of stacked factors ``x: (rows, R, k)``."""
+    xr = xp.ascontiguousarray(x.transpose(1, 0, 2))  # (R, rows, k)
+    return xr.transpose(0, 2, 1) @ xr
+
+
+def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None:
+    """One Gauss-Seidel HALS sweep over the ``k`` components of ``x: (rows, R, k)``, in place.
+
+    Minimises ``||V - W H||^2`` over ``x`` with the other factor fixed through ``q`` (the data product, same shape as
+    ``x``) and ``g`` (the other factor's per-run Gram, ``(R, k, k)``): for each component ``r`` in order,
+    ``x[:, :, r] <- max(eps, x[:, :, r] + (q[:, :, r] - x g[:, :, r]) / g[:, r, r])``; components whose Gram diagonal
+    is not positive are left unchanged. ``mask`` (``(R, k)`` of 0/1) pins padded components at zero.
+    """
+    k = x.shape[2]
+    diag = xp.diagonal(g, axis1=1, axis2=2)  # (R, k)
+    ok = diag > 0
+    inv = xp.where(ok, 1.0 / xp.where(ok, diag, 1.0), 0.0).astype(x.dtype)
+    for r in range(k):
+        gr = g[:, :, r]  # (R, k), symmetric Gram: column r == row r
+        num = q[:, :, r] - xp.einsum("irk,rk->ir", x, gr)
+        new = xp.maximum(x[:, :, r] + num * inv[None, :, r], eps)
+        if mask is not None:
+            new = new * mask[None, :, r]
+        x[:, :, r] = xp.where(ok[None, :, r], new, x[:, :, r])
+
+
+def random_init(
+    seeds: Sequence[np.random.SeedSequence], m: int, n: int, k: int, mean: float, dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host random starts: entries ``|N(0, 1)| * sqrt(mean(V) / k)`` (sklearn's ``init='random'``), one generator per run.
+
+    Drawn on the host from each run's own seed so the CPU and GPU paths, and batched and single fits, start from the
+    same numbers. Returns ``W0: (m, R, k)`` and ``Ht0: (n, R, k)``.
+    """
+    scale = np.sqrt(max(mean, 0.0) / k)
+    w0 = np.empty((m, len(seeds), k), dtype=dtype)
+    h0 = np.empty((n, len(seeds), k), dtype=dtype)
+    for i, ss in enumerate(seeds):
+        gen = np.random.default_rng(ss)
+        h = np.abs(gen.standard_normal((k, n))) * scale
+        w = np.abs(gen.standard_normal((m, k))) * scale
+        w0[:, i, :] = w
+        h0[:, i, :] = h.T
+    return w0, h0
+
+
+def _run_losses(xp: Any, norm2: float, w: Any, c: Any, d: Any) -> Any:
+    """Per-run ``||V||^2 - 2 <W, V H^T> + <W^T W, H H^T>`` accumulated in float64 (never forms ``W H``)."""
+    cross = (w.astype(xp.float64) * c.astype(xp.float64)).sum(axis=(0, 2))
+    gw = gram(xp, w).astype(xp.float64)
+    quad = (gw * d.astype(xp.float64)).sum(axis=(1, 2))
+    return norm2 - 2.0 * cross + quad
+
+
+def fit_hals(
+    backend: Backend,
+    op: Operator,
+    k: int,
+    seeds: Sequence[np.random.SeedSequence],
+    *,
+    max_iter: int = 500,
+    tol: float = 1e-4,
+    eps: float = 1e-10,
+    check_every: int = 10,
+    progress: Any = None,
+) -> HalsResult:
+    """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
+
+    One outer iteration for all active runs: ``A^T = V^T W`` (one product), per-run Grams ``W^T W``, Gauss-Seidel
+    sweep of the spectra; ``C = V H^T`` (one product), Grams ``H H^T``, sweep of the usages; then every usage column is
+    rescaled to unit L2 norm (the spectra row takes the norm, ``W H`` unchanged). Every ``check_every`` iterations the
+    per-run loss is evaluated by the Gram expansion in float64; from the second check on, a run stops when
+    ``|previous - current| / max(||V||^2, 1) < tol`` and leaves the batch.
+
+    Parameters
+    ----------
+    backend
+        Device backend.
+    op
+        The data, from :meth:`Operator.build`.
+    k
+        Rank.
+    seeds
+        One :class:`numpy.random.SeedSequence` per restart.
+    max_iter, tol, eps, check_every
+        Iteration limit, relative-change tolerance, floor of every factor entry, iterations between loss checks.
+    progress
+        Optional callable taking the number of iterations just done (for progress bars).
+
+    Returns
+    -------
+    :class:`HalsResult`.
+    """
+    xp = backend.xp
+    m, n = op.shape
+    n_runs = len(seeds)
+    dt = op.dtype
+    w0, h0 = random_init(seeds, m, n, k, op.mean, dt)
+    w = backend.asarray(w0)
+    ht = backend.asarray(h0)
+    # outputs; filled as runs finish
+    out_w = w  # finished runs are written back into these full-size arrays
+    out_h = ht
+    losses = np.full(n_runs, np.nan)
+    n_iter = np.zeros(n_runs, dtype=np.int64)
+    converged = np.zeros(n_runs, dtype=bool)
+    active = np.arange(n_runs)
+    prev = np.full(n_runs, np.nan)
+    w = w.copy()
+    ht = ht.copy()
+    it = 0
+    for it in range(1, max_iter + 1):
+        ra = len(active)
+        # ---- spectra half-iteration: A^T = V^T W (n, Ra*k)
+        at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
+        sweep(xp, ht, at, gram(xp, w), eps)
+        # ---- usage half-iteration: C = V H^T (m, Ra*k)
+        c = _as_dense(xp, op.dot(ht.reshape(n, ra * k))).reshape(m, ra, k)
+        d = gram(xp, ht)
+        sweep(xp, w, c, d, eps)
+        check = it % check_every == 0 or it == max_iter
+        if check:
+            cur = backend.to_host(_run_losses(xp, op.norm2, w, c, d))
+            cur = np.asarray(cur, dtype=np.float64)
+        # ---- unit-norm usage columns; spectra carry the scale
+        nrm = xp.sqrt((w * w).sum(axis=0))  # (Ra, k)
+        nrm = xp.where(nrm > 0, nrm, 1.0)
+        w /= nrm[None]
+        ht *= nrm[None]
+        if progress is not None:
+            progress(1)
+        if not check:
+            continue
+        done = np.zeros(ra, dtype=bool)
+        old = prev[active]
+        has_prev = ~np.isnan(old)
+        done[has_prev] = np.abs(old[has_prev] - cur[has_prev]) / max(op.norm2, 1.0) < tol
+        prev[active] = cur
+        losses[active] = cur
+        n_iter[active] = it
+        converged[active[done]] = True
+        if it == max_iter:
+            done[:] = True
+        if done.any():
+            idx = active[done]
+            sel = xp.asarray(np.flatnonzero(done))
+            out_w[:, idx, :] = w[:, sel, :]
+            out_h[:, idx, :] = ht[:, sel, :]
+            keep = xp.asarray(np.flatnonzero(~done))
+            active = active[~done]
+            if len(active) == 0:
+                break
+            w = xp.ascontiguousarray(w[:, keep, :])
+            ht = xp.ascontiguousarray(ht[:, keep, :])
+    return HalsResult(out_w, out_h, losses, n_iter, converged, op.norm2)
+
+
+def nnls_refit(
+    backend: Backend,
+    op: Operator,
+    fixed: Any,
+    *,
+    max_iter: int = 1000,
+    tol: float = 1e-6,
+    eps: float = 0.0,
+    check_every: int = 10,
+) -> tuple[Any, float]:
+    """Non-negative least squares of ``V`` against fixed spectra: ``min_{W >= 0} ||V - W H||^2``, ``H = fixed (k, n)``.
+
+    HALS column sweeps of ``W`` with ``H H^T`` and ``V H^T`` computed once (so each sweep is ``O(m k^2)``), ``W``
+    started at zero (as sklearn's ``update_H=False`` path in cNMF), stopping when the relative loss change between
+    checks falls below ``tol``. Returns ``(W (m, k), loss)``; to refit spectra against fixed usages pass
+    ``op.transposed()`` and the usages transposed.
+    """
+    xp = backend.xp
+    m = op.shape[0]
+    h = backend.asarray(fixed, dtype=op.dtype)
+    k = h.shape[0]
+    c = _as_dense(xp, op.dot(xp.ascontiguousarray(h.T))).reshape(m, 1, k)
+    d = (h @ h.T)[None]
+    w = xp.zeros((m, 1, k), dtype=op.dtype)
+    prev = None
+    loss = op.norm2
+    for it in range(1, max_iter + 1):
+        sweep(xp, w, c, d, eps)
+        if it % check_every == 0 or it == max_iter:
+            loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
+            if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:
+                break
+            prev = loss
+    return w[:, 0, :], loss

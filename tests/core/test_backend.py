@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.neighbors import NearestNeighbors
+
+import gpuc
+from gpuc import _backend
+from gpuc._backend import get_backend, kmeans_lloyd, knn_blocked, neighbors_to_csr, resolve_device
+
+
+@pytest.fixture
+def points() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(400, 8))
+
+
+def _sklearn_knn(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return NearestNeighbors(n_neighbors=k, algorithm="brute").fit(x).kneighbors(x)
+
+
+# ---- device resolution ------------------------------------------------------------------------------------------
+def test_resolve_cpu_and_auto_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "no cupy"))
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == "cpu"
+    assert get_backend("auto").xp is np
+
+
+def test_forced_gpu_without_device_raises_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "cupy is not installed"))
+    with pytest.raises(RuntimeError, match=r"gpuc\[gpu\].*device='cpu'"):
+        resolve_device("gpu")
+
+
+def test_invalid_device_value() -> None:
+    with pytest.raises(ValueError, match="device='tpu' is not valid"):
+        resolve_device("tpu")  # type: ignore[arg-type]
+
+
+def test_settings_device_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "none"))
+    monkeypatch.setattr(gpuc.settings, "_device", "gpu")
+    with pytest.raises(RuntimeError):
+        resolve_device(None)
+    with pytest.raises(ValueError, match="must be one of"):
+        gpuc.settings.device = "cuda"
+
+
+def test_auto_is_gpu_when_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (True, "1 CUDA device(s)"))
+    assert resolve_device("auto") == "gpu"
+    assert resolve_device("cpu") == "cpu"
+
+
+def test_optional_import_names_the_extra() -> None:
+    with pytest.raises(ImportError, match=r"pip install 'gpuc\[gpu\]'"):
+        _backend.optional_import("surely_not_a_module_xyz", "gpu", "testing")
+
+
+# ---- kNN ----------------------------------------------------------------------------------------------------------
+def test_knn_exact_matches_sklearn(points: np.ndarray) -> None:
+    backend = get_backend("cpu")
+    dist, idx = backend.knn(points, 10, method="exact")
+    ref_d, ref_i = _sklearn_knn(points, 10)
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(dist, ref_d, atol=1e-4)
+
+
+def test_knn_blocked_matches_sklearn_in_float64(points: np.ndarray) -> None:
+    dist, idx = knn_blocked(np, points, 12, block_size=64)
+    ref_d, ref_i = _sklearn_knn(points, 12)
+    np.testing.assert_array_equal(idx, ref_i)
+    np.testing.assert_allclose(dist, ref_d, atol=1e-10)
+
+
+def test_knn_ivf_recall(points: np.ndarray) -> None:
+    x = np.random.default_rng(1).normal(size=(3000, 8))
+    _, idx = get_backend("cpu").knn(x, 10, method="ivf", n_lists=16, n_probe=16)  # probing every list is exact
+    _, ref_i = _sklearn_knn(x, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(idx, ref_i, strict=True)])
+    assert recall >= 0.999
+
+
+def test_knn_graph_is_scanpy_style(points: np.ndarray) -> None:
+    g = get_backend("cpu").knn_graph(points, 15)
+    assert sp.issparse(g) and g.shape == (400, 400)
+    assert (g.getnnz(axis=1) == 14).all()
+    assert g.diagonal().sum() == 0
+    ref = NearestNeighbors(n_neighbors=14).fit(points).kneighbors_graph(mode="distance")
+    np.testing.assert_array_equal(g.indices, ref.tocsr().sorted_indices().indices)
+
+
+def test_knn_graph_with_duplicates_keeps_k_minus_one() -> None:
+    x = np.vstack([np.zeros((3, 2)), np.random.default_rng(0).normal(size=(20, 2))])
+    dist = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    idx = np.array([[1, 2, 0], [0, 1, 5]])  # row 0: self ranked last among ties; row 1: self present
+    g = neighbors_to_csr(dist, idx, drop_self=True)
+    assert g.getnnz(axis=1).tolist() == [2, 2]
+    assert get_backend("cpu").knn_graph(x, 4).getnnz(axis=1).min() == 3
+
+
+def test_knn_bad_k(points: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="between 1 and the number of points"):
+        get_backend("cpu").knn(points, 0)
+
+
+# ---- k-means -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["faiss", "lloyd"])
+def test_kmeans_separable(method: str) -> None:
+    rng = np.random.default_rng(3)
+    centres = np.array([[0.0, 0.0], [10.0, 10.0], [-10.0, 10.0], [10.0, -10.0]])
+    truth = np.repeat(np.arange(4), 50)
+    x = centres[truth] + rng.normal(scale=0.3, size=(200, 2))
+    c, labels, inertia = get_backend("cpu").kmeans(x, 4, n_init=3, random_state=0, method=method)
+    # the partition is the true one up to relabelling
+    pairs = {(int(a), int(b)) for a, b in zip(truth, labels, strict=True)}
+    assert len(pairs) == 4
+    assert inertia < 200 * 2 * 0.3**2 * 1.5
+    np.testing.assert_allclose(np.sort(np.linalg.norm(c, axis=1)), np.sort(np.linalg.norm(centres, axis=1)), atol=0.2)
+
+
+def test_kmeans_lloyd_is_reproducible() -> None:
+    x = np.random.default_rng(0).normal(size=(100, 3))
+    a = kmeans_lloyd(np, x, 5, random_state=7)
+    b = kmeans_lloyd(np, x, 5, random_state=7)
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+# ---- transfers and small solves ------------------------------------------------------------------------------------
+def test_cpu_asarray_round_trip() -> None:
+    backend = get_backend("cpu")
+    x = sp.random(20, 10, density=0.3, format="csr", random_state=0)
+    assert backend.asarray(x) is x
+    np.testing.assert_array_equal(backend.to_host(backend.asarray(x.toarray(), dtype=np.float32)), x.toarray().astype(np.float32))
+
+
+def test_batched_solves() -> None:
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(50, 4, 4))
+    a = m @ np.swapaxes(m, 1, 2) + 4 * np.eye(4)
+    b = rng.normal(size=(50, 4))
+    backend = get_backend("cpu")
+    expected = np.stack([np.linalg.solve(a[i], b[i]) for i in range(50)])
+    np.testing.assert_allclose(backend.solve_batched(a, b), expected, rtol=1e-10)
+    np.testing.assert_allclose(backend.cholesky_solve_batched(a, b), expected, rtol=1e-10)
+
+
+def test_backend_rng_is_seeded() -> None:
+    backend = get_backend("cpu")
+    assert backend.rng(5).random() == backend.rng(5).random()
+
+
+# ---- the same functions on the GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_knn_and_transfers_match_cpu(points: np.ndarray) -> None:
+    gpu = get_backend("gpu")
+    xg = gpu.asarray(points)
+    dist, idx = gpu.knn(xg, 10, method="exact")
+    ref_d, ref_i = _sklearn_knn(points, 10)
+    np.testing.assert_array_equal(gpu.to_host(idx), ref_i)
+    np.testing.assert_allclose(gpu.to_host(dist), ref_d, atol=1e-4)
+    x = sp.random(30, 10, density=0.2, format="csr", random_state=0)
+    back = gpu.to_host(gpu.asarray(x))
+    assert (back != x).nnz == 0
+    _, labels, _ = gpu.kmeans(xg, 3, method="lloyd")
+    assert gpu.to_host(labels).shape == (400,)
