@@ -80,10 +80,14 @@ class Operator:
 
     @classmethod
     def build(cls, backend: Backend, v: Any, dtype: Any = None) -> Operator:
-        """Upload ``v`` (host or device, dense or sparse) once and precompute what every fit needs."""
+        """Upload ``v`` (host or device, dense or sparse) once and precompute what every fit needs.
+
+        ``dtype`` is the working precision of the data and the factors (default float32 on both devices: the
+        products are memory-bound, and losses are accumulated in float64 whatever the dtype).
+        """
         xp = backend.xp
         if dtype is None:
-            dtype = np.float32 if backend.is_gpu else np.float64
+            dtype = np.float32
         if is_sparse(v):
             vd = backend.asarray(v, dtype=dtype).tocsr()
             vd.sum_duplicates()
@@ -182,6 +186,7 @@ def fit_hals(
     tol: float = 1e-4,
     eps: float = 1e-10,
     check_every: int = 10,
+    inner_sweeps: int = 1,
     progress: Any = None,
 ) -> HalsResult:
     """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
@@ -233,11 +238,14 @@ def fit_hals(
         ra = len(active)
         # ---- spectra half-iteration: A^T = V^T W (n, Ra*k)
         at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
-        sweep(xp, ht, at, gram(xp, w), eps)
+        b = gram(xp, w)
+        for _ in range(inner_sweeps):
+            sweep(xp, ht, at, b, eps)
         # ---- usage half-iteration: C = V H^T (m, Ra*k)
         c = _as_dense(xp, op.dot(ht.reshape(n, ra * k))).reshape(m, ra, k)
         d = gram(xp, ht)
-        sweep(xp, w, c, d, eps)
+        for _ in range(inner_sweeps):
+            sweep(xp, w, c, d, eps)
         check = it % check_every == 0 or it == max_iter
         if check:
             cur = backend.to_host(_run_losses(xp, op.norm2, w, c, d))

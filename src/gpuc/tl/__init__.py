@@ -2,4 +2,8 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from gpuc.tl._metacells import aggregate_metacells, metacell_quality, metacells
+from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep
+from gpuc.tl._deseq import deseq, pseudobulk, vst
+
+__all__: list[str] = ["aggregate_metacells", "metacell_quality", "metacells", "consensus_nmf", "nmf_k_sweep", "deseq", "pseudobulk", "vst"]

@@ -1,0 +1,346 @@
+"""The DESeq2 pipeline on arrays: size factors -> dispersions -> GLM -> Cook's -> refit -> tests.
+
+Everything per gene is batched; only scalars and 2-parameter trend fits go through the host. The outputs are host
+numpy arrays so the adapter can write them to the AnnData directly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuc._backend import Backend
+from gpuc.deseq._cooks import cooks_cutoff, cooks_distance, replace_outliers, robust_disp
+from gpuc.deseq._design import n_or_more_in_cell
+from gpuc.deseq._dispersion import (
+    DispersionFunction,
+    dispersion_mu,
+    fit_log_alpha,
+    fit_trend,
+    log_residual_variance,
+    prior_variance,
+    rough_moments_init,
+)
+from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum
+from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
+from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
+
+
+@dataclass
+class DeseqFit:
+    """Everything the pipeline computed (host arrays; natural-log coefficients and covariances)."""
+
+    size_factors: np.ndarray
+    genes: dict[str, np.ndarray]
+    beta: np.ndarray
+    cov: np.ndarray
+    mu: np.ndarray
+    cooks: np.ndarray
+    counts: np.ndarray  # original counts, genes x samples (host)
+    design: np.ndarray
+    trend: DispersionFunction
+    var_log_disp: float
+    prior_var: float
+    prior_var_method: str
+    cooks_cutoff: float
+    size_factor_type: str
+    lrt_stat: np.ndarray | None = None
+    lrt_pvalue: np.ndarray | None = None
+    lrt_df: int | None = None
+    messages: list[str] = field(default_factory=list)
+
+
+def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None) -> tuple[Any, str, str | None]:
+    """Size factors of gene-major counts, switching ratio -> poscounts (with a message) when every gene has a zero."""
+    xp = bk.xp
+    nz = (y > 0).any(axis=1)
+    if kind == "ratio":
+        has_common = bool((y > 0).all(axis=1).any()) if control is None else bool((y[control] > 0).all(axis=1).any())
+        if not has_common:
+            return size_factors_poscounts(bk, y, control), "poscounts", "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
+        return size_factors_ratio(bk, y, control), "ratio", None
+    if kind == "poscounts":
+        return size_factors_poscounts(bk, y, control), "poscounts", None
+    if kind == "iterative":
+        return size_factors_iterative(bk, y[nz]), "iterative", None
+    msg = f"size_factors={kind!r} is not valid."
+    raise ValueError(msg)
+
+
+def _fit_dispersions(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float) -> tuple[Any, Any, Any, Any]:
+    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
+    mu = dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
+    gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
+    return gw.alpha, gw.converged, mu, gw.iters
+
+
+def _fit_map(bk: Backend, y: Any, mu: Any, x: Any, gw: Any, fitted: Any, *, prior_var: float, var_log_disp: float, min_disp: float, max_disp: float) -> tuple[Any, Any, Any, Any]:
+    xp = bk.xp
+    start = xp.where(gw > 0.1 * fitted, gw, fitted)
+    mp = fit_log_alpha(bk, y, mu, x, start, min_disp=min_disp, max_disp=max_disp, prior_mean=xp.log(fitted), prior_var=prior_var)
+    outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(var_log_disp)
+    final = xp.clip(xp.where(outlier, gw, mp.alpha), min_disp, max_disp)
+    return mp.alpha, mp.converged, outlier, final
+
+
+def run_deseq(
+    bk: Backend,
+    counts: Any,
+    x: np.ndarray,
+    *,
+    size_factors: str | np.ndarray = "ratio",
+    fit_type: str = "parametric",
+    refit_cooks: bool = True,
+    min_replicates: int = 7,
+    min_mu: float = 0.5,
+    min_disp: float = 1e-8,
+    reduced: np.ndarray | None = None,
+    control_genes: Any = None,
+) -> DeseqFit:
+    """Run the DESeq2 fit on samples x genes ``counts`` with model matrix ``x`` (n x p).
+
+    ``reduced`` (n x q model matrix) adds a likelihood-ratio test of the full against the reduced model, with the
+    full model's dispersions, as R's ``nbinomLRT``.
+    """
+    xp = bk.xp
+    messages: list[str] = []
+    x = np.asarray(x, dtype=np.float64)
+    n, p = x.shape
+    if n <= p:
+        msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
+        raise ValueError(msg)
+    y_all = bk.asarray(counts, dtype=np.float64)
+    if bk.sparse.issparse(y_all):
+        y_all = y_all.toarray()
+    y_all = xp.ascontiguousarray(y_all.T)  # genes x samples
+    G = y_all.shape[0]
+    xd = bk.asarray(x)
+    max_disp = max(10.0, float(n))
+
+    # ---- size factors
+    if isinstance(size_factors, str):
+        sf, sf_type, note = compute_size_factors(bk, y_all, size_factors, control=control_genes)
+        if note:
+            messages.append(note)
+    else:
+        sf, sf_type = bk.asarray(np.asarray(size_factors, dtype=np.float64)), "given"
+
+    nonzero = (y_all > 0).any(axis=1)
+    nz_idx = xp.nonzero(nonzero)[0]
+    y = y_all[nz_idx]
+    norm = y / sf[None, :]
+    base_mean = norm.mean(axis=1)
+    base_var = norm.var(axis=1, ddof=1)
+
+    # ---- dispersions
+    gw, gw_conv, mu_disp, _ = _fit_dispersions(bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+    gwh = np.asarray(bk.to_host(gw))
+    bmh = np.asarray(bk.to_host(base_mean))
+    trend, note = fit_trend(bmh, gwh, fit_type=fit_type, min_disp=min_disp)
+    if note:
+        messages.append(note)
+    fitted_h = trend(bmh)
+    var_log_disp, resid = log_residual_variance(gwh, fitted_h, min_disp=min_disp)
+    prior_var, pv_method = prior_variance(resid, var_log_disp, n, p)
+    if pv_method == "simulation":
+        messages.append(f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}.")
+    fitted = bk.asarray(fitted_h)
+    dmap, map_conv, outlier, disp = _fit_map(bk, y, mu_disp, xd, gw, fitted, prior_var=prior_var, var_log_disp=var_log_disp, min_disp=min_disp, max_disp=max_disp)
+
+    # ---- GLM
+    fit = fit_nb_glm(bk, y, sf, xd, disp, min_mu=min_mu)
+    beta, cov, mu, dev = fit.beta, fit.cov, fit.mu, fit.deviance
+    beta_conv, beta_iter = fit.converged, fit.iters
+
+    # ---- Cook's
+    rob = robust_disp(bk, norm, x)
+    cooks = cooks_distance(bk, y, mu, fit.hat, rob, p)
+    cutoff = cooks_cutoff(n, p)
+    for_cooks = bk.asarray(n_or_more_in_cell(x, 3))
+    max_cooks = xp.where(for_cooks[None, :], cooks, -xp.inf).max(axis=1) if bool(for_cooks.any()) else xp.full(y.shape[0], xp.nan)
+    max_cooks = xp.where(xp.isfinite(max_cooks), max_cooks, xp.nan)
+
+    replace = xp.zeros(y.shape[0], dtype=bool)
+    refitted = xp.zeros(y.shape[0], dtype=bool)
+    replaceable = n_or_more_in_cell(x, min_replicates)
+    y_fit = y
+    new_all_zero = xp.zeros(y.shape[0], dtype=bool)
+    if refit_cooks and replaceable.any():
+        y_new, replace = replace_outliers(bk, y, sf, cooks, bk.asarray(replaceable), cutoff)
+        if bool(replace.any()):
+            y_fit = y_new
+            new_all_zero = replace & ~(y_new > 0).any(axis=1)
+            ridx = xp.nonzero(replace & ~new_all_zero)[0]
+            norm_r = y_new / sf[None, :]
+            base_mean = norm_r.mean(axis=1)
+            base_var = norm_r.var(axis=1, ddof=1)
+            if ridx.shape[0] > 0:
+                yr = y_new[ridx]
+                gw_r, gwc_r, mu_r, _ = _fit_dispersions(bk, yr, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+                fitted_r = bk.asarray(trend(np.asarray(bk.to_host(base_mean[ridx]))))
+                dmap_r, mapc_r, out_r, disp_r = _fit_map(bk, yr, mu_r, xd, gw_r, fitted_r, prior_var=prior_var, var_log_disp=var_log_disp, min_disp=min_disp, max_disp=max_disp)
+                fit_r = fit_nb_glm(bk, yr, sf, xd, disp_r, min_mu=min_mu)
+                gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = gw_r, gwc_r, fitted_r, dmap_r, mapc_r, out_r, disp_r
+                beta[ridx], cov[ridx], mu[ridx], dev[ridx] = fit_r.beta, fit_r.cov, fit_r.mu, fit_r.deviance
+                beta_conv[ridx], beta_iter[ridx] = fit_r.converged, fit_r.iters
+                rob_r = robust_disp(bk, norm_r[ridx], x)
+                cooks_r = cooks_distance(bk, yr, fit_r.mu, fit_r.hat, rob_r, p)
+                if bool(for_cooks.any()):
+                    mc = xp.where(for_cooks[None, :], cooks_r, -xp.inf).max(axis=1)
+                    max_cooks[ridx] = xp.where(xp.isfinite(mc), mc, xp.nan)
+                refitted[ridx] = True
+            if bool(new_all_zero.any()):
+                zidx = xp.nonzero(new_all_zero)[0]
+                beta[zidx] = 0.0
+                cov[zidx] = 0.0
+                base_mean[zidx] = 0.0
+                base_var[zidx] = 0.0
+
+    # ---- LRT
+    lrt_stat = lrt_p = None
+    lrt_df = None
+    if reduced is not None:
+        reduced = np.asarray(reduced, dtype=np.float64)
+        lrt_df = p - reduced.shape[1]
+        if lrt_df <= 0:
+            msg = f"the reduced design must have fewer coefficients than the full one ({reduced.shape[1]} vs {p})."
+            raise ValueError(msg)
+        fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu)
+        ll_full = nb_loglik_sum(bk, y_fit, mu, disp)
+        ll_red = nb_loglik_sum(bk, y_fit, fr.mu, disp)
+        st, pv = lrt(np.asarray(bk.to_host(-2 * ll_red)), np.asarray(bk.to_host(-2 * ll_full)), lrt_df)
+        nz_h = np.asarray(bk.to_host(new_all_zero))
+        st[nz_h], pv[nz_h] = 0.0, 1.0
+        lrt_stat, lrt_p = _scatter(bk, st, nz_idx, G), _scatter(bk, pv, nz_idx, G)
+
+    host = lambda a: np.asarray(bk.to_host(a))  # noqa: E731
+    genes = {
+        "baseMean": _scatter(bk, host(base_mean), nz_idx, G, fill=0.0),
+        "baseVar": _scatter(bk, host(base_var), nz_idx, G, fill=0.0),
+        "allZero": ~host(nonzero),
+        "dispGeneEst": _scatter(bk, host(gw), nz_idx, G),
+        "dispGeneConv": _scatter(bk, host(gw_conv), nz_idx, G, fill=False),
+        "dispFit": _scatter(bk, host(fitted), nz_idx, G),
+        "dispMAP": _scatter(bk, host(dmap), nz_idx, G),
+        "dispMAPConv": _scatter(bk, host(map_conv), nz_idx, G, fill=False),
+        "dispOutlier": _scatter(bk, host(outlier), nz_idx, G, fill=False),
+        "dispersion": _scatter(bk, host(disp), nz_idx, G),
+        "betaConv": _scatter(bk, host(beta_conv), nz_idx, G, fill=False),
+        "betaIter": _scatter(bk, host(beta_iter), nz_idx, G, fill=0),
+        "deviance": _scatter(bk, host(dev), nz_idx, G),
+        "maxCooks": _scatter(bk, host(max_cooks), nz_idx, G),
+        "replace": _scatter(bk, host(replace), nz_idx, G, fill=False),
+        "refitted": _scatter(bk, host(refitted), nz_idx, G, fill=False),
+        "newAllZero": _scatter(bk, host(new_all_zero), nz_idx, G, fill=False),
+    }
+    beta_h = _scatter(bk, host(beta), nz_idx, G)
+    cov_h = _scatter(bk, host(cov), nz_idx, G)
+    mu_h = _scatter(bk, host(mu), nz_idx, G)
+    cooks_h = _scatter(bk, host(cooks), nz_idx, G)
+    return DeseqFit(
+        size_factors=host(sf),
+        genes=genes,
+        beta=beta_h,
+        cov=cov_h,
+        mu=mu_h,
+        cooks=cooks_h,
+        counts=host(y_all),
+        design=x,
+        trend=trend,
+        var_log_disp=var_log_disp,
+        prior_var=prior_var,
+        prior_var_method=pv_method,
+        cooks_cutoff=cutoff,
+        size_factor_type=sf_type,
+        lrt_stat=lrt_stat,
+        lrt_pvalue=lrt_p,
+        lrt_df=lrt_df,
+        messages=messages,
+    )
+
+
+def _scatter(bk: Backend, values: np.ndarray, nz_idx: Any, G: int, fill: Any = np.nan) -> np.ndarray:
+    idx = np.asarray(bk.to_host(nz_idx))
+    values = np.asarray(values)
+    dtype = values.dtype if values.dtype != bool or isinstance(fill, bool) else np.float64
+    if values.dtype.kind in "iu" and not isinstance(fill, int):
+        dtype = np.float64
+    out = np.full((G, *values.shape[1:]), fill, dtype=dtype)
+    out[idx] = values
+    return out
+
+
+def cooks_outliers(fit: DeseqFit) -> np.ndarray:
+    """R's Cook's filter: maxCooks above the cut-off, unless >= 3 samples have counts above the flagged sample's."""
+    mc = fit.genes["maxCooks"]
+    with np.errstate(invalid="ignore"):
+        out = mc > fit.cooks_cutoff
+    idx = np.nonzero(out)[0]
+    if idx.size:
+        counts = fit.counts[idx]
+        which = np.nanargmax(np.where(np.isnan(fit.cooks[idx]), -np.inf, fit.cooks[idx]), axis=1)
+        ref = counts[np.arange(idx.size), which]
+        dont = (counts > ref[:, None]).sum(axis=1) >= 3
+        out[idx[dont]] = False
+    return out
+
+
+def results(
+    fit: DeseqFit,
+    contrast: np.ndarray,
+    *,
+    alpha: float = 0.1,
+    cooks_filter: bool = True,
+    independent_filter: bool = True,
+    lfc_threshold: float = 0.0,
+    alt_hypothesis: str = "greaterAbs",
+    zero_groups: tuple[np.ndarray, np.ndarray] | None = None,
+    test: str = "wald",
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Results columns for one contrast (R ``results()``), and filtering diagnostics.
+
+    ``zero_groups`` (two sample masks) enables R's rule that genes with all-zero counts in both groups of a factor
+    contrast get log2FoldChange 0 (and, for Wald, stat 0 and p-value 1).
+    """
+    res = wald(fit.beta, fit.cov, contrast, lfc_threshold=lfc_threshold, alt=alt_hypothesis)
+    if test == "lrt":
+        res["stat"] = fit.lrt_stat.copy()
+        res["pvalue"] = fit.lrt_pvalue.copy()
+    nz = fit.genes["newAllZero"]
+    if nz.any():
+        res["log2FoldChange"][nz] = 0.0
+        res["lfcSE"][nz] = 0.0
+        if test == "wald":
+            res["stat"][nz], res["pvalue"][nz] = 0.0, 1.0
+    if zero_groups is not None:
+        a, b = zero_groups
+        both = ~(fit.counts[:, a | b] > 0).any(axis=1) & ~fit.genes["allZero"]
+        if both.any():
+            res["log2FoldChange"][both] = 0.0
+            if test == "wald":
+                res["stat"][both], res["pvalue"][both] = 0.0, 1.0
+    pv = res["pvalue"]
+    pv[fit.genes["allZero"]] = np.nan
+    info: dict = {}
+    if cooks_filter:
+        out = cooks_outliers(fit)
+        pv[out] = np.nan
+        info["n_cooks_outliers"] = int(out.sum())
+    bm = fit.genes["baseMean"]
+    if independent_filter:
+        padj, finfo = independent_filtering(bm, pv, alpha)
+        info.update({k: v for k, v in finfo.items()})
+    else:
+        padj = p_adjust_bh(pv)
+    res["pvalue"] = pv
+    res["padj"] = padj
+    res["baseMean"] = bm
+    return res, info
+
+
+def lfc_log2(fit: DeseqFit) -> np.ndarray:
+    """Coefficients on the log2 scale (as R reports them)."""
+    return fit.beta / LN2

@@ -1,0 +1,198 @@
+"""Wald and likelihood-ratio statistics, alternative hypotheses, Cook's filter, BH and independent filtering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.stats
+
+LN2 = float(np.log(2.0))
+
+
+def wald(beta: np.ndarray, cov: np.ndarray, c: np.ndarray, *, lfc_threshold: float = 0.0, alt: str = "greaterAbs") -> dict[str, np.ndarray]:
+    """Wald test of c^T beta (natural log inputs; threshold on the log2 scale) as R's ``results()``.
+
+    ``alt`` is one of greaterAbs (two-sided; with a threshold R's "greaterAbs2014" form), lessAbs, greater, less.
+    Returns log2FoldChange, lfcSE, stat and pvalue.
+    """
+    lfc = (beta @ c) / LN2
+    se = np.sqrt(np.maximum(np.einsum("i,gij,j->g", c, cov, c), 0.0)) / LN2
+    t = abs(lfc_threshold)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if alt == "greaterAbs":
+            if t == 0:
+                stat = lfc / se
+                pv = 2.0 * scipy.stats.norm.sf(np.abs(stat))
+            else:
+                stat = np.sign(lfc) * np.maximum((np.abs(lfc) - t) / se, 0)
+                pv = np.minimum(1.0, 2.0 * scipy.stats.norm.sf((np.abs(lfc) - t) / se))
+        elif alt == "greater":
+            z = (lfc - t) / se
+            stat = np.maximum(z, 0)
+            pv = scipy.stats.norm.sf(z)
+        elif alt == "less":
+            z = (lfc + t) / se
+            stat = np.minimum(z, 0)
+            pv = scipy.stats.norm.sf(-z)
+        elif alt == "lessAbs":
+            above = (t - lfc) / se
+            below = (lfc + t) / se
+            stat = np.minimum(np.maximum(above, 0), np.maximum(below, 0))
+            pv = np.maximum(scipy.stats.norm.sf(above), scipy.stats.norm.sf(below))
+        else:
+            msg = f"alt_hypothesis={alt!r} is not valid."
+            raise ValueError(msg)
+    return {"log2FoldChange": lfc, "lfcSE": se, "stat": stat, "pvalue": pv}
+
+
+def lrt(dev_reduced: np.ndarray, dev_full: np.ndarray, df: int) -> tuple[np.ndarray, np.ndarray]:
+    """Likelihood-ratio statistic (difference of deviances) and its chi-square p-value."""
+    stat = dev_reduced - dev_full
+    return stat, scipy.stats.chi2.sf(stat, df)
+
+
+def p_adjust_bh(p: np.ndarray) -> np.ndarray:
+    """R ``p.adjust(method="BH")`` ignoring NaN (n = number of non-NaN p-values)."""
+    p = np.asarray(p, dtype=np.float64)
+    out = np.full(p.shape, np.nan)
+    ok = ~np.isnan(p)
+    m = int(ok.sum())
+    if m == 0:
+        return out
+    pv = p[ok]
+    order = np.argsort(pv)[::-1]
+    ranks = np.arange(m, 0, -1)
+    adj = np.minimum.accumulate(m / ranks * pv[order])
+    res = np.empty(m)
+    res[order] = np.minimum(adj, 1.0)
+    out[ok] = res
+    return out
+
+
+def lowess(x: np.ndarray, y: np.ndarray, f: float = 2.0 / 3.0, iters: int = 3, delta: float | None = None) -> np.ndarray:
+    """R ``stats::lowess`` (Cleveland's clowess): local linear fits with tricube weights and robustness iterations.
+
+    ``x`` must be sorted. Returns the fitted values at ``x``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    n = x.shape[0]
+    if n < 2:
+        return y.copy()
+    if delta is None:
+        delta = 0.01 * (x[-1] - x[0])
+    ns = max(min(int(f * n + 1e-7), n), 2)
+    rw = np.ones(n)
+    ys = np.zeros(n)
+    for it in range(iters + 1):
+        nleft, nright = 0, ns - 1
+        last = -1
+        i = 0
+        while True:
+            if nright < n - 1:
+                d1 = x[i] - x[nleft]
+                d2 = x[nright + 1] - x[i]
+                if d1 > d2:
+                    nleft += 1
+                    nright += 1
+                    continue
+            ys[i], ok = _lowest(x, y, x[i], nleft, nright, rw, it > 0)
+            if not ok:
+                ys[i] = y[i]
+            if last < i - 1:
+                denom = x[i] - x[last]
+                for j in range(last + 1, i):
+                    alpha = (x[j] - x[last]) / denom
+                    ys[j] = alpha * ys[i] + (1 - alpha) * ys[last]
+            last = i
+            cut = x[last] + delta
+            i = last + 1
+            while i < n:
+                if x[i] > cut:
+                    break
+                if x[i] == x[last]:
+                    ys[i] = ys[last]
+                    last = i
+                i += 1
+            i = max(last + 1, i - 1)
+            if last >= n - 1:
+                break
+        res = y - ys
+        if it >= iters:
+            break
+        sc = np.sum(np.abs(res)) / n
+        cmad = 6.0 * _r_median_abs(res)
+        if cmad < 1e-7 * sc:
+            break
+        c9, c1 = 0.999 * cmad, 0.001 * cmad
+        r = np.abs(res)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rw = np.where(r <= c1, 1.0, np.where(r <= c9, (1 - (r / cmad) ** 2) ** 2, 0.0))
+    return ys
+
+
+def _r_median_abs(res: np.ndarray) -> float:
+    r = np.sort(np.abs(res))
+    n = r.shape[0]
+    m1 = n // 2
+    if n % 2 == 0:
+        return 0.5 * (r[m1 - 1] + r[m1])
+    return float(r[m1])
+
+
+def _lowest(x: np.ndarray, y: np.ndarray, xs: float, nleft: int, nright: int, rw: np.ndarray, userw: bool) -> tuple[float, bool]:
+    n = x.shape[0]
+    rng = x[-1] - x[0]
+    h = max(xs - x[nleft], x[nright] - xs)
+    h9, h1 = 0.999 * h, 0.001 * h
+    w = np.zeros(n)
+    j = nleft
+    a = 0.0
+    while j < n:
+        r = abs(x[j] - xs)
+        if r <= h9:
+            w[j] = 1.0 if r <= h1 else (1 - (r / h) ** 3) ** 3
+            if userw:
+                w[j] *= rw[j]
+            a += w[j]
+        elif x[j] > xs:
+            break
+        j += 1
+    nrt = j - 1
+    if a <= 0:
+        return 0.0, False
+    w[nleft : nrt + 1] /= a
+    if h > 0:
+        a = float(np.sum(w[nleft : nrt + 1] * x[nleft : nrt + 1]))
+        b = xs - a
+        c = float(np.sum(w[nleft : nrt + 1] * (x[nleft : nrt + 1] - a) ** 2))
+        if np.sqrt(c) > 0.001 * rng:
+            b /= c
+            w[nleft : nrt + 1] *= b * (x[nleft : nrt + 1] - a) + 1.0
+    return float(np.sum(w[nleft : nrt + 1] * y[nleft : nrt + 1])), True
+
+
+def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: float) -> tuple[np.ndarray, dict]:
+    """R ``pvalueAdjustment`` (genefilter ``filtered_p`` over a 50-point theta grid, lowess with f=1/5)."""
+    lower = float(np.mean(base_mean == 0))
+    upper = 0.95 if lower < 0.95 else 1.0
+    theta = np.linspace(lower, upper, 50)
+    cutoffs = np.quantile(base_mean, theta)
+    res = np.full((base_mean.shape[0], theta.shape[0]), np.nan)
+    for j, cut in enumerate(cutoffs):  # 50 filter thresholds
+        use = base_mean >= cut
+        if use.any():
+            res[use, j] = p_adjust_bh(pvalue[use])
+    with np.errstate(invalid="ignore"):
+        num_rej = np.sum(res < alpha, axis=0)
+    fit = lowess(theta, num_rej.astype(np.float64), f=1.0 / 5.0)
+    if num_rej.max() <= 10:
+        j = 0
+    else:
+        resid = np.array([0.0]) if np.all(num_rej == 0) else (num_rej[num_rej > 0] - fit[num_rej > 0])
+        thresh = fit.max() - np.sqrt(np.mean(resid**2))
+        above = np.nonzero(num_rej > thresh)[0]
+        j = int(above[0]) if above.size else 0
+    info = {"theta": theta, "cutoffs": cutoffs, "num_rejections": num_rej, "lowess": fit, "filter_theta": float(theta[j]), "filter_threshold": float(cutoffs[j])}
+    return res[:, j], info

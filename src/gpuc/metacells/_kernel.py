@@ -1,0 +1,137 @@
+"""SEACells kernel: adaptive-bandwidth Gaussian affinities on a symmetrised kNN graph (anchors/seacells.md section 2).
+
+Only neighbour pairs are ever touched: O(n k d) work and O(n k) memory, the same code for numpy and cupy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuc._backend import Backend
+
+
+@dataclass
+class KnnResult:
+    """Exact (or IVF) kNN of every cell, self first where present; arrays on the backend's device."""
+
+    distances: Any  # (n, m) float, sorted ascending
+    indices: Any  # (n, m) int64
+
+
+def compute_knn(backend: Backend, x: Any, n_neighbors: int, *, method: str = "auto") -> KnnResult:
+    """kNN including each cell itself (scanpy's ``n_neighbors`` convention)."""
+    dist, idx = backend.knn(x, min(n_neighbors, x.shape[0]), method=method)
+    return KnnResult(backend.asarray(dist), backend.asarray(idx))
+
+
+def non_self(backend: Backend, knn: KnnResult, n_neighbors: int) -> tuple[Any, Any]:
+    """The ``n_neighbors - 1`` non-self neighbours per row (scanpy's ``obsp['distances']`` rows).
+
+    When a duplicate point displaced a cell from its own list, the last neighbour is dropped instead.
+    """
+    xp = backend.xp
+    idx = knn.indices[:, :n_neighbors]
+    dist = knn.distances[:, :n_neighbors]
+    n, m = idx.shape
+    rows = xp.arange(n)[:, None]
+    is_self = idx == rows
+    has_self = is_self.any(axis=1)
+    drop = is_self.copy()
+    drop[:, m - 1] |= ~has_self
+    # move the dropped entry to the end with a stable sort on the drop flag, then cut it
+    order = xp.argsort(drop.astype(xp.int8), axis=1, kind="stable")
+    idx = xp.take_along_axis(idx, order, axis=1)[:, : m - 1]
+    dist = xp.take_along_axis(dist, order, axis=1)[:, : m - 1]
+    return dist, idx
+
+
+def bandwidths(backend: Backend, dist: Any, rank: int) -> Any:
+    """Per-cell sigma = the ``rank``-th smallest strictly positive non-self distance (0 when there are fewer).
+
+    SEACells ranks the stored kNN distances ignoring zeros; ``rank = n_neighbors // 2``.
+    """
+    xp = backend.xp
+    d = xp.where(dist > 0, dist, xp.inf)
+    d = xp.sort(d, axis=1)
+    if rank < 1 or rank > d.shape[1]:
+        return xp.zeros(d.shape[0], dtype=dist.dtype)
+    s = d[:, rank - 1]
+    return xp.where(xp.isfinite(s), s, 0.0)
+
+
+def build_kernel(
+    backend: Backend,
+    x: Any,
+    *,
+    n_neighbors: int = 15,
+    graph: str = "union",
+    knn: KnnResult | None = None,
+    dtype: Any = np.float64,
+    chunk: int = 1 << 20,
+) -> tuple[Any, Any]:
+    """The SEACells kernel ``M`` (n x n sparse CSR on the backend's device) and the bandwidths.
+
+    Parameters
+    ----------
+    backend
+        Device backend.
+    x
+        ``(n, d)`` embedding (used as is, no scaling).
+    n_neighbors
+        kNN size including the cell itself (SEACells / scanpy convention, default 15).
+    graph
+        ``"union"`` (edge if i->j or j->i) or ``"intersection"`` (both).
+    knn
+        Precomputed :func:`compute_knn` result with at least ``n_neighbors`` columns.
+    dtype
+        Floating type of ``M``.
+    chunk
+        Edges per block when computing squared distances.
+
+    Returns
+    -------
+    ``(M, sigma)``: ``M[i, j] = exp(-||x_i - x_j||^2 / (sigma_i sigma_j))`` on the symmetrised kNN pattern plus the
+    diagonal, ``sigma`` the per-cell bandwidth (distance to the ``n_neighbors // 2``-th non-self neighbour).
+    """
+    xp, sparse = backend.xp, backend.sparse
+    x = backend.asarray(x)
+    n = x.shape[0]
+    if knn is None:
+        knn = compute_knn(backend, x, n_neighbors)
+    dist, idx = non_self(backend, knn, n_neighbors)
+    sigma = bandwidths(backend, dist, n_neighbors // 2).astype(dtype)
+    # binary pattern: stored kNN entries with non-zero distance (SEACells binarises the distances), plus the diagonal
+    keep = dist.ravel() > 0
+    rows = xp.repeat(xp.arange(n), idx.shape[1])[keep]
+    cols = idx.ravel()[keep]
+    ones = xp.ones(rows.shape[0], dtype=dtype)
+    g = sparse.coo_matrix((ones, (rows, cols)), shape=(n, n)).tocsr()
+    g.sum_duplicates()
+    g.data[:] = 1
+    if graph == "union":
+        pat = g + g.T
+    elif graph in ("intersection", "intersect"):
+        pat = g.multiply(g.T)
+    else:
+        msg = f"graph={graph!r} is not valid; use 'union' or 'intersection'."
+        raise ValueError(msg)
+    pat = sparse.csr_matrix(pat) + sparse.identity(n, dtype=dtype, format="csr")
+    pat = sparse.csr_matrix(pat)
+    pat.sum_duplicates()
+    pat.sort_indices()
+    coo = pat.tocoo()
+    r, c = coo.row, coo.col
+    xd = x.astype(dtype) if x.dtype != dtype else x
+    d2 = xp.empty(r.shape[0], dtype=dtype)
+    for s in range(0, r.shape[0], chunk):
+        diff = xd[r[s : s + chunk]] - xd[c[s : s + chunk]]
+        d2[s : s + chunk] = (diff * diff).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        vals = xp.exp(-d2 / (sigma[r] * sigma[c]))
+    vals = xp.where(r == c, 1.0, vals)  # exp(-0/0): a cell is always its own neighbour with weight 1
+    m = sparse.csr_matrix((vals.astype(dtype), (r, c)), shape=(n, n))
+    m.sort_indices()
+    return m, sigma

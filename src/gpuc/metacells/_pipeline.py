@@ -1,0 +1,95 @@
+"""End-to-end SEACells on an embedding: kNN -> kernel -> archetypes -> A0 -> fit (no AnnData)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuc._backend import Backend
+from gpuc.metacells._init import initial_archetypes
+from gpuc.metacells._kernel import build_kernel, compute_knn
+from gpuc.metacells._solver import FitResult, fit
+
+# above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
+DENSE_A0_MAX = 50_000_000
+
+
+@dataclass
+class MetacellResult:
+    """Kernel, fit and timings of one SEACells run (arrays on the backend's device)."""
+
+    kernel: Any
+    fit: FitResult
+    archetypes: np.ndarray
+    a0: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run_metacells(
+    backend: Backend,
+    x: Any,
+    n_metacells: int,
+    *,
+    n_neighbors: int = 15,
+    n_waypoint_eigs: int = 10,
+    graph: str = "union",
+    max_iter: int = 100,
+    min_iter: int = 10,
+    convergence_epsilon: float = 1e-3,
+    fw_iters: int = 50,
+    random_state: int = 0,
+    init: str = "waypoint",
+    initial_archetypes_: np.ndarray | None = None,
+    a0: str = "auto",
+    knn_method: str = "auto",
+    callback: Any = None,
+) -> MetacellResult:
+    """SEACells 0.3.3 on the rows of ``x`` (see :func:`gpuc.tl.metacells` for the parameters).
+
+    ``np.random.RandomState(random_state)`` is consumed like SEACells consumes the global RNG after
+    ``np.random.seed(random_state)`` (waypoint permutation, then the dense random A0), so the defaults reproduce a
+    SEACells run seeded that way, given the same kNN.
+    """
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    x = backend.asarray(x)
+    n = x.shape[0]
+    knn = compute_knn(backend, x, max(n_neighbors, 30) if init == "waypoint" else n_neighbors, method=knn_method)
+    mmat, sigma = build_kernel(backend, x, n_neighbors=n_neighbors, graph=graph, knn=knn)
+    n_zero = int((sigma <= 0).sum())
+    if n_zero:
+        msg = (
+            f"{n_zero} cell(s) have zero kernel bandwidth: fewer than n_neighbors // 2 = {n_neighbors // 2} neighbours at a "
+            "non-zero distance, i.e. duplicate cells in the embedding. Remove duplicated rows (or add tiny noise) first."
+        )
+        raise ValueError(msg)
+    kmat = backend.sparse.csr_matrix(mmat @ mmat.T)
+    backend.synchronize()
+    timings["kernel"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rs = np.random.RandomState(random_state)
+    if initial_archetypes_ is not None:
+        arche = np.asarray(initial_archetypes_, dtype=np.int64)
+    else:
+        arche = initial_archetypes(backend, kmat, knn, n_metacells, rs, n_components=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, method=init)
+    if a0 == "auto":
+        a0 = "random" if n_metacells * n <= DENSE_A0_MAX else "uniform"
+    if a0 == "random":
+        a_init: Any = rs.random((n_metacells, n))
+        a_init /= a_init.sum(0)
+        a_init = backend.asarray(a_init)
+    elif a0 == "uniform":
+        a_init = "uniform"
+    else:
+        msg = f"a0={a0!r} is not valid; use 'auto', 'random' or 'uniform'."
+        raise ValueError(msg)
+    backend.synchronize()
+    timings["init"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = fit(backend, mmat, arche, k=n_metacells, a0=a_init, kmat=kmat, max_iter=max_iter, min_iter=min_iter, convergence_epsilon=convergence_epsilon, fw_iters=fw_iters, callback=callback)
+    backend.synchronize()
+    timings["fit"] = time.perf_counter() - t0
+    return MetacellResult(mmat, res, arche, a0, timings)

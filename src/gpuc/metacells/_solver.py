@@ -1,0 +1,255 @@
+"""Kernel archetypal analysis by alternating Frank-Wolfe, exactly as SEACells 0.3.3 (anchors/seacells.md sections 4-5).
+
+A (k x n) and B (n x k) are kept sparse: after T Frank-Wolfe steps with step 2/(t+2) every column is
+``sum_t w_t e_{i_t}`` with ``w_t = 2(t+1) / (T(T+1))``, so it has at most T non-zeros and is built directly from the
+T argmin vectors. The updates are incremental:
+
+* A-update: cells are independent, so they are processed in blocks; ``Q A`` (Q = B^T K B) is updated by gathering
+  columns of Q (``Q (A + g(E - A)) = (1-g) Q A + g Q[:, i_t]``), never recomputed.
+* B-update: ``K B R`` (R = A A^T) is updated by ``(1-g) K B R + g K[:, i_t] R`` where ``K[:, i_t]`` are the k
+  gathered kernel columns, so each inner step costs O(nnz(K[:, i_t]) k + n k) instead of a full sparse product.
+* RSS is computed in reduced form ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)`` (K = M^T M): nothing n x n.
+
+All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
+iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuc._backend import Backend
+
+
+class MetacellConvergenceWarning(RuntimeWarning):
+    """The alternating fit stopped at ``max_iter`` before the RSS change fell below the threshold."""
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit` returns; arrays stay on the backend's device."""
+
+    A: Any  # (k, n) sparse CSC, columns on the simplex
+    B: Any  # (n, k) sparse CSC, columns on the simplex
+    rss: list[float]  # unsquared Frobenius norm ||M - M B A||, RSS0 first
+    n_iter: int
+    converged: bool
+    convergence_threshold: float
+    archetypes: np.ndarray
+    seconds_per_iter: list[float] = field(default_factory=list)
+
+
+def fw_weights(n_steps: int) -> np.ndarray:
+    """Weight of the t-th Frank-Wolfe vertex after ``n_steps`` steps with step size 2/(t+2) from any start."""
+    t = np.arange(n_steps, dtype=np.float64)
+    return 2.0 * (t + 1.0) / (n_steps * (n_steps + 1.0))
+
+
+def _from_argmins(backend: Backend, picks: Any, shape: tuple[int, int]) -> Any:
+    """Sparse CSC matrix whose column ``c`` is the Frank-Wolfe iterate after visiting ``picks[:, c]``.
+
+    The values are replayed with the reference's floating-point recursion ``v <- v + g_t (e_t - v)`` on the
+    non-zeros only (at most T per column), so they equal SEACells' dense accumulation bit for bit (hence the same
+    argmax ties); mathematically they are ``sum_t w_t`` over the steps that hit the entry (see :func:`fw_weights`).
+    The first step has g = 1, which makes the start irrelevant: hit entries become exactly 1, the rest exactly 0.
+    """
+    xp, sparse = backend.xp, backend.sparse
+    n_steps, n_cols = picks.shape
+    n_rows = shape[0]
+    keys = (xp.arange(n_cols)[None, :] * n_rows + picks).ravel()  # column-major keys -> CSC order after unique
+    uniq, inv = xp.unique(keys, return_inverse=True)
+    inv = inv.reshape(n_steps, n_cols)
+    vals = xp.zeros(uniq.shape[0], dtype=xp.float64)
+    vals[inv[0]] = 1.0
+    for t in range(1, n_steps):
+        gam = 2.0 / (t + 2.0)
+        tmp = -vals
+        hit = inv[t]
+        tmp[hit] = 1.0 - vals[hit]
+        tmp *= gam
+        vals += tmp
+    rows = uniq % n_rows
+    cols = uniq // n_rows
+    indptr = xp.searchsorted(cols, xp.arange(n_cols + 1))
+    return sparse.csc_matrix((vals, rows, indptr), shape=shape)
+
+
+def _dense(x: Any, xp: Any) -> Any:
+    return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
+
+
+def update_a(backend: Backend, kmat: Any, b: Any, a_prev: Any, n_steps: int, *, block: int = 8192, kb: Any = None) -> Any:
+    """SEACells ``_updateA``: T Frank-Wolfe steps on every column of A with B fixed.
+
+    ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
+    independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
+    ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q.
+    """
+    xp, sparse = backend.xp, backend.sparse
+    n, k = b.shape
+    if kb is None:
+        kb = sparse.csr_matrix(kmat @ b)
+    q = _dense(b.T @ kb, xp)  # (k, k), symmetric
+    picks = xp.empty((n_steps, n), dtype=xp.int64)
+    a_sparse_t = None
+    if not isinstance(a_prev, str) and sparse.issparse(a_prev):
+        a_sparse_t = sparse.csr_matrix(a_prev.T)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        p = _dense(kb[s:e], xp)  # (c, k)
+        if isinstance(a_prev, str):  # uniform start: Q A0 is the same for every cell
+            qa = xp.repeat((q.sum(axis=1) / k)[None, :], e - s, axis=0)
+        elif a_sparse_t is not None:
+            qa = xp.ascontiguousarray(xp.asarray(a_sparse_t[s:e] @ q))
+        else:
+            qa = xp.ascontiguousarray((q @ a_prev[:, s:e]).T)
+        g = xp.empty_like(qa)
+        for t in range(n_steps):
+            xp.subtract(qa, p, out=g)
+            amin = xp.argmin(g, axis=1)
+            picks[t, s:e] = amin
+            if t + 1 < n_steps:
+                diff = q[amin]
+                if t == 0:  # g = 1 replaces the iterate exactly (A becomes E exactly in the reference)
+                    qa = diff
+                    continue
+                # same form as A += g (E - A): an exact row of Q stays exact (structural ties stay ties)
+                diff -= qa
+                diff *= 2.0 / (t + 2.0)
+                qa += diff
+    return _from_argmins(backend, picks, (k, n))
+
+
+def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int) -> Any:
+    """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
+
+    The gradient K B R - K A^T (R = A A^T) is updated with the k gathered kernel columns of the cells picked at
+    each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B.
+    """
+    xp, sparse = backend.xp, backend.sparse
+    k, n = a.shape
+    r = _dense(a @ a.T, xp)  # (k, k), symmetric
+    s_mat = _dense(kmat @ a.T, xp)  # (n, k)
+    y = _dense(kmat @ b_prev, xp) @ r  # K B R
+    picks = xp.empty((n_steps, k), dtype=xp.int64)
+    g = xp.empty_like(y)
+    for t in range(n_steps):
+        xp.subtract(y, s_mat, out=g)
+        amin = xp.argmin(g, axis=0)
+        picks[t] = amin
+        if t + 1 < n_steps:
+            z = xp.asarray(kmat[amin].T @ r)  # K[:, amin] R, K symmetric: gathered rows, transposed
+            if t == 0:  # g = 1: B becomes E exactly
+                y = z
+                continue
+            z -= y
+            z *= 2.0 / (t + 2.0)
+            y += z
+    return _from_argmins(backend, picks, (n, k))
+
+
+def rss_reduced(backend: Backend, kmat: Any, m_sq: float, a: Any, b: Any, *, squared: bool = False, kb: Any = None) -> float:
+    """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n."""
+    xp = backend.xp
+    if kb is None:
+        kb = backend.sparse.csr_matrix(kmat @ b)
+    tr_kba = float(kb.multiply(a.T).sum())
+    q = xp.asarray((b.T @ kb).toarray())
+    r = xp.asarray((a @ a.T).toarray())
+    quad = float((q * r).sum())
+    val = max(m_sq - 2.0 * tr_kba + quad, 0.0)
+    return val if squared else math.sqrt(val)
+
+
+def one_hot_b(backend: Backend, archetypes: np.ndarray, n: int, k: int) -> Any:
+    """B0: column j has a single 1 at row ``archetypes[j]`` (empty columns when fewer archetypes than k)."""
+    xp = backend.xp
+    m = len(archetypes)
+    return backend.sparse.csc_matrix((xp.ones(m), (xp.asarray(archetypes, dtype=xp.int64), xp.arange(m))), shape=(n, k))
+
+
+def fit(
+    backend: Backend,
+    mmat: Any,
+    archetypes: np.ndarray,
+    *,
+    k: int | None = None,
+    a0: Any = "uniform",
+    kmat: Any = None,
+    max_iter: int = 100,
+    min_iter: int = 10,
+    convergence_epsilon: float = 1e-3,
+    fw_iters: int = 50,
+    block: int = 8192,
+    callback: Callable[[int, float], None] | None = None,
+) -> FitResult:
+    """Alternating Frank-Wolfe fit of SEACells from initial archetypes.
+
+    Parameters
+    ----------
+    backend
+        Device backend.
+    mmat
+        Kernel M, (n, n) sparse symmetric, on the backend's device.
+    archetypes
+        Initial archetype cell positions (B0).
+    k
+        Number of archetypes (default ``len(archetypes)``).
+    a0
+        Initial assignments fed to the first A-update: dense (k, n) array (SEACells: uniform random, column
+        normalised), sparse (k, n), or ``"uniform"``.
+    kmat
+        ``K = M M^T`` if already computed.
+    max_iter, min_iter, convergence_epsilon, fw_iters
+        SEACells' loop controls: stop when ``|RSS_{t-1} - RSS_t| < convergence_epsilon * RSS_0`` (after min_iter).
+    block
+        Cells per block in the A-update (memory ``k * block``).
+    callback
+        Called as ``callback(iteration, rss)`` after each outer iteration.
+
+    Returns
+    -------
+    :class:`FitResult`; emits :class:`MetacellConvergenceWarning` when max_iter is reached without convergence.
+    """
+    sparse = backend.sparse
+    n = mmat.shape[0]
+    k = len(archetypes) if k is None else k
+    if max_iter < min_iter:
+        msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
+        raise ValueError(msg)
+    if kmat is None:
+        kmat = sparse.csr_matrix(mmat @ mmat.T)
+    m_sq = float((mmat.data * mmat.data).sum())
+    b = one_hot_b(backend, archetypes, n, k)
+    a = update_a(backend, kmat, b, a0, fw_iters, block=block)
+    rss = [rss_reduced(backend, kmat, m_sq, a, b)]
+    threshold = convergence_epsilon * rss[0]
+    converged = False
+    n_iter = 0
+    secs: list[float] = []
+    while (not converged and n_iter < max_iter) or n_iter < min_iter:
+        t0 = time.perf_counter()
+        n_iter += 1
+        a = update_a(backend, kmat, b, a, fw_iters, block=block)
+        b = update_b(backend, kmat, a, b, fw_iters)
+        rss.append(rss_reduced(backend, kmat, m_sq, a, b))
+        secs.append(time.perf_counter() - t0)
+        if callback is not None:
+            callback(n_iter, rss[-1])
+        if abs(rss[-2] - rss[-1]) < threshold:
+            converged = True
+    if not converged:
+        warnings.warn(
+            f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
+            "the result is kept. Increase max_iter or convergence_epsilon.",
+            MetacellConvergenceWarning,
+            stacklevel=2,
+        )
+    return FitResult(a, b, rss, n_iter, converged, threshold, np.asarray(archetypes), secs)

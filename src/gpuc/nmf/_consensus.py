@@ -1,0 +1,322 @@
+"""Consensus of pooled NMF restarts (cNMF / bixverse): density filter, k-means, silhouette, median, NNLS refit.
+
+The pool has ``n_runs * k`` components (rows) in gene space (``target="spectra"``) or cell space (``"usage"``); it is
+small in the number of rows, so every pairwise distance is computed exactly as one ``(P, P)`` matrix product on the
+backend device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from gpuc._backend import Backend, get_backend
+from gpuc.nmf._hals import HalsResult, Operator, fit_hals, nnls_refit
+
+Metric = Literal["cosine", "euclidean"]
+Target = Literal["spectra", "usage"]
+Normalization = Literal["sum", "l2"]
+
+COLLAPSED_NORM = 1e-12
+MAX_STORED_POOL = 2000  # pooled-component distance matrices up to 2000 x 2000 (16 MB) are returned for plots
+
+
+class ConsensusError(ValueError):
+    """Fewer than ``k`` components survive the density filter (or none are usable)."""
+
+
+@dataclass
+class PoolDensity:
+    """Pooled unit-norm components and their local densities.
+
+    Attributes
+    ----------
+    unit
+        ``(P, d)`` on the device: the pooled components, each scaled to unit L2 norm (collapsed ones left at zero).
+    dist
+        ``(P, P)`` on the device: pairwise distances under ``metric`` (collapsed rows/cols meaningless).
+    density
+        ``(P,)`` host: mean distance to the ``n_neighbors`` nearest other live components; ``inf`` for collapsed ones.
+    run, component
+        ``(P,)`` host int: which restart and which of its components each row is.
+    n_neighbors
+        Neighbours used.
+    """
+
+    unit: Any
+    dist: Any
+    density: np.ndarray
+    run: np.ndarray
+    component: np.ndarray
+    n_neighbors: int
+    metric: str
+
+
+@dataclass
+class ConsensusResult:
+    """Consensus factors and diagnostics (host arrays).
+
+    ``usages`` is ``(m, k)``, ``spectra`` ``(k, n)``; programmes are ordered by total usage, largest first.
+    ``table`` columns: run, component, cluster (-1 if dropped), local_density, silhouette (NaN if dropped), kept.
+    """
+
+    usages: np.ndarray
+    spectra: np.ndarray
+    stability: float
+    loss: float
+    rel_error: float
+    cluster_sizes: np.ndarray
+    n_dropped: int
+    n_empty_clusters: int
+    table: dict[str, np.ndarray]
+    params: dict[str, Any] = field(default_factory=dict)
+    distances: np.ndarray | None = None
+
+
+def n_neighbors_for(n_runs: int, fraction: float = 0.3) -> int:
+    """``ceil(fraction * n_runs)``, at least 1 (cNMF's ``int()`` gives 0 below 4 runs and drops everything)."""
+    return max(1, math.ceil(fraction * n_runs - 1e-12))
+
+
+def pool_components(backend: Backend, fits: HalsResult, target: Target) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Stack the runs' components as rows: spectra ``(R*k, n)`` or usage columns ``(R*k, m)``; run-major order."""
+    xp = backend.xp
+    src = fits.spectra_t if target == "spectra" else fits.usages  # (rows, R, k)
+    rows, n_runs, k = src.shape
+    pool = xp.ascontiguousarray(src.reshape(rows, n_runs * k).T).astype(xp.float64)
+    run = np.repeat(np.arange(n_runs), k)
+    comp = np.tile(np.arange(k), n_runs)
+    return pool, run, comp
+
+
+def local_density(
+    backend: Backend,
+    pool: Any,
+    run: np.ndarray,
+    component: np.ndarray,
+    n_runs: int,
+    *,
+    metric: Metric = "cosine",
+    neighborhood: float = 0.3,
+) -> PoolDensity:
+    """Unit-normalise the pool, drop collapsed rows, and compute each row's local density under ``metric``.
+
+    ``"cosine"``: distance ``1 - cos``; ``"euclidean"``: distance between the unit rows (cNMF). Density = mean distance
+    to the ``ceil(neighborhood * n_runs)`` nearest other live components (clamped to ``[1, live - 1]``).
+    """
+    xp = backend.xp
+    norms = xp.sqrt((pool * pool).sum(axis=1))
+    live = norms > COLLAPSED_NORM
+    unit = pool / xp.where(live, norms, 1.0)[:, None]
+    unit = unit * live[:, None]
+    sim = xp.clip(unit @ unit.T, -1.0, 1.0)
+    dist = 1.0 - sim if metric == "cosine" else xp.sqrt(xp.maximum(2.0 - 2.0 * sim, 0.0))
+    live_h = np.asarray(backend.to_host(live), dtype=bool)
+    n_live = int(live_h.sum())
+    nn = min(n_neighbors_for(n_runs, neighborhood), max(n_live - 1, 1))
+    density = np.full(pool.shape[0], np.inf)
+    if n_live >= 2:
+        li = xp.asarray(np.flatnonzero(live_h))
+        dl = dist[li][:, li].copy()
+        xp.fill_diagonal(dl, xp.inf)
+        part = xp.partition(dl, nn - 1, axis=1)[:, :nn]
+        density[live_h] = np.asarray(backend.to_host(part.mean(axis=1)), dtype=np.float64)
+    elif n_live == 1:
+        density[live_h] = 0.0
+    return PoolDensity(unit, dist, density, run, component, nn, metric)
+
+
+def silhouette(xp: Any, dist: Any, labels: Any, k: int) -> Any:
+    """Per-sample silhouette from a precomputed distance matrix (singletons 0; fewer than 2 clusters -> all 0)."""
+    n = dist.shape[0]
+    onehot = (labels[:, None] == xp.arange(k)[None, :]).astype(dist.dtype)  # (n, k)
+    sizes = onehot.sum(axis=0)  # (k,)
+    sums = dist @ onehot  # (n, k): sum of distances to each cluster
+    own = sizes[labels]
+    a = sums[xp.arange(n), labels] / xp.maximum(own - 1, 1)
+    other = xp.where((onehot > 0) | (sizes[None, :] == 0), xp.inf, sums / xp.maximum(sizes[None, :], 1))
+    b = other.min(axis=1)
+    s = (b - a) / xp.maximum(xp.maximum(a, b), 1e-300)
+    s = xp.where(own > 1, s, 0.0)
+    if int((sizes > 0).sum()) < 2:
+        s = xp.zeros_like(s)
+    return xp.where(xp.isfinite(s), s, 0.0)
+
+
+def cluster_median(xp: Any, unit: Any, labels_h: np.ndarray, k: int) -> tuple[Any, int]:
+    """Per-cluster, per-coordinate median of the unit rows; empty clusters give zero rows. Returns (centres, n_empty)."""
+    out = xp.zeros((k, unit.shape[1]), dtype=unit.dtype)
+    n_empty = 0
+    for c in range(k):
+        idx = np.flatnonzero(labels_h == c)
+        if idx.size == 0:
+            n_empty += 1
+            continue
+        out[c] = xp.median(unit[xp.asarray(idx)], axis=0)
+    return out, n_empty
+
+
+def consensus(
+    backend: Backend,
+    op: Operator,
+    fits: HalsResult,
+    k: int,
+    *,
+    target: Target = "spectra",
+    metric: Metric = "cosine",
+    density_threshold: float = 0.5,
+    neighborhood: float = 0.3,
+    normalization: Normalization = "sum",
+    kmeans_n_init: int = 10,
+    kmeans_method: Literal["lloyd", "faiss", "auto"] = "lloyd",
+    random_state: int = 0,
+    refit_max_iter: int = 1000,
+    refit_tol: float = 1e-6,
+    density: PoolDensity | None = None,
+    refit: bool = True,
+) -> ConsensusResult:
+    """Consensus programmes from a batch of restarts.
+
+    Steps: pool the runs' components (``target``), L2-normalise and drop collapsed ones, local density under
+    ``metric`` (keep ``density < density_threshold``; 2.0 keeps every live component), k-means (Euclidean on the unit
+    rows, best of ``kmeans_n_init`` k-means++ starts; the pool has only ``n_runs * k`` rows, so exact Lloyd in ``xp``
+    is the default, ``kmeans_method="faiss"`` uses FAISS), silhouette under ``metric`` (the stability), per-cluster per-coordinate median,
+    rows rescaled (``normalization``: ``"sum"`` to sum 1 like cNMF, ``"l2"`` to unit norm like bixverse), then the
+    partner factor refitted by NNLS against the fixed consensus. Programmes are ordered by total usage after
+    normalising each cell's usage to sum 1 (cNMF's order).
+
+    Raises
+    ------
+    ConsensusError
+        When fewer than ``k`` components survive the filter.
+    """
+    # The pool has n_runs * k rows: clustering it is cheap and stays on the host (as in bixverse.gpu); only the
+    # pooled factors come back from the device, and only the NNLS refit (which needs V) runs on ``backend``.
+    hb = get_backend("cpu")
+    xp = hb.xp
+    n_runs = fits.usages.shape[1]
+    if density is None:
+        pool, run, comp = pool_components(backend, fits, target)
+        density = local_density(hb, hb.asarray(backend.to_host(pool)), run, comp, n_runs, metric=metric, neighborhood=neighborhood)
+    dens = density.density
+    kept = np.isfinite(dens) & (dens < density_threshold)
+    n_kept = int(kept.sum())
+    n_total = dens.size
+    if n_kept < k:
+        msg = (
+            f"only {n_kept} of {n_total} pooled components have local density < {density_threshold} "
+            f"({metric} distance), fewer than k={k}; raise density_threshold (2.0 turns the filter off), "
+            "add runs, or lower k."
+        )
+        raise ConsensusError(msg)
+    ki = xp.asarray(np.flatnonzero(kept))
+    unit_k = density.unit[ki]
+    _, labels, _ = hb.kmeans(unit_k, k, n_init=kmeans_n_init, random_state=random_state, method=kmeans_method)
+    labels = xp.asarray(labels).astype(xp.int64)
+    labels_h = np.asarray(labels, dtype=np.int64)
+    dist_k = density.dist[ki][:, ki]
+    sil = silhouette(xp, dist_k, labels, k)
+    sil_h = np.asarray(sil, dtype=np.float64)
+    stability = float(sil_h.mean())
+    centres, n_empty = cluster_median(xp, unit_k, labels_h, k)
+    if normalization == "sum":
+        scale = centres.sum(axis=1, keepdims=True)
+    else:
+        scale = xp.sqrt((centres * centres).sum(axis=1, keepdims=True))
+    centres = centres / xp.where(scale > 0, scale, 1.0)
+    # refit the partner factor with the consensus fixed
+    if not refit:  # k sweep: only the diagnostics are needed
+        sizes = np.bincount(labels_h, minlength=k)
+        return ConsensusResult(np.empty((0, k)), np.empty((k, 0)), stability, float("nan"), float("nan"), sizes,
+                               int(n_total - n_kept), int(n_empty), {}, {"n_neighbors": density.n_neighbors})
+    if target == "spectra":
+        spectra = centres  # (k, n)
+        usages, loss = nnls_refit(backend, op, spectra, max_iter=refit_max_iter, tol=refit_tol)
+    else:
+        usages = centres.T  # (m, k)
+        st, loss = nnls_refit(backend, op.transposed(), centres, max_iter=refit_max_iter, tol=refit_tol)
+        spectra = st.T
+    usages_h = np.asarray(backend.to_host(usages), dtype=np.float64)
+    spectra_h = np.asarray(backend.to_host(spectra), dtype=np.float64)
+    # order by total per-cell-normalised usage, largest first
+    rs = usages_h.sum(axis=1, keepdims=True)
+    share = (usages_h / np.where(rs > 0, rs, 1.0)).sum(axis=0)
+    order = np.argsort(-share, kind="stable")
+    rank_of = np.empty(k, dtype=np.int64)
+    rank_of[order] = np.arange(k)
+    usages_h = usages_h[:, order]
+    spectra_h = spectra_h[order]
+    cluster = np.full(n_total, -1, dtype=np.int64)
+    cluster[kept] = rank_of[labels_h]
+    sil_all = np.full(n_total, np.nan)
+    sil_all[kept] = sil_h
+    sizes = np.bincount(cluster[kept], minlength=k)
+    table = {
+        "run": density.run.astype(np.int64),
+        "component": density.component.astype(np.int64),
+        "cluster": cluster,
+        "local_density": dens.astype(np.float64),
+        "silhouette": sil_all,
+        "kept": kept,
+    }
+    return ConsensusResult(
+        usages=usages_h,
+        spectra=spectra_h,
+        stability=stability,
+        loss=float(loss),
+        rel_error=float(loss) / max(op.norm2, 1e-300),
+        cluster_sizes=sizes,
+        n_dropped=int(n_total - n_kept),
+        n_empty_clusters=int(n_empty),
+        table=table,
+        params={"n_neighbors": density.n_neighbors, "metric": metric, "target": target},
+        distances=(np.asarray(density.dist, dtype=np.float32) if n_total <= MAX_STORED_POOL else None),
+    )
+
+
+@dataclass
+class KSweepRow:
+    """One row of a k sweep."""
+
+    k: int
+    stability: float
+    best_error: float
+    median_error: float
+    consensus_failed: bool
+    n_dropped: int
+    n_empty_clusters: int
+    n_converged: int
+
+
+def run_k(
+    backend: Backend,
+    op: Operator,
+    k: int,
+    n_runs: int,
+    random_state: int,
+    *,
+    max_iter: int = 500,
+    tol: float = 1e-4,
+    eps: float = 1e-10,
+    progress: Any = None,
+) -> HalsResult:
+    """All restarts of rank ``k``, seeded from ``(random_state, k, run)`` only."""
+    from gpuc._utils import derive_seed
+
+    seeds = [derive_seed(random_state, k, i) for i in range(n_runs)]
+    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, progress=progress)
+
+
+def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:
+    """Consensus of one k's restarts reduced to its sweep row; a failed consensus is a row, not an error."""
+    rel = fits.rel_errors
+    n_conv = int(fits.converged.sum())
+    try:
+        res = consensus(backend, op, fits, k, refit=False, **consensus_kwargs)
+    except ConsensusError:
+        n_runs = fits.usages.shape[1]
+        return KSweepRow(k, float("nan"), float(np.min(rel)), float(np.median(rel)), True, k * n_runs, 0, n_conv)
+    return KSweepRow(k, res.stability, float(np.min(rel)), float(np.median(rel)), False, res.n_dropped, res.n_empty_clusters, n_conv)

@@ -1,0 +1,261 @@
+"""Plots of what :func:`gpuc.tl.metacells` and :func:`gpuc.tl.metacell_quality` wrote."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from gpuc import _keys
+
+
+def _uns(adata: AnnData, key: str) -> dict[str, Any]:
+    if key not in adata.uns or key not in adata.obs:
+        msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
+        raise KeyError(msg)
+    return adata.uns[key]
+
+
+def _finish(ax_or_fig: Any, show: bool | None, save: str | None = None) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig = ax_or_fig if isinstance(ax_or_fig, Figure) else ax_or_fig.figure
+    if save:
+        fig.savefig(save, dpi=150, bbox_inches="tight")
+    if show is None:
+        show = plt.isinteractive()
+    if show:
+        plt.show()
+        return None
+    return ax_or_fig
+
+
+def _ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def metacells(
+    adata: AnnData,
+    basis: str = "umap",
+    *,
+    key: str = _keys.METACELL,
+    color: str | None = None,
+    show_centers: bool = True,
+    size: float | None = None,
+    center_size: float = 40.0,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | None = None,
+) -> Axes | None:
+    """Cells on an embedding coloured by metacell (or by ``color``), with each metacell's centre on top.
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    basis
+        Embedding: ``obsm["X_" + basis]`` (or ``obsm[basis]``), first two columns.
+    key
+        ``key_added`` of the metacell run.
+    color
+        ``obs`` column to colour cells by instead of the metacell label.
+    show_centers
+        Overlay the metacells at the mean position of their cells.
+    size
+        Cell marker size (default scales with the number of cells).
+    center_size
+        Marker size of the metacell centres.
+    ax
+        Axes to draw into; a new figure if None.
+    show
+        Show the figure (default: when matplotlib is interactive).
+    save
+        Path to save the figure to.
+
+    Returns
+    -------
+    The Axes when ``show`` is False, else None.
+    """
+    import matplotlib.pyplot as plt
+
+    _uns(adata, key)
+    emb_key = basis if basis in adata.obsm else f"X_{basis}"
+    if emb_key not in adata.obsm:
+        msg = f"basis {basis!r} not found in adata.obsm (looked for {basis!r} and 'X_{basis}')."
+        raise KeyError(msg)
+    xy = np.asarray(adata.obsm[emb_key])[:, :2]
+    labels = adata.obs[key]
+    ax = _ax(ax, (5.5, 5))
+    s = size if size is not None else max(1.0, 120000 / max(adata.n_obs, 1) / 20)
+    if color is None:
+        codes = labels.cat.codes.to_numpy()
+        cmap = plt.get_cmap("tab20")
+        cols = cmap((codes % 20) / 19.0)
+        cols[codes < 0] = (0.8, 0.8, 0.8, 1.0)
+        ax.scatter(xy[:, 0], xy[:, 1], c=cols, s=s, linewidths=0, rasterized=True)
+    else:
+        vals = adata.obs[color]
+        if isinstance(vals.dtype, pd.CategoricalDtype) or vals.dtype == object:
+            cat = vals.astype("category")
+            cmap = plt.get_cmap("tab20")
+            for i, c in enumerate(cat.cat.categories):
+                m = (cat == c).to_numpy()
+                ax.scatter(xy[m, 0], xy[m, 1], color=cmap(i % 20), s=s, linewidths=0, label=str(c), rasterized=True)
+            ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=3, fontsize=8)
+        else:
+            sc_ = ax.scatter(xy[:, 0], xy[:, 1], c=np.asarray(vals, dtype=float), s=s, linewidths=0, cmap="viridis", rasterized=True)
+            ax.figure.colorbar(sc_, ax=ax, shrink=0.6, label=color)
+    if show_centers:
+        cent = pd.DataFrame(xy).groupby(labels.to_numpy(), observed=True).mean()
+        ax.scatter(cent[0], cent[1], s=center_size, c="black", edgecolors="white", linewidths=0.8, zorder=3, label="metacells")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(f"{basis.upper()}1")
+    ax.set_ylabel(f"{basis.upper()}2")
+    ax.set_title(f"{labels.cat.categories.size} metacells ({key})")
+    return _finish(ax, show, save)
+
+
+def metacell_sizes(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    bins: int = 30,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | None = None,
+) -> Axes | None:
+    """Histogram of the number of cells per metacell (hard labels).
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    key
+        ``key_added`` of the metacell run.
+    bins
+        Histogram bins.
+    ax
+        Axes to draw into; a new figure if None.
+    show
+        Show the figure (default: when matplotlib is interactive).
+    save
+        Path to save the figure to.
+
+    Returns
+    -------
+    The Axes when ``show`` is False, else None.
+    """
+    _uns(adata, key)
+    sizes = adata.obs[key].value_counts().to_numpy()
+    ax = _ax(ax, (4.5, 3.5))
+    ax.hist(sizes, bins=bins, color="#4c72b0", edgecolor="white")
+    ax.axvline(np.median(sizes), color="black", ls="--", lw=1, label=f"median {np.median(sizes):.0f}")
+    ax.set_xlabel("cells per metacell")
+    ax.set_ylabel("metacells")
+    ax.legend(frameon=False)
+    ax.set_title(f"{len(sizes)} metacells, {adata.n_obs} cells")
+    return _finish(ax, show, save)
+
+
+def metacell_quality(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    quality_key: str | None = None,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | None = None,
+) -> Figure | None:
+    """Distributions of compactness, separation and (if computed) purity, one panel each.
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacell_quality` ran.
+    key
+        ``key_added`` of the metacell run.
+    quality_key
+        ``uns`` key of the quality table (default ``key + "_quality"``).
+    ax
+        Unused placeholder for API symmetry (the figure has several panels); must be None.
+    show
+        Show the figure (default: when matplotlib is interactive).
+    save
+        Path to save the figure to.
+
+    Returns
+    -------
+    The Figure when ``show`` is False, else None.
+    """
+    import matplotlib.pyplot as plt
+
+    qk = quality_key or _keys.metacell_quality(key)
+    if qk not in adata.uns:
+        msg = f"No quality table at adata.uns[{qk!r}]: run gpuc.tl.metacell_quality(adata, {key!r}) first."
+        raise KeyError(msg)
+    if ax is not None:
+        msg = "metacell_quality draws several panels; pass ax=None."
+        raise ValueError(msg)
+    df = adata.uns[qk]
+    cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith("_purity")]
+    fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
+    axes = np.atleast_1d(axes)
+    for a, c in zip(axes, cols, strict=True):
+        v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy()
+        a.boxplot(v, widths=0.5, showfliers=False)
+        a.scatter(np.random.default_rng(0).normal(1, 0.05, v.size), v, s=8, alpha=0.6, color="#4c72b0")
+        a.set_xticks([])
+        better = "lower is better" if c == "compactness" else "higher is better"
+        a.set_title(f"{c}\n({better})", fontsize=10)
+    fig.tight_layout()
+    return _finish(fig, show, save)
+
+
+def metacell_convergence(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | None = None,
+) -> Axes | None:
+    """The RSS trace ``||M - M B A||_F`` per iteration (one line per group with ``groupby``).
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    key
+        ``key_added`` of the metacell run.
+    ax
+        Axes to draw into; a new figure if None.
+    show
+        Show the figure (default: when matplotlib is interactive).
+    save
+        Path to save the figure to.
+
+    Returns
+    -------
+    The Axes when ``show`` is False, else None.
+    """
+    info = _uns(adata, key)
+    ax = _ax(ax, (4.5, 3.5))
+    traces = {g: v["rss"] for g, v in info["groups"].items()} if "groups" in info else {"": info["rss"]}
+    for g, r in traces.items():
+        r = np.asarray(r)
+        ax.plot(np.arange(r.size), r, marker="o", ms=3, label=g or None)
+    if len(traces) > 1:
+        ax.legend(frameon=False, fontsize=8)
+    ax.set_xlabel("iteration (0 = initialisation)")
+    ax.set_ylabel("RSS  ||M - MBA||")
+    ax.set_title("metacell convergence")
+    return _finish(ax, show, save)

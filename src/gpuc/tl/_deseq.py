@@ -1,0 +1,532 @@
+"""``gpuc.tl.deseq`` and ``gpuc.tl.pseudobulk``: AnnData adapters over the :mod:`gpuc.deseq` engine."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from anndata import AnnData
+from scanpy import logging as logg
+
+from gpuc import _keys
+from gpuc._backend import Device, get_backend, is_cupy_array, is_sparse, to_host
+from gpuc._validate import check_adata, check_choice, check_int, check_key, get_matrix
+
+_GENE_FIELDS = (
+    "baseMean",
+    "baseVar",
+    "allZero",
+    "dispGeneEst",
+    "dispGeneConv",
+    "dispFit",
+    "dispMAP",
+    "dispMAPConv",
+    "dispOutlier",
+    "dispersion",
+    "betaConv",
+    "betaIter",
+    "deviance",
+    "maxCooks",
+    "replace",
+    "refitted",
+)
+_RESULT_COLUMNS = ["baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# validation helpers
+# --------------------------------------------------------------------------------------------------------------------
+def _check_counts(x: Any, what: str) -> None:
+    """Raise unless ``x`` holds finite, non-negative whole numbers and every sample has a positive total."""
+    data = x.data if is_sparse(x) else x
+    if is_cupy_array(data):
+        import cupy as xp
+    else:
+        xp = np
+        data = np.asarray(data)
+    if data.dtype.kind not in "iufb":
+        msg = f"{what} must be numeric counts, got dtype {data.dtype}."
+        raise TypeError(msg)
+    if data.dtype.kind == "f":
+        if not bool(xp.isfinite(data).all()):
+            msg = f"{what} contains NaN or infinite values; DESeq2 needs raw integer counts."
+            raise ValueError(msg)
+        if bool((data != xp.round(data)).any()):
+            msg = f"{what} contains non-integer values; DESeq2 needs raw integer counts (not normalised or log values). Pass layer= naming the raw counts."
+            raise ValueError(msg)
+    if bool((data < 0).any()):
+        msg = f"{what} contains negative values; DESeq2 needs raw non-negative counts."
+        raise ValueError(msg)
+    totals = np.asarray(to_host(x.sum(axis=1))).ravel()
+    if (totals == 0).any():
+        idx = np.nonzero(totals == 0)[0][:10].tolist()
+        msg = f"{what}: {int((totals == 0).sum())} sample(s) have zero total count (rows {idx}); remove them before running DESeq2."
+        raise ValueError(msg)
+
+
+def _split_contrasts(contrast: Any) -> list[Any]:
+    """One contrast or a list of contrasts -> list."""
+    if contrast is None or isinstance(contrast, str):
+        return [contrast]
+    if isinstance(contrast, np.ndarray):
+        return [contrast] if contrast.ndim == 1 else list(contrast)
+    if isinstance(contrast, (list, tuple)):
+        if len(contrast) > 0 and all(isinstance(c, (list, tuple, np.ndarray, str)) for c in contrast) and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast)):
+            return list(contrast)
+        return [contrast]
+    return [contrast]
+
+
+def _zero_groups(obs: pd.DataFrame, contrast: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    if isinstance(contrast, (list, tuple)) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
+        col = obs[contrast[0]].astype(str).to_numpy()
+        return col == contrast[1], col == contrast[2]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# deseq
+# --------------------------------------------------------------------------------------------------------------------
+def deseq(
+    adata: AnnData,
+    design: str | pd.DataFrame = "~condition",
+    *,
+    contrast: Any = None,
+    layer: str | None = None,
+    size_factors: Literal["ratio", "poscounts", "iterative"] | np.ndarray = "ratio",
+    fit_type: Literal["parametric", "local", "mean"] = "parametric",
+    test: Literal["wald", "lrt"] = "wald",
+    reduced: str | pd.DataFrame | None = None,
+    alpha: float = 0.05,
+    cooks_filter: bool = True,
+    independent_filter: bool = True,
+    refit_cooks: bool = True,
+    lfc_shrink: Literal["normal", "apeglm"] | None = None,
+    lfc_threshold: float = 0.0,
+    alt_hypothesis: Literal["greaterAbs", "lessAbs", "greater", "less"] = "greaterAbs",
+    min_replicates: int = 7,
+    groupby: str | None = None,
+    device: Device | None = "auto",
+    key_added: str = _keys.DESEQ,
+    copy: bool = False,
+) -> AnnData | None:
+    """DESeq2 differential expression, every gene fitted at once (R DESeq2 1.38 rules).
+
+    Size factors, dispersions (genewise MLE with Cox-Reid adjustment, trend, empirical-Bayes shrinkage), the
+    negative-binomial GLM, Cook's outlier handling and the Wald or likelihood-ratio test, on samples x genes raw
+    counts, on the CPU or a GPU.
+
+    Parameters
+    ----------
+    adata
+        Samples x genes AnnData with raw integer counts in ``X`` or ``layers[layer]`` (dense or sparse).
+    design
+        Formula over ``adata.obs`` columns (``"~condition"``, ``"~batch + condition"``, ``"~a + b + a:b"``,
+        continuous covariates) or a ready design DataFrame. The reference level of a factor is the first category
+        of a pandas Categorical, else the first in sorted order.
+    contrast
+        ``[factor, numerator, reference]``, a design column name, a numeric vector over design columns, or a list
+        of these (all computed from one fit). ``None``: the last design column (R's default).
+    layer
+        Layer with the counts; ``None`` uses ``X``.
+    size_factors
+        ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
+        ``"poscounts"``, ``"iterative"``, or an array of given size factors.
+    fit_type
+        Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
+    test
+        ``"wald"`` or ``"lrt"`` (likelihood-ratio test against ``reduced``).
+    reduced
+        Reduced formula for ``test="lrt"``, e.g. ``"~batch"`` or ``"~1"``.
+    alpha
+        Target FDR for independent filtering.
+    cooks_filter
+        Set p-values of genes with a Cook's outlier to NaN.
+    independent_filter
+        Independent filtering on the mean of normalised counts before Benjamini-Hochberg.
+    refit_cooks
+        Replace outlier counts in samples whose design cell has at least ``min_replicates`` samples and refit.
+    lfc_shrink
+        Also report shrunken log2 fold changes: ``"normal"`` (R ``lfcShrink(type="normal")``) or ``"apeglm"``
+        (Cauchy prior with adaptive scale, as apeglm). P-values are unchanged.
+    lfc_threshold
+        log2 fold-change threshold for the Wald test.
+    alt_hypothesis
+        ``"greaterAbs"`` (|LFC| > threshold; with a threshold, R's "greaterAbs2014" form used by DESeq2
+        1.34-1.42), ``"lessAbs"``, ``"greater"``, ``"less"``.
+    min_replicates
+        Minimum samples per design cell for outlier replacement.
+    groupby
+        Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately.
+    device
+        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+    key_added
+        Prefix of every key written.
+    copy
+        Work on a copy and return it.
+
+    Returns
+    -------
+    ``None`` or, with ``copy=True``, the modified copy. Writes (``key`` = ``key_added``):
+
+    ``adata.obs[f"{key}_size_factors"]``
+        Size factors (for ``groupby``, each sample's factor within its group).
+    ``adata.var[f"{key}_<field>"]``
+        Per-gene fit: baseMean, baseVar, allZero, dispGeneEst, dispGeneConv, dispFit, dispMAP, dispMAPConv,
+        dispOutlier, dispersion, betaConv, betaIter, deviance, maxCooks, replace, refitted (not with ``groupby``).
+    ``adata.varm[f"{key}_coef"]``
+        Genes x design columns MLE coefficients on the log2 scale (not with ``groupby``).
+    ``adata.varm[f"{key}_coef_cov"]``
+        Their covariance (log2 scale, flattened p x p per gene).
+    ``adata.layers[f"{key}_cooks"]``
+        Cook's distances (not with ``groupby``).
+    ``adata.uns[key]``
+        ``params``; ``design_columns``; ``trend`` (type and coefficients); ``prior_disp_var``;
+        ``var_log_disp_ests``; ``size_factor_type``; ``cooks_cutoff``; ``contrasts`` (name -> vector);
+        ``results`` (name -> DataFrame with baseMean, log2FoldChange, lfcSE, stat, pvalue, padj, and
+        ``log2FoldChange_shrunk``/``lfcSE_shrunk`` with ``lfc_shrink``); ``filtering`` (name -> independent
+        filtering threshold and theta); ``messages``. With ``groupby`` the fit and results sit under
+        ``uns[key]["groups"][group]``.
+    """
+    from gpuc.deseq import build_design, contrast_vector
+    from gpuc.deseq._pipeline import run_deseq
+
+    check_adata(adata)
+    if not isinstance(key_added, str) or not key_added:
+        msg = "key_added must be a non-empty string."
+        raise ValueError(msg)
+    check_choice("test", test, ("wald", "lrt"))
+    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
+    check_choice("lfc_shrink", lfc_shrink, (None, "normal", "apeglm"))
+    check_choice("alt_hypothesis", alt_hypothesis, ("greaterAbs", "lessAbs", "greater", "less"))
+    if isinstance(size_factors, str):
+        check_choice("size_factors", size_factors, ("ratio", "poscounts", "iterative"))
+    else:
+        sfv = np.asarray(size_factors, dtype=np.float64)
+        if sfv.shape != (adata.n_obs,) or not np.all(np.isfinite(sfv)) or np.any(sfv <= 0):
+            msg = f"size_factors given as an array must hold {adata.n_obs} positive finite values."
+            raise ValueError(msg)
+    for name, val in (("cooks_filter", cooks_filter), ("independent_filter", independent_filter), ("refit_cooks", refit_cooks), ("copy", copy)):
+        if not isinstance(val, (bool, np.bool_)):
+            msg = f"{name} must be True or False, got {val!r}."
+            raise TypeError(msg)
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        msg = f"alpha={alpha!r} must be between 0 and 1."
+        raise ValueError(msg)
+    if not (isinstance(lfc_threshold, (int, float)) and lfc_threshold >= 0):
+        msg = f"lfc_threshold={lfc_threshold!r} must be a non-negative number."
+        raise ValueError(msg)
+    check_int("min_replicates", min_replicates, minimum=1)
+    if test == "lrt" and reduced is None:
+        msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
+        raise ValueError(msg)
+    if test == "wald" and reduced is not None:
+        msg = "reduced= is only used with test='lrt'."
+        raise ValueError(msg)
+    if test == "lrt" and (lfc_threshold != 0 or alt_hypothesis != "greaterAbs"):
+        msg = "lfc_threshold and alt_hypothesis apply to the Wald test only."
+        raise ValueError(msg)
+    counts = get_matrix(adata, layer=layer)
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    _check_counts(counts, where)
+    if groupby is not None:
+        check_key(adata.obs, groupby, "adata.obs")
+    backend = get_backend(device, counts)
+
+    groups = [None] if groupby is None else [g for g in pd.unique(adata.obs[groupby].astype(str))]
+    outputs = []
+    for g in groups:  # loop over groups of samples (e.g. cell types); genes are batched within each
+        mask = np.ones(adata.n_obs, dtype=bool) if g is None else (adata.obs[groupby].astype(str).to_numpy() == g)
+        obs = adata.obs.loc[mask]
+        obs = obs.assign(**{c: obs[c].cat.remove_unused_categories() for c in obs.columns if isinstance(obs[c].dtype, pd.CategoricalDtype)})
+        where_g = where if g is None else f"{where} (group {g!r})"
+        try:
+            dsg = build_design(obs, design)
+        except ValueError as err:
+            raise ValueError(f"{where_g}: {err}") from None
+        n, p = dsg.matrix.shape
+        if n <= p:
+            msg = f"{where_g}: no residual degrees of freedom ({n} samples, {p} design columns {dsg.columns}); DESeq2 needs replicates."
+            raise ValueError(msg)
+        red = None
+        if test == "lrt":
+            red = build_design(obs, reduced)
+            full = dsg.matrix
+            coef, *_ = np.linalg.lstsq(full, red.matrix, rcond=None)
+            if red.matrix.shape[1] >= p or not np.allclose(full @ coef, red.matrix, atol=1e-8):
+                msg = f"reduced={reduced!r} must be nested in design={design!r} with fewer columns (columns {red.columns} vs {dsg.columns})."
+                raise ValueError(msg)
+        cons = []
+        for c in _split_contrasts(contrast):
+            vec, name = contrast_vector(dsg, c)
+            cons.append((name, vec, _zero_groups(obs, c)))
+        sub = counts[np.nonzero(mask)[0]] if g is not None else counts
+        if g is not None:
+            _check_counts(sub, where_g)
+        sf_given = None if isinstance(size_factors, str) else np.asarray(size_factors, dtype=np.float64)[mask]
+        start = logg.info(f"DESeq2: {n} samples x {adata.n_vars} genes, design {design if isinstance(design, str) else 'DataFrame'}{'' if g is None else f', group {g}'} ({backend.name})")
+        fit = run_deseq(
+            backend,
+            sub,
+            dsg.matrix,
+            size_factors=size_factors if sf_given is None else sf_given,
+            fit_type=fit_type,
+            refit_cooks=refit_cooks,
+            min_replicates=min_replicates,
+            reduced=None if red is None else red.matrix,
+        )
+        for m in fit.messages:
+            warnings.warn(m, UserWarning, stacklevel=2)
+        tables, filt = {}, {}
+        for name, vec, zg in cons:
+            tables[name], filt[name] = _results_table(fit, vec, zg, adata.var_names, alpha=alpha, cooks_filter=cooks_filter, independent_filter=independent_filter, lfc_threshold=lfc_threshold, alt_hypothesis=alt_hypothesis, test=test)
+        if lfc_shrink is not None:
+            from gpuc.deseq._shrink import shrink_lfc
+
+            for name, vec, _ in cons:
+                lfc_s, se_s = shrink_lfc(backend, fit, vec, method=lfc_shrink, design=dsg)
+                tables[name]["log2FoldChange_shrunk"] = lfc_s
+                tables[name]["lfcSE_shrunk"] = se_s
+        logg.info("    finished", time=start)
+        outputs.append((g, mask, dsg, fit, tables, filt, cons))
+
+    # ---- everything computed and validated: write
+    adata = adata.copy() if copy else adata
+    key = key_added
+    params = {
+        "design": design if isinstance(design, str) else "DataFrame",
+        "contrast": json.dumps([c if isinstance(c, (str, type(None))) else np.asarray(c).tolist() if isinstance(c, np.ndarray) else list(c) for c in _split_contrasts(contrast)]),
+        "layer": layer,
+        "size_factors": size_factors if isinstance(size_factors, str) else "given",
+        "fit_type": fit_type,
+        "test": test,
+        "reduced": reduced if reduced is None or isinstance(reduced, str) else "DataFrame",
+        "alpha": float(alpha),
+        "cooks_filter": bool(cooks_filter),
+        "independent_filter": bool(independent_filter),
+        "refit_cooks": bool(refit_cooks),
+        "lfc_shrink": lfc_shrink,
+        "lfc_threshold": float(lfc_threshold),
+        "alt_hypothesis": alt_hypothesis,
+        "min_replicates": int(min_replicates),
+        "groupby": groupby,
+        "device": backend.name,
+    }
+    sf_col = np.full(adata.n_obs, np.nan)
+    for g, mask, *_ in outputs:
+        sf_col[mask] = outputs[[o[0] for o in outputs].index(g)][3].size_factors
+    adata.obs[_keys.deseq_size_factors(key)] = sf_col
+    params = {k: v for k, v in params.items() if v is not None}
+    uns: dict[str, Any] = {"params": params}
+    if groupby is None:
+        _, _, dsg, fit, tables, filt, cons = outputs[0]
+        for f in _GENE_FIELDS:
+            adata.var[_keys.deseq_var(key, f)] = fit.genes[f]
+        adata.varm[_keys.deseq_coef(key)] = fit.beta / np.log(2)
+        adata.varm[f"{_keys.deseq_coef(key)}_cov"] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
+        adata.layers[f"{key}_cooks"] = fit.cooks.T.copy()
+        uns.update(_fit_uns(dsg, fit, tables, filt, cons))
+    else:
+        uns["groups"] = {}
+        for g, mask, dsg, fit, tables, filt, cons in outputs:
+            entry = _fit_uns(dsg, fit, tables, filt, cons)
+            entry["genes"] = pd.DataFrame({f: fit.genes[f] for f in _GENE_FIELDS}, index=adata.var_names)
+            entry["n_samples"] = int(mask.sum())
+            uns["groups"][g] = entry
+    adata.uns[key] = uns
+    return adata if copy else None
+
+
+def _fit_uns(dsg: Any, fit: Any, tables: dict, filt: dict, cons: list) -> dict:
+    return {
+        "design_columns": list(dsg.columns),
+        "trend": fit.trend.to_dict(),
+        "prior_disp_var": float(fit.prior_var),
+        "prior_disp_var_method": fit.prior_var_method,
+        "var_log_disp_ests": float(fit.var_log_disp),
+        "size_factor_type": fit.size_factor_type,
+        "cooks_cutoff": float(fit.cooks_cutoff),
+        "contrasts": {name: np.asarray(vec) for name, vec, _ in cons},
+        "results": tables,
+        "filtering": filt,
+        "messages": list(fit.messages),
+    } | ({"lrt_df": int(fit.lrt_df)} if fit.lrt_df is not None else {})
+
+
+def _results_table(fit: Any, vec: np.ndarray, zero_groups: Any, var_names: pd.Index, **kwargs: Any) -> tuple[pd.DataFrame, dict]:
+    from gpuc.deseq._pipeline import results
+
+    res, info = results(fit, vec, zero_groups=zero_groups, **kwargs)
+    df = pd.DataFrame({c: np.asarray(res[c], dtype=np.float64) for c in _RESULT_COLUMNS}, index=var_names.copy())
+    keep = {k: (float(v) if np.isscalar(v) else np.asarray(v)) for k, v in info.items() if k in ("filter_threshold", "filter_theta", "n_cooks_outliers", "theta", "num_rejections", "lowess")}
+    return df, keep
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# pseudobulk
+# --------------------------------------------------------------------------------------------------------------------
+def pseudobulk(adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = "counts", min_cells: int = 10) -> AnnData:
+    """Sum raw counts of the cells of each sample (and group) into a samples x genes AnnData for :func:`deseq`.
+
+    Parameters
+    ----------
+    adata
+        Cells x genes AnnData with raw counts.
+    sample_key
+        ``obs`` column naming the biological sample (donor, replicate) of each cell.
+    groupby
+        Optional ``obs`` column (e.g. cell type): one pseudobulk profile per (sample, group).
+    layer
+        Layer with the raw counts; ``"counts"`` by default, falling back to ``X`` when the layer is absent and
+        ``X`` holds integers. ``None`` uses ``X``.
+    min_cells
+        Drop (sample, group) profiles made of fewer cells.
+
+    Returns
+    -------
+    A new AnnData (profiles x genes) with summed counts in ``X`` (int64), ``obs`` holding ``sample_key``,
+    ``groupby``, ``n_cells`` and every ``obs`` column that is constant within each sample (e.g. condition,
+    donor covariates); ``var`` is copied. ``adata`` is not modified.
+    """
+    check_adata(adata)
+    check_key(adata.obs, sample_key, "adata.obs")
+    if groupby is not None:
+        check_key(adata.obs, groupby, "adata.obs")
+    check_int("min_cells", min_cells, minimum=1)
+    if layer is not None and layer not in adata.layers:
+        if layer == "counts":
+            layer = None
+        else:
+            check_key(adata.layers, layer, "adata.layers")
+    x = get_matrix(adata, layer=layer)
+    _check_counts_nonneg(x, "adata.layers[%r]" % layer if layer else "adata.X")
+    x = to_host(x)
+    keys = adata.obs[sample_key].astype(str)
+    labels = keys if groupby is None else keys + "\x1f" + adata.obs[groupby].astype(str)
+    codes, uniq = pd.factorize(labels, sort=True)
+    ind = sp.csr_matrix((np.ones(adata.n_obs), (codes, np.arange(adata.n_obs))), shape=(len(uniq), adata.n_obs))
+    summed = ind @ (x if sp.issparse(x) else np.asarray(x))
+    summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
+    n_cells = np.bincount(codes, minlength=len(uniq))
+    obs = pd.DataFrame(index=pd.Index([u.replace("\x1f", "_") for u in uniq], name=None))
+    first = np.array([np.nonzero(codes == i)[0][0] for i in range(len(uniq))])
+    obs[sample_key] = adata.obs[sample_key].to_numpy()[first]
+    if groupby is not None:
+        obs[groupby] = adata.obs[groupby].to_numpy()[first]
+    for col in adata.obs.columns:
+        if col in (sample_key, groupby):
+            continue
+        vals = adata.obs[col]
+        per = vals.groupby(keys.to_numpy(), observed=True).nunique(dropna=False)
+        if (per <= 1).all():
+            obs[col] = vals.to_numpy()[first]
+    for col in obs.columns:
+        if isinstance(adata.obs[col].dtype, pd.CategoricalDtype):
+            obs[col] = pd.Categorical(obs[col], categories=adata.obs[col].cat.categories)
+    obs["n_cells"] = n_cells
+    keep = n_cells >= min_cells
+    if not keep.any():
+        msg = f"no (sample, group) profile has at least min_cells={min_cells} cells."
+        raise ValueError(msg)
+    out = AnnData(X=np.rint(summed[keep]).astype(np.int64), obs=obs.loc[keep].copy(), var=adata.var.copy())
+    for col in out.obs.columns:
+        if isinstance(out.obs[col].dtype, pd.CategoricalDtype):
+            out.obs[col] = out.obs[col].cat.remove_unused_categories()
+    pb_params = {"sample_key": sample_key, "groupby": groupby, "layer": layer, "min_cells": int(min_cells)}
+    out.uns["pseudobulk"] = {"params": {k: v for k, v in pb_params.items() if v is not None}, "n_dropped": int((~keep).sum())}
+    return out
+
+
+def _check_counts_nonneg(x: Any, what: str) -> None:
+    data = to_host(x.data if is_sparse(x) else x)
+    data = np.asarray(data)
+    if data.dtype.kind == "f" and (not np.all(np.isfinite(data)) or np.any(data != np.round(data))):
+        msg = f"{what} must hold raw integer counts (found non-integer or non-finite values); pass layer= naming the raw counts."
+        raise ValueError(msg)
+    if np.any(data < 0):
+        msg = f"{what} contains negative values; pseudobulk needs raw counts."
+        raise ValueError(msg)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# vst
+# --------------------------------------------------------------------------------------------------------------------
+def vst(
+    adata: AnnData,
+    *,
+    layer: str | None = None,
+    blind: bool = True,
+    fit_type: Literal["parametric", "local", "mean"] = "parametric",
+    deseq_key: str = _keys.DESEQ,
+    device: Device | None = "auto",
+    key_added: str = "vst",
+    copy: bool = False,
+) -> AnnData | None:
+    """Variance-stabilising transformation of counts (R ``varianceStabilizingTransformation``).
+
+    Parameters
+    ----------
+    adata
+        Samples x genes AnnData with raw counts.
+    layer
+        Layer with the counts; ``None`` uses ``X``.
+    blind
+        Fit the dispersion trend with an intercept-only design (R's default). ``blind=False`` reuses the size
+        factors and trend of an earlier :func:`deseq` run stored under ``deseq_key``.
+    fit_type
+        Trend type for a blind fit.
+    deseq_key
+        ``key_added`` of the :func:`deseq` run used when ``blind=False``.
+    device
+        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+    key_added
+        Name of the layer written.
+    copy
+        Work on a copy and return it.
+
+    Returns
+    -------
+    ``None`` or the modified copy. Writes ``adata.layers[key_added]`` (log2-like values, samples x genes) and
+    ``adata.uns[key_added]`` (``params``, ``trend``).
+    """
+    from gpuc.deseq._dispersion import DispersionFunction
+    from gpuc.deseq._pipeline import compute_size_factors
+    from gpuc.deseq._vst import vst_fit, vst_transform
+
+    check_adata(adata)
+    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
+    if not isinstance(blind, (bool, np.bool_)) or not isinstance(copy, (bool, np.bool_)):
+        msg = "blind and copy must be True or False."
+        raise TypeError(msg)
+    counts = get_matrix(adata, layer=layer)
+    _check_counts(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")
+    if not blind:
+        check_key(adata.uns, deseq_key, "adata.uns", "Run gpuc.tl.deseq first or use blind=True.")
+        check_key(adata.obs, _keys.deseq_size_factors(deseq_key), "adata.obs")
+        if "groups" in adata.uns[deseq_key]:
+            msg = "blind=False is not available after a groupby DESeq2 run."
+            raise ValueError(msg)
+    backend = get_backend(device, counts)
+    y = backend.asarray(counts, dtype=np.float64)
+    if backend.sparse.issparse(y):
+        y = y.toarray()
+    y = backend.xp.ascontiguousarray(y.T)
+    if blind:
+        sf, _, _ = compute_size_factors(backend, y, "ratio")
+        trend, note = vst_fit(backend, y, sf, np.ones((adata.n_obs, 1)), fit_type=fit_type)
+        if note:
+            logg.warning(note)
+    else:
+        sf = backend.asarray(adata.obs[_keys.deseq_size_factors(deseq_key)].to_numpy(dtype=np.float64))
+        t = adata.uns[deseq_key]["trend"]
+        trend = DispersionFunction(t["type"], coefs=(t["asymptDisp"], t["extraPois"]) if "asymptDisp" in t else None, mean=t.get("mean"), grid_logmean=t.get("grid_logmean"), grid_logdisp=t.get("grid_logdisp"))
+    out = np.asarray(backend.to_host(vst_transform(backend, y, sf, trend))).T.copy()
+    adata = adata.copy() if copy else adata
+    adata.layers[key_added] = out
+    params = {"layer": layer, "blind": bool(blind), "fit_type": fit_type, "deseq_key": deseq_key, "device": backend.name}
+    adata.uns[key_added] = {"params": {k: v for k, v in params.items() if v is not None}, "trend": trend.to_dict()}
+    return adata if copy else None

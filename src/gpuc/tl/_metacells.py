@@ -1,0 +1,579 @@
+"""``gpuc.tl.metacells``, ``aggregate_metacells`` and ``metacell_quality``: AnnData adapters over :mod:`gpuc.metacells`."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from anndata import AnnData
+from scanpy import logging as logg
+
+from gpuc import _keys
+from gpuc._backend import Device, get_backend, is_sparse, to_host
+from gpuc._utils import progress
+from gpuc._validate import check_adata, check_choice, check_finite, check_int, check_key
+from gpuc.metacells._pipeline import run_metacells
+from gpuc.metacells._quality import compactness, diffusion_space, purity, separation
+
+_GRAPHS = ("union", "intersection")
+_INITS = ("waypoint", "greedy", "random")
+_A0 = ("auto", "random", "uniform")
+CELLS_PER_METACELL = 75
+
+
+def _label(group: Any, j: int) -> str:
+    return f"SEACell-{j}" if group is None else f"{group}-SEACell-{j}"
+
+
+def _embedding(adata: AnnData, use_rep: str) -> Any:
+    if not isinstance(use_rep, str):
+        msg = f"use_rep must be the name of an adata.obsm entry, got {use_rep!r}."
+        raise TypeError(msg)
+    check_key(adata.obsm, use_rep, "adata.obsm", "Compute it first, e.g. sc.pp.pca(adata) for 'X_pca'.")
+    x = adata.obsm[use_rep]
+    if isinstance(x, pd.DataFrame):
+        x = x.to_numpy()
+    if is_sparse(x):
+        msg = f"adata.obsm[{use_rep!r}] is sparse; metacells need a dense low-dimensional embedding (e.g. 'X_pca')."
+        raise TypeError(msg)
+    if x.ndim != 2 or x.shape[1] < 1:
+        msg = f"adata.obsm[{use_rep!r}] must be a 2-D (cells x components) array, got shape {x.shape}."
+        raise ValueError(msg)
+    if not np.issubdtype(np.dtype(x.dtype), np.number):
+        msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
+        raise TypeError(msg)
+    check_finite(f"adata.obsm[{use_rep!r}]", x)
+    return x
+
+
+def _n_distinct(x: Any) -> int:
+    return int(np.unique(np.asarray(to_host(x)), axis=0).shape[0])
+
+
+def _default_n(n_cells: int) -> int:
+    return int(round(n_cells / CELLS_PER_METACELL))
+
+
+def _plan_groups(adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, n_neighbors: int) -> list[tuple[Any, np.ndarray, int]]:
+    """[(group or None, cell positions, n_metacells)] after checking every size; raises before anything is written."""
+    if groupby is None:
+        if isinstance(n_metacells, Mapping):
+            msg = "n_metacells may be a mapping {group: n} only together with groupby=."
+            raise TypeError(msg)
+        plan = [(None, np.arange(adata.n_obs), n_metacells)]
+    else:
+        check_key(adata.obs, groupby, "adata.obs")
+        col = adata.obs[groupby]
+        if col.isna().any():
+            msg = f"adata.obs[{groupby!r}] has missing values; every cell needs a group."
+            raise ValueError(msg)
+        cats = col.cat.categories if isinstance(col.dtype, pd.CategoricalDtype) else pd.unique(col)
+        codes = np.asarray(col)
+        plan = []
+        if isinstance(n_metacells, Mapping):
+            unknown = set(n_metacells) - set(cats)
+            if unknown:
+                msg = f"n_metacells names groups not in adata.obs[{groupby!r}]: {sorted(map(str, unknown))}."
+                raise ValueError(msg)
+        for g in cats:
+            idx = np.flatnonzero(codes == g)
+            if idx.size == 0:
+                continue
+            n_g = n_metacells.get(g) if isinstance(n_metacells, Mapping) else n_metacells
+            plan.append((g, idx, n_g))
+    out = []
+    too_small = []
+    for g, idx, n_g in plan:
+        where = "" if g is None else f" in group {g!r}"
+        if n_g is None:
+            n_g = _default_n(idx.size)
+        n_g = check_int(f"n_metacells{where}", n_g)
+        n_distinct = _n_distinct(x[idx])
+        if n_g < 2 or n_g > n_distinct or idx.size < n_neighbors:
+            too_small.append(f"{'all cells' if g is None else repr(g)}: {idx.size} cells ({n_distinct} distinct), n_metacells={n_g}")
+            continue
+        out.append((g, idx, n_g))
+    if too_small:
+        hint = (
+            f"n_metacells must be >= 2 and <= the number of distinct cells, and a group needs >= n_neighbors={n_neighbors} cells "
+            f"(the default is round(n_cells / {CELLS_PER_METACELL}))."
+        )
+        if groupby is not None:
+            hint += f" Pass n_metacells={{group: n}} or drop these groups from adata.obs[{groupby!r}]."
+        msg = "Cannot build metacells for: " + "; ".join(too_small) + ". " + hint
+        raise ValueError(msg)
+    return out
+
+
+def metacells(
+    adata: AnnData,
+    n_metacells: int | Mapping[Any, int] | None = None,
+    *,
+    use_rep: str = "X_pca",
+    n_neighbors: int = 15,
+    n_waypoint_eigs: int = 10,
+    max_iter: int = 100,
+    min_iter: int = 10,
+    convergence_epsilon: float = 1e-3,
+    fw_iters: int = 50,
+    graph: Literal["union", "intersection"] = "union",
+    groupby: str | None = None,
+    init: Literal["waypoint", "greedy", "random"] = "waypoint",
+    initial_archetypes: Any = None,
+    a0: Literal["auto", "random", "uniform"] = "auto",
+    knn_method: Literal["auto", "exact", "ivf"] = "auto",
+    device: Device = "auto",
+    random_state: int = 0,
+    key_added: str = _keys.METACELL,
+    copy: bool = False,
+) -> AnnData | None:
+    """SEACells metacells (Persad et al. 2023), the published 0.3.3 algorithm, on the CPU or the GPU.
+
+    Builds the SEACells adaptive Gaussian kernel M on a kNN graph of ``obsm[use_rep]``, initialises archetypes from
+    diffusion-map waypoints plus greedy column selection, and fits the kernel archetypal analysis
+    ``min ||M - M B A||`` by alternating Frank-Wolfe updates. A and B are kept sparse and the error is computed in
+    reduced form, so memory grows as O(nnz(K) + n * fw_iters + n * n_metacells) and nothing n x n is formed.
+    ``obsp['distances']``, ``obsp['connectivities']`` and ``uns['neighbors']`` are left untouched.
+
+    Parameters
+    ----------
+    adata
+        Annotated data matrix with a low-dimensional embedding in ``obsm[use_rep]``.
+    n_metacells
+        Number of metacells; default ``round(n_obs / 75)``. With ``groupby``: an int for every group, a mapping
+        ``{group: n}``, or None for ``round(n_group / 75)`` per group.
+    use_rep
+        ``obsm`` key of the embedding the kernel is built on (``"X_pca"`` for RNA, ``"X_svd"``/LSI for ATAC).
+    n_neighbors
+        kNN size including the cell itself (bandwidth = distance to the ``n_neighbors // 2``-th neighbour); also the
+        number of diffusion components for the waypoints (as in SEACells).
+    n_waypoint_eigs
+        Diffusion eigenvectors used for waypoint sampling (components 1..n-1).
+    max_iter, min_iter
+        Bounds on the outer iterations.
+    convergence_epsilon
+        Stop when the RSS changes by less than ``convergence_epsilon * RSS_0`` (the SEACells tutorial uses 1e-5).
+    fw_iters
+        Frank-Wolfe steps per A- and B-update (at most this many non-zeros per column of A and B).
+    graph
+        Symmetrisation of the kNN graph: ``"union"`` or ``"intersection"``.
+    groupby
+        ``obs`` column; metacells are computed independently per group (e.g. per sample), labels prefixed by the
+        group.
+    init
+        Archetype initialisation: ``"waypoint"`` (SEACells: waypoints + greedy), ``"greedy"`` (greedy column
+        selection only) or ``"random"`` (distinct random cells, for very large n).
+    initial_archetypes
+        Cell positions (or obs names) of the initial archetypes, overriding ``init`` (not with ``groupby``).
+    a0
+        Initial assignments: ``"random"`` (SEACells: dense uniform random, column-normalised, k x n),
+        ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 5e7).
+    knn_method
+        ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
+    device
+        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+    random_state
+        Seed. ``np.random.RandomState(random_state)`` is consumed exactly as SEACells consumes the global RNG after
+        ``np.random.seed(random_state)``, so the default settings reproduce such a SEACells run when the kNN agree.
+    key_added
+        Prefix of every key written (see Returns).
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    None, or the modified copy when ``copy=True``. Writes
+
+    ``adata.obs[key_added]``
+        Categorical hard label ``"SEACell-<j>"`` (``"<group>-SEACell-<j>"`` with groupby) = argmax of the cell's
+        assignment weights.
+    ``adata.obsm[key_added + "_weights"]``
+        (n_obs x k) sparse soft assignments (A transposed; rows sum to 1), column j = metacell j.
+    ``adata.obsm[key_added + "_archetypes"]``
+        (n_obs x k) sparse B; column j holds the cells that make up archetype j (sums to 1).
+    ``adata.obsp[key_added + "_kernel"]``
+        The SEACells kernel M (block-diagonal with groupby).
+    ``adata.uns[key_added]``
+        ``params``; ``rss`` (trace of the unsquared ``||M - M B A||_F``, RSS_0 first; one per group under
+        ``groups``), ``n_iter``, ``converged``, ``convergence_threshold``, ``device``, ``seconds``, and
+        ``metacells``: a table with one row per column of the weights (label, group, ``center`` = the obs name
+        with the largest weight in B, ``initial_archetype``, ``size`` = number of cells labelled).
+
+    Warns
+    -----
+    MetacellConvergenceWarning
+        When ``max_iter`` is reached before convergence; the result is written all the same.
+    """
+    check_adata(adata)
+    x = _embedding(adata, use_rep)
+    n_neighbors = check_int("n_neighbors", n_neighbors, minimum=3)
+    n_waypoint_eigs = check_int("n_waypoint_eigs", n_waypoint_eigs, minimum=2)
+    max_iter = check_int("max_iter", max_iter, minimum=1)
+    min_iter = check_int("min_iter", min_iter, minimum=0)
+    fw_iters = check_int("fw_iters", fw_iters, minimum=1)
+    random_state = check_int("random_state", random_state, minimum=0)
+    if max_iter < min_iter:
+        msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
+        raise ValueError(msg)
+    if n_waypoint_eigs > n_neighbors:
+        msg = f"n_waypoint_eigs={n_waypoint_eigs} cannot exceed n_neighbors={n_neighbors} (the number of diffusion components SEACells computes)."
+        raise ValueError(msg)
+    if isinstance(convergence_epsilon, bool) or not isinstance(convergence_epsilon, int | float) or not convergence_epsilon > 0:
+        msg = f"convergence_epsilon must be a positive number, got {convergence_epsilon!r}."
+        raise ValueError(msg)
+    graph = "intersection" if graph == "intersect" else graph
+    check_choice("graph", graph, _GRAPHS)
+    check_choice("init", init, _INITS)
+    check_choice("a0", a0, _A0)
+    check_choice("knn_method", knn_method, ("auto", "exact", "ivf"))
+    if not isinstance(key_added, str) or not key_added:
+        msg = f"key_added must be a non-empty string, got {key_added!r}."
+        raise TypeError(msg)
+    if adata.n_obs < n_neighbors:
+        msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
+        raise ValueError(msg)
+    plan = _plan_groups(adata, x, n_metacells, groupby, n_neighbors)
+    init_arch = None
+    if initial_archetypes is not None:
+        if groupby is not None:
+            msg = "initial_archetypes cannot be combined with groupby."
+            raise ValueError(msg)
+        init_arch = _archetype_positions(adata, initial_archetypes, plan[0][2])
+    backend = get_backend(device, x)
+
+    start = logg.info(f"computing metacells on {use_rep!r} ({backend.name})")
+    t_all = time.perf_counter()
+    n = adata.n_obs
+    weights_blocks, arche_blocks, kernel_blocks = [], [], []
+    labels = np.empty(n, dtype=object)
+    tables, per_group = [], {}
+    offset = 0
+    for g, idx, k in plan:
+        where = "" if g is None else f" group {g!r}:"
+        with progress(total=max_iter, desc=f"metacells{'' if g is None else ' ' + str(g)}") as bar:
+
+            def _cb(it: int, rss: float, bar: Any = bar) -> None:
+                bar.update(1)
+                bar.set_postfix(rss=f"{rss:.4g}")
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                res = run_metacells(
+                    backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
+                    min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
+                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, callback=_cb,
+                )  # fmt: skip
+        for w in caught:
+            msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
+            warnings.warn(msg, w.category, stacklevel=2)
+        fit = res.fit
+        a_t = sp.csr_matrix(to_host(fit.A).T)  # (n_g, k)
+        b = sp.csr_matrix(to_host(fit.B))  # (n_g, k)
+        hard = np.asarray(a_t.argmax(axis=1)).ravel()
+        labels[idx] = [_label(g, j) for j in hard]
+        obs_idx = adata.obs_names[idx]
+        centers = obs_idx[np.asarray(b.argmax(axis=0)).ravel()]
+        init_names = np.full(k, "", dtype=object)
+        init_names[: len(fit.archetypes)] = obs_idx[fit.archetypes]
+        sizes = np.bincount(hard, minlength=k)
+        tables.append(
+            pd.DataFrame(
+                {
+                    "group": "" if g is None else str(g), "archetype": np.arange(k), "center": np.asarray(centers, dtype=object),
+                    "initial_archetype": init_names, "size": sizes, "column": offset + np.arange(k),
+                },
+                index=pd.Index([_label(g, j) for j in range(k)], name="metacell"),
+            )
+        )  # fmt: skip
+        weights_blocks.append((idx, a_t))
+        arche_blocks.append((idx, b))
+        kernel_blocks.append((idx, sp.csr_matrix(to_host(res.kernel))))
+        per_group["all" if g is None else str(g)] = {
+            "rss": np.asarray(fit.rss, dtype=np.float64),
+            "n_iter": int(fit.n_iter),
+            "converged": bool(fit.converged),
+            "convergence_threshold": float(fit.convergence_threshold),
+            "n_metacells": int(k),
+            "a0": res.a0,
+            "seconds": {key: float(v) for key, v in res.timings.items()},
+        }
+        logg.info(f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}")
+        offset += k
+    k_total = offset
+    weights = _assemble(weights_blocks, n, k_total, plan)
+    arche = _assemble(arche_blocks, n, k_total, plan)
+    kernel = _assemble_square(kernel_blocks, n)
+    table = pd.concat(tables)
+    present = [lab for lab in table.index if lab in set(labels)]
+    uns: dict[str, Any] = {
+        "params": {
+            "n_metacells": {str(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
+            "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
+            "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
+            "groupby": groupby if groupby is not None else "", "init": init, "a0": a0, "knn_method": knn_method,
+            "random_state": random_state,
+            **({"initial_archetypes": np.asarray(adata.obs_names[init_arch], dtype=str)} if init_arch is not None else {}),
+        },
+        "device": backend.name,
+        "metacells": table,
+        "seconds": float(time.perf_counter() - t_all),
+    }  # fmt: skip
+    if groupby is None:
+        only = per_group["all"]
+        uns.update({key: only[key] for key in ("rss", "n_iter", "converged", "convergence_threshold", "a0")})
+        uns["timings"] = only["seconds"]
+    else:
+        uns["groups"] = per_group
+        uns["converged"] = all(v["converged"] for v in per_group.values())
+        uns["n_iter"] = {gk: v["n_iter"] for gk, v in per_group.items()}
+
+    # ---- everything computed and checked: write ----------------------------------------------------------------
+    adata = adata.copy() if copy else adata
+    adata.obs[key_added] = pd.Categorical(labels, categories=present)
+    adata.obsm[_keys.metacell_weights(key_added)] = weights
+    adata.obsm[_keys.metacell_archetypes(key_added)] = arche
+    adata.obsp[_keys.metacell_kernel(key_added)] = kernel
+    adata.uns[key_added] = uns
+    logg.info(
+        "    finished",
+        time=start,
+        deep=(
+            f"added\n    '{key_added}', hard labels (adata.obs)\n    '{_keys.metacell_weights(key_added)}', "
+            f"'{_keys.metacell_archetypes(key_added)}' (adata.obsm)\n    '{_keys.metacell_kernel(key_added)}' (adata.obsp)\n"
+            f"    '{key_added}', fit diagnostics (adata.uns)"
+        ),
+    )
+    return adata if copy else None
+
+
+def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
+    arr = np.asarray(arche)
+    if arr.dtype.kind in "OUS":
+        pos = adata.obs_names.get_indexer(arr)
+        if (pos < 0).any():
+            msg = f"initial_archetypes names not in adata.obs_names: {list(arr[pos < 0][:5])}."
+            raise KeyError(msg)
+        arr = pos
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        msg = "initial_archetypes must be a 1-D list of cell positions or obs names."
+        raise TypeError(msg)
+    if arr.size != k or np.unique(arr).size != arr.size or arr.min() < 0 or arr.max() >= adata.n_obs:
+        msg = f"initial_archetypes must be {k} distinct cells (n_metacells), got {arr.size} entries ({np.unique(arr).size} distinct)."
+        raise ValueError(msg)
+    return arr.astype(np.int64)
+
+
+def _assemble(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int, k_total: int, plan: list[Any]) -> sp.csr_matrix:
+    if len(blocks) == 1 and np.array_equal(blocks[0][0], np.arange(n)):
+        return blocks[0][1].tocsr()
+    rows, cols, vals = [], [], []
+    off = 0
+    for idx, m in blocks:
+        c = m.tocoo()
+        rows.append(idx[c.row])
+        cols.append(c.col + off)
+        vals.append(c.data)
+        off += m.shape[1]
+    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, k_total))
+    out.sort_indices()
+    return out
+
+
+def _assemble_square(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int) -> sp.csr_matrix:
+    if len(blocks) == 1 and np.array_equal(blocks[0][0], np.arange(n)):
+        return blocks[0][1]
+    rows, cols, vals = [], [], []
+    for idx, m in blocks:
+        c = m.tocoo()
+        rows.append(idx[c.row])
+        cols.append(idx[c.col])
+        vals.append(c.data)
+    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    out.sort_indices()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# aggregation and quality
+# --------------------------------------------------------------------------------------------------------------------
+def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
+    check_adata(adata)
+    if key not in adata.obs or key not in adata.uns or _keys.metacell_weights(key) not in adata.obsm:
+        msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
+        raise KeyError(msg)
+    return adata.uns[key]
+
+
+def aggregate_metacells(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    layer: str | None = None,
+    soft: bool = False,
+    celltype_key: str | None = None,
+) -> AnnData:
+    """Metacell x gene AnnData of summed counts (SEACells ``summarize_by_SEACell`` / ``summarize_by_soft_SEACell``).
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    key
+        ``key_added`` of that run.
+    layer
+        Matrix to sum: ``adata.layers[layer]``; None uses ``adata.X``. Sum raw counts (e.g. ``layer="counts"``).
+    soft
+        False: sum the cells labelled with each metacell. True: every cell contributes to every metacell with its
+        assignment weight (``obsm[key + "_weights"]``), so the total counts are preserved.
+    celltype_key
+        ``obs`` column; adds the majority cell type per metacell and its purity (weighted by the assignments when
+        ``soft``).
+
+    Returns
+    -------
+    AnnData with one row per metacell (obs_names = labels) and the genes of ``adata``:
+
+    ``X``
+        Summed (or weighted-summed) counts, sparse CSR when the input is sparse.
+    ``obs['size']``
+        Cells per metacell (sum of weights when ``soft``); ``obs['group']`` with groupby; ``obs[celltype_key]`` and
+        ``obs[celltype_key + '_purity']`` when ``celltype_key`` is given.
+    ``obsm[<basis>]``
+        Member mean (weighted mean when ``soft``) of every dense 2-D ``obsm`` array named ``X_*`` (``X_pca``,
+        ``X_umap``...), so metacells can be drawn over cells.
+    ``uns['metacell_source']``
+        The key, layer and mode used.
+    """
+    info = _check_metacells(adata, key)
+    if not isinstance(soft, bool):
+        msg = f"soft must be True or False, got {soft!r}."
+        raise TypeError(msg)
+    if layer is not None:
+        check_key(adata.layers, layer, "adata.layers")
+        mat = adata.layers[layer]
+    else:
+        if adata.X is None:
+            msg = "adata.X is empty; pass layer= naming the counts to sum."
+            raise ValueError(msg)
+        mat = adata.X
+    if celltype_key is not None:
+        check_key(adata.obs, celltype_key, "adata.obs")
+    mat = to_host(mat)
+    table: pd.DataFrame = info["metacells"]
+    if soft:
+        w = sp.csr_matrix(adata.obsm[_keys.metacell_weights(key)])  # (n, k)
+        agg = sp.csr_matrix(w.T)  # (k, n)
+        names = list(table.index)
+        keep = np.asarray(agg.sum(axis=1)).ravel() > 0
+        agg = agg[keep]
+        names = [nm for nm, kp in zip(names, keep, strict=True) if kp]
+    else:
+        lab = adata.obs[key]
+        names = [str(c) for c in lab.cat.categories]
+        codes = lab.cat.codes.to_numpy()
+        ok = codes >= 0
+        agg = sp.csr_matrix((np.ones(int(ok.sum())), (codes[ok], np.flatnonzero(ok))), shape=(len(names), adata.n_obs))
+    sums = agg @ mat
+    if sp.issparse(sums):
+        sums = sp.csr_matrix(sums)
+    else:
+        sums = np.asarray(sums)
+    size = np.asarray(agg.sum(axis=1)).ravel()
+    obs = pd.DataFrame({"size": size if soft else size.astype(np.int64)}, index=pd.Index(names, name=None))
+    if "group" in table and (table["group"] != "").any():
+        obs["group"] = pd.Categorical(table.loc[names, "group"].to_numpy())
+    if celltype_key is not None:
+        ct = adata.obs[celltype_key].astype("category")
+        valid = ct.cat.codes.to_numpy() >= 0
+        onehot = sp.csr_matrix((np.ones(int(valid.sum())), (np.flatnonzero(valid), ct.cat.codes.to_numpy()[valid])), shape=(adata.n_obs, len(ct.cat.categories)))
+        votes = np.asarray((agg @ onehot).todense())
+        tot = votes.sum(axis=1)
+        top = votes.argmax(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            obs[celltype_key] = pd.Categorical(np.where(tot > 0, np.asarray(ct.cat.categories, dtype=object)[top], None), categories=ct.cat.categories)
+            obs[f"{celltype_key}_purity"] = np.where(tot > 0, votes[np.arange(len(top)), top] / np.where(tot > 0, tot, 1), np.nan)
+    out = AnnData(X=sums, obs=obs, var=adata.var.copy())
+    denom = np.where(size > 0, size, 1.0)[:, None]
+    for name, emb in adata.obsm.items():
+        if not name.startswith("X_") or is_sparse(emb) or isinstance(emb, pd.DataFrame):
+            continue
+        emb = np.asarray(to_host(emb))
+        if emb.ndim != 2 or not np.issubdtype(emb.dtype, np.number):
+            continue
+        out.obsm[name] = np.asarray(agg @ emb) / denom
+    out.uns["metacell_source"] = {"key": key, "layer": layer if layer is not None else "X", "soft": soft}
+    return out
+
+
+def metacell_quality(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    celltype_key: str | None = None,
+    use_rep: str | None = None,
+    nth_neighbor: int = 1,
+    device: Device = "auto",
+    key_added: str | None = None,
+    copy: bool = False,
+) -> pd.DataFrame | AnnData:
+    """Compactness, separation and purity of the hard metacells, as SEACells' ``evaluate`` module defines them.
+
+    Both geometric metrics use Palantir's multiscale diffusion space of ``obsm[use_rep]`` (10 diffusion components
+    on a 30-NN adaptive kernel, components 1..9 scaled by lambda / (1 - lambda)).
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    key
+        ``key_added`` of that run.
+    celltype_key
+        ``obs`` column for purity (most frequent label per metacell and its fraction).
+    use_rep
+        Embedding for the diffusion space; default: the one the metacells were built on.
+    nth_neighbor
+        Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
+    device
+        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+    key_added
+        ``uns`` key of the table; default ``key + "_quality"``.
+    copy
+        Work on a copy and return it.
+
+    Returns
+    -------
+    The table (one row per metacell; columns ``size``, ``compactness`` (lower is better), ``separation`` (higher
+    is better), and ``<celltype_key>``, ``<celltype_key>_purity``), also written to ``adata.uns[key_added]``; or the
+    modified copy when ``copy=True``.
+    """
+    info = _check_metacells(adata, key)
+    use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
+    x = _embedding(adata, use_rep)
+    nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
+    if celltype_key is not None:
+        check_key(adata.obs, celltype_key, "adata.obs")
+    key_added = _keys.metacell_quality(key) if key_added is None else key_added
+    if not isinstance(key_added, str) or not key_added:
+        msg = f"key_added must be a non-empty string, got {key_added!r}."
+        raise TypeError(msg)
+    backend = get_backend(device, x)
+    labels = np.asarray(adata.obs[key].astype(str))
+    order = [str(c) for c in adata.obs[key].cat.categories]
+    dc = diffusion_space(backend, backend.asarray(x))
+    df = pd.DataFrame(index=pd.Index(order, name="metacell"))
+    df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
+    df["compactness"] = compactness(dc, labels, order).to_numpy()
+    df["separation"] = separation(dc, labels, order, nth_neighbor=nth_neighbor).to_numpy()
+    if celltype_key is not None:
+        pur = purity(labels, adata.obs[celltype_key], order, celltype_key)
+        df[celltype_key] = pur[celltype_key].to_numpy()
+        df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
+    adata = adata.copy() if copy else adata
+    adata.uns[key_added] = df
+    logg.info(f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, separation median {np.nanmedian(df['separation']):.3g}")
+    return adata if copy else df

@@ -1,0 +1,428 @@
+"""``gpuc.tl.nmf_k_sweep`` and ``gpuc.tl.consensus_nmf``: AnnData adapters over :mod:`gpuc.nmf`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from anndata import AnnData
+from scanpy import logging as logg
+
+from gpuc import _keys
+from gpuc._backend import Backend, Device, get_backend, is_cupy_array, is_sparse, to_host
+from gpuc._utils import progress
+from gpuc._validate import check_adata, check_choice, check_int, get_matrix
+from gpuc.nmf._consensus import ConsensusError, consensus, run_k, sweep_row
+from gpuc.nmf._hals import Operator
+
+Preprocessing = Literal["none", "sd", "sqrt_sd"]
+_PREPROCESSING = ("none", "sd", "sqrt_sd")
+_METRICS = ("cosine", "euclidean")
+_TARGETS = ("spectra", "usage")
+_NORMALIZATIONS = ("sum", "l2")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# input checks and the factorised block
+# --------------------------------------------------------------------------------------------------------------------
+def _gene_mask(adata: AnnData, use_highly_variable: bool) -> np.ndarray:
+    if not isinstance(use_highly_variable, bool):
+        msg = f"use_highly_variable must be True or False, got {use_highly_variable!r}."
+        raise TypeError(msg)
+    if not use_highly_variable:
+        return np.ones(adata.n_vars, dtype=bool)
+    if "highly_variable" not in adata.var:
+        msg = (
+            "use_highly_variable=True but adata.var has no 'highly_variable' column; run "
+            "sc.pp.highly_variable_genes(adata, ...) first or pass use_highly_variable=False to use every gene."
+        )
+        raise KeyError(msg)
+    mask = np.asarray(adata.var["highly_variable"], dtype=bool)
+    if mask.sum() == 0:
+        msg = "adata.var['highly_variable'] selects no gene."
+        raise ValueError(msg)
+    return mask
+
+
+def _xp_for(x: Any) -> Any:
+    if is_cupy_array(x):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _sparse_of(x: Any) -> Any:
+    if is_cupy_array(x):
+        import cupyx.scipy.sparse
+
+        return cupyx.scipy.sparse
+    import scipy.sparse
+
+    return scipy.sparse
+
+
+def _prepare_block(adata: AnnData, layer: str | None, use_highly_variable: bool, preprocessing: str) -> tuple[Any, np.ndarray]:
+    """Extract, check and (optionally) scale the cells x genes block that is factorised. Touches nothing in ``adata``.
+
+    Returns the block (same array family as the input: numpy/scipy or cupy/cupyx; float) and the gene mask.
+    """
+    check_choice("preprocessing", preprocessing, _PREPROCESSING)
+    mat = get_matrix(adata, layer=layer)
+    mask = _gene_mask(adata, use_highly_variable)
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    block = mat[:, np.flatnonzero(mask)] if not mask.all() else mat
+    if is_cupy_array(block):
+        block = block.astype(block.dtype if block.dtype.kind == "f" else "float32")
+    elif is_sparse(block):
+        block = block.tocsr().astype(np.float64 if block.dtype.kind != "f" else block.dtype)
+    else:
+        block = np.asarray(block)
+        if block.dtype.kind not in "fiub":
+            msg = f"{where} must be numeric, got dtype {block.dtype}."
+            raise TypeError(msg)
+        block = block.astype(np.float64) if block.dtype.kind != "f" else block
+    sparse = is_sparse(block)
+    data = block.data if sparse else block
+    xp = _xp_for(data)
+    if not bool(xp.isfinite(data).all()):
+        msg = f"{where} contains NaN or infinite values on the selected genes; NMF needs finite non-negative input."
+        raise ValueError(msg)
+    if data.size and float(data.min()) < 0:
+        msg = (
+            f"{where} has negative values on the selected genes (min {float(data.min()):.4g}); NMF needs non-negative "
+            "input: use raw counts (cNMF style, with preprocessing='sd') or a log-normalised layer, never scaled data."
+        )
+        raise ValueError(msg)
+    row_sums = xp.asarray(block.sum(axis=1)).ravel()
+    col_sums = xp.asarray(block.sum(axis=0)).ravel()
+    n_zero_cells = int((row_sums <= 0).sum())
+    if n_zero_cells:
+        msg = (
+            f"{n_zero_cells} cell(s) have no signal on the {block.shape[1]} selected genes; remove them first, e.g. "
+            "adata = adata[np.asarray(adata[:, adata.var.highly_variable].X.sum(1)).ravel() > 0].copy()."
+        )
+        raise ValueError(msg)
+    n_zero_genes = int((col_sums <= 0).sum())
+    if n_zero_genes:
+        names = list(np.asarray(adata.var_names[mask])[np.flatnonzero(to_host(col_sums <= 0))][:5])
+        msg = (
+            f"{n_zero_genes} selected gene(s) are zero in every cell (e.g. {names}); drop them "
+            "(sc.pp.filter_genes(adata, min_cells=1)) or leave them out of var['highly_variable']."
+        )
+        raise ValueError(msg)
+    if preprocessing != "none":
+        m = block.shape[0]
+        if m < 2:
+            msg = "preprocessing by SD needs at least 2 cells."
+            raise ValueError(msg)
+        mean = col_sums / m
+        sq = xp.asarray((block.multiply(block) if sparse else block * block).sum(axis=0)).ravel() / m
+        sd = xp.sqrt(xp.maximum(sq - mean * mean, 0.0) * m / (m - 1))
+        bad = sd <= 1e-12 * xp.maximum(mean, 1.0)
+        if bool(bad.any()):
+            names = list(np.asarray(adata.var_names[mask])[np.flatnonzero(to_host(bad))][:5])
+            msg = (
+                f"{int(bad.sum())} selected gene(s) have zero variance (e.g. {names}); preprocessing={preprocessing!r} "
+                "would divide by zero. Drop them from the gene selection or use preprocessing='none'."
+            )
+            raise ValueError(msg)
+        factor = 1.0 / (sd if preprocessing == "sd" else xp.sqrt(sd))
+        if sparse:
+            block = (block @ _sparse_of(block).diags(factor)).tocsr()
+        else:
+            block = block * factor[None, :]
+    return block, mask
+
+
+def _check_common(n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float) -> None:
+    check_int("n_runs", n_runs, minimum=2)
+    check_choice("metric", metric, _METRICS)
+    check_choice("target", target, _TARGETS)
+    check_choice("normalization", normalization, _NORMALIZATIONS)
+    check_int("max_iter", max_iter, minimum=1)
+    if not (isinstance(density_threshold, int | float) and 0 <= float(density_threshold) <= 2):
+        msg = f"density_threshold={density_threshold!r} must be a number in [0, 2] (2 turns the filter off)."
+        raise ValueError(msg)
+    if not (isinstance(tol, int | float) and float(tol) > 0):
+        msg = f"tol={tol!r} must be a positive number."
+        raise ValueError(msg)
+
+
+def _check_k(k: Any, shape: tuple[int, int], name: str = "k") -> int:
+    k = check_int(name, k, minimum=2)
+    limit = min(shape)
+    if k >= limit:
+        msg = f"{name}={k} must be smaller than min(n_cells, n_genes) = min{tuple(shape)} = {limit}."
+        raise ValueError(msg)
+    return k
+
+
+def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
+    backend = get_backend(device, block)
+    return backend, Operator.build(backend, block, dtype=None if dtype is None else np.dtype(dtype))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# k sweep
+# --------------------------------------------------------------------------------------------------------------------
+def nmf_k_sweep(
+    adata: AnnData,
+    k_range: Iterable[int] = range(2, 13),
+    *,
+    n_runs: int = 10,
+    layer: str | None = None,
+    use_highly_variable: bool = True,
+    preprocessing: Preprocessing = "none",
+    density_threshold: float = 2.0,
+    metric: Literal["cosine", "euclidean"] = "cosine",
+    target: Literal["spectra", "usage"] = "spectra",
+    max_iter: int = 500,
+    tol: float = 1e-4,
+    kmeans_n_init: int = 10,
+    device: Device | None = "auto",
+    dtype: Any = None,
+    random_state: int = 0,
+    key_added: str = _keys.NMF_K_SWEEP,
+    copy: bool = False,
+) -> AnnData | None:
+    """Consensus NMF stability and reconstruction error across ranks, to choose ``k``.
+
+    For every ``k`` the ``n_runs`` random HALS restarts are fitted together (one data product per half-iteration for
+    all runs), pooled and clustered exactly as in :func:`consensus_nmf`, but only the diagnostics are kept. Each run's
+    seed comes from ``(random_state, k, run)``, so a k's row does not depend on which other ks are in the sweep.
+    Pick the last k before stability falls away while the error is still falling (error always falls).
+
+    Parameters
+    ----------
+    adata
+        Cells (or metacells) x genes.
+    k_range
+        Ranks to try (integers >= 2, each smaller than the number of cells and of genes).
+    n_runs
+        Restarts per k (>= 2).
+    layer
+        Layer to factorise (default ``adata.X``): raw counts with ``preprocessing="sd"`` for cNMF-style programmes,
+        a log-normalised layer with ``"none"`` for bixverse-style ones. Must be finite and non-negative.
+    use_highly_variable
+        Restrict to ``adata.var['highly_variable']``.
+    preprocessing
+        ``"none"``, ``"sd"`` (divide each gene by its SD, ddof=1, no centring, as cNMF) or ``"sqrt_sd"``.
+    density_threshold
+        Components with local density ``>=`` this are dropped before clustering; 2.0 (default here) keeps all.
+    metric
+        Distance for the density and the silhouette: ``"cosine"`` (1 - cos) or ``"euclidean"`` (cNMF, on unit rows).
+    target
+        Cluster the runs' ``"spectra"`` (gene space, cNMF) or ``"usage"`` columns (cell space).
+    max_iter, tol
+        HALS iteration limit and relative loss-change tolerance (checked every 10 iterations).
+    kmeans_n_init
+        k-means restarts for the consensus clustering.
+    device
+        ``"auto"``, ``"cpu"`` or ``"gpu"`` (see :func:`gpuc.settings`).
+    dtype
+        Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
+        in float64) or float64.
+    random_state
+        Master seed.
+    key_added
+        ``uns`` key of the result.
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or a copy of ``adata`` with ``copy=True``. Sets
+
+    ``adata.uns[key_added]['params']``
+        The arguments of the call.
+    ``adata.uns[key_added]['table']``
+        :class:`pandas.DataFrame`, one row per k: ``k``, ``stability`` (mean silhouette, NaN if the consensus failed),
+        ``best_error`` and ``median_error`` (relative errors ``||V - WH||^2 / ||V||^2`` over the restarts),
+        ``consensus_failed``, ``n_dropped``, ``n_empty_clusters``, ``n_converged``.
+    """
+    check_adata(adata)
+    ks = list(k_range) if not isinstance(k_range, int | np.integer) else [k_range]
+    if len(ks) == 0:
+        msg = "k_range is empty."
+        raise ValueError(msg)
+    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol)
+    check_int("kmeans_n_init", kmeans_n_init, minimum=1)
+    check_int("random_state", random_state)
+    block, mask = _prepare_block(adata, layer, use_highly_variable, preprocessing)
+    ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
+    backend, op = _backend_and_op(block, device, dtype)
+
+    start = logg.info(f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name})")
+    rows = []
+    t0 = time.perf_counter()
+    for k in progress(ks, desc="k sweep"):
+        fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol)
+        row = sweep_row(
+            backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
+            kmeans_n_init=kmeans_n_init, random_state=random_state,
+        )
+        rows.append(vars(row))
+    table = pd.DataFrame(rows)
+    if table["consensus_failed"].any():
+        logg.warning(f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)")
+    if (table["n_empty_clusters"] > 0).any():
+        logg.warning(f"empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}")
+
+    adata = adata.copy() if copy else adata
+    adata.uns[key_added] = {
+        "params": {
+            "k_range": np.asarray(ks, dtype=np.int64), "n_runs": n_runs, "layer": layer,
+            "use_highly_variable": use_highly_variable, "preprocessing": preprocessing,
+            "density_threshold": float(density_threshold), "metric": metric, "target": target, "max_iter": max_iter,
+            "tol": float(tol), "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
+            "device": backend.name,
+        },
+        "table": table,
+        "seconds": time.perf_counter() - t0,
+    }
+    logg.info("    finished", time=start, deep=f"added\n    'uns[{key_added!r}]' (params, table)")
+    return adata if copy else None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# consensus at one k
+# --------------------------------------------------------------------------------------------------------------------
+def consensus_nmf(
+    adata: AnnData,
+    k: int,
+    *,
+    n_runs: int = 20,
+    layer: str | None = None,
+    use_highly_variable: bool = True,
+    preprocessing: Preprocessing = "none",
+    density_threshold: float = 0.5,
+    metric: Literal["cosine", "euclidean"] = "cosine",
+    target: Literal["spectra", "usage"] = "spectra",
+    normalization: Literal["sum", "l2"] = "sum",
+    neighborhood: float = 0.3,
+    max_iter: int = 500,
+    tol: float = 1e-4,
+    kmeans_n_init: int = 10,
+    device: Device | None = "auto",
+    dtype: Any = None,
+    random_state: int = 0,
+    key_added: str = _keys.NMF,
+    copy: bool = False,
+) -> AnnData | None:
+    """Consensus NMF gene expression programmes (cNMF / bixverse) from batched HALS restarts.
+
+    ``n_runs`` random restarts of rank ``k`` are fitted together by HALS; their components are pooled and
+    L2-normalised, components with a high local density (mean distance to their ``ceil(neighborhood * n_runs)``
+    nearest neighbours) are dropped, the rest clustered by k-means into ``k`` groups, the per-cluster median taken as
+    the consensus, and the partner factor refitted by non-negative least squares. cNMF's settings are
+    ``metric="euclidean", density_threshold=0.5, normalization="sum"`` on raw counts with ``preprocessing="sd"``.
+
+    Parameters
+    ----------
+    adata
+        Cells (or metacells) x genes.
+    k
+        Number of programmes (>= 2, smaller than the number of cells and of genes).
+    n_runs
+        Restarts (>= 2).
+    layer, use_highly_variable, preprocessing
+        The factorised block, as in :func:`nmf_k_sweep`.
+    density_threshold
+        Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
+        (:func:`gpuc.pl.nmf_density`) before tightening it.
+    metric
+        Distance for the density and the silhouette: ``"cosine"`` (default) or ``"euclidean"`` (cNMF).
+    target
+        Cluster ``"spectra"`` (gene space, default) or ``"usage"`` columns (cell space; then the spectra are refitted).
+    normalization
+        Consensus rows rescaled to ``"sum"`` 1 (cNMF) or unit ``"l2"`` norm (bixverse); the refitted factor takes the
+        scale.
+    neighborhood
+        Fraction of ``n_runs`` used as the number of neighbours for the local density.
+    max_iter, tol, kmeans_n_init, device, dtype, random_state
+        As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``.
+    key_added
+        Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or a copy of ``adata`` with ``copy=True``. Sets
+
+    ``adata.obsm['X_nmf']``
+        Cells x k usages (programmes ordered by total usage, largest first).
+    ``adata.varm['nmf_spectra']``
+        Genes x k consensus programmes (zero for genes not factorised).
+    ``adata.uns['nmf']``
+        ``params``; ``stability`` (mean silhouette of the kept components); ``rel_error`` of the consensus refit;
+        ``run_errors`` (each restart's relative error); ``n_converged``; ``cluster_sizes``; ``n_dropped``;
+        ``n_empty_clusters``; ``n_neighbors``; ``components`` (one row per pooled component: run, component,
+        cluster (-1 if dropped), local_density, silhouette, kept); ``genes`` (the factorised genes); ``distances``
+        (pooled-component distance matrix under ``metric``, float32, for the clustergram; only when there are at
+        most 2,000 pooled components).
+    """
+    check_adata(adata)
+    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol)
+    check_int("kmeans_n_init", kmeans_n_init, minimum=1)
+    check_int("random_state", random_state)
+    if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
+        msg = f"neighborhood={neighborhood!r} must be in (0, 1]."
+        raise ValueError(msg)
+    block, mask = _prepare_block(adata, layer, use_highly_variable, preprocessing)
+    k = _check_k(k, block.shape)
+    backend, op = _backend_and_op(block, device, dtype)
+
+    start = logg.info(f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name})")
+    t0 = time.perf_counter()
+    bar = progress(total=max_iter, desc=f"HALS k={k}")
+    fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, progress=bar.update)
+    bar.close()
+    try:
+        res = consensus(
+            backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
+            neighborhood=float(neighborhood), normalization=normalization, kmeans_n_init=kmeans_n_init,
+            random_state=random_state,
+        )
+    except ConsensusError as err:
+        raise ValueError(str(err)) from None
+    if res.n_empty_clusters:
+        logg.warning(f"{res.n_empty_clusters} of the {k} k-means clusters are empty")
+
+    spectra = np.zeros((adata.n_vars, k))
+    spectra[mask] = res.spectra.T
+    comp = pd.DataFrame(res.table)
+    adata = adata.copy() if copy else adata
+    adata.obsm[_keys.nmf_usages(key_added)] = res.usages
+    adata.varm[_keys.nmf_spectra(key_added)] = spectra
+    adata.uns[key_added] = {
+        "params": {
+            "k": k, "n_runs": n_runs, "layer": layer, "use_highly_variable": use_highly_variable,
+            "preprocessing": preprocessing, "density_threshold": float(density_threshold), "metric": metric,
+            "target": target, "normalization": normalization, "neighborhood": float(neighborhood),
+            "max_iter": max_iter, "tol": float(tol), "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
+            "random_state": random_state, "device": backend.name,
+        },
+        "stability": res.stability,
+        "rel_error": res.rel_error,
+        "run_errors": fits.rel_errors.astype(np.float64),
+        "n_converged": int(fits.converged.sum()),
+        "cluster_sizes": res.cluster_sizes.astype(np.int64),
+        "n_dropped": res.n_dropped,
+        "n_empty_clusters": res.n_empty_clusters,
+        "n_neighbors": int(res.params["n_neighbors"]),
+        "components": comp,
+        "genes": np.asarray(adata.var_names[mask]).astype(str),
+        **({"distances": res.distances} if res.distances is not None else {}),
+        "seconds": time.perf_counter() - t0,
+    }
+    logg.info(
+        "    finished", time=start,
+        deep=(f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'varm[{_keys.nmf_spectra(key_added)!r}]', "
+              f"'uns[{key_added!r}]' (stability {res.stability:.3f}, {res.n_dropped}/{len(comp)} dropped)"),
+    )
+    return adata if copy else None

@@ -1,0 +1,149 @@
+"""The alternating Frank-Wolfe solver against the SEACells 0.3.3 reference trajectory, and the reduced-form error."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from gpuc._backend import get_backend
+from gpuc.metacells import MetacellConvergenceWarning, fit, fw_weights, rss_reduced, update_a, update_b
+from gpuc.metacells._solver import one_hot_b
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return get_backend("cpu")
+
+
+@pytest.fixture(scope="module")
+def ref_fit(mc_ref, mc_ref_kernel):
+    return fit(get_backend("cpu"), mc_ref_kernel, mc_ref["archetypes"], a0=mc_ref["A0"].copy(), max_iter=50, min_iter=10, convergence_epsilon=1e-5, fw_iters=50)
+
+
+def test_solver_reproduces_reference_a_b_rss_labels(ref_fit, mc_ref):
+    res = ref_fit
+    assert res.converged
+    assert res.n_iter == len(mc_ref["rss"]) - 1 == 33
+    rss = np.asarray(res.rss)
+    np.testing.assert_allclose(rss, mc_ref["rss"], rtol=1e-10, atol=0)
+    a, b = res.A.toarray(), res.B.toarray()
+    np.testing.assert_allclose(a, mc_ref["A"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(b, mc_ref["B"], rtol=1e-10, atol=1e-12)
+    labels = np.array([f"SEACell-{j}" for j in a.argmax(axis=0)])
+    np.testing.assert_array_equal(labels, mc_ref["labels"])
+    assert res.convergence_threshold == pytest.approx(1e-5 * mc_ref["rss"][0], rel=1e-12)
+
+
+def test_a_and_b_are_sparse_simplex_columns(ref_fit):
+    for mat in (ref_fit.A, ref_fit.B):
+        assert sp.issparse(mat)
+        np.testing.assert_allclose(np.asarray(mat.sum(axis=0)).ravel(), 1.0, atol=1e-12)
+        assert np.diff(mat.tocsc().indptr).max() <= 50
+        assert mat.data.min() > 0
+
+
+def test_fw_weights_are_the_closed_form_of_the_recursion():
+    for steps in (1, 2, 7, 50):
+        w = fw_weights(steps)
+        v = np.zeros(steps)  # weight of each vertex under v <- v + 2/(t+2) (e_t - v)
+        for t in range(steps):
+            g = 2.0 / (t + 2.0)
+            v *= 1 - g
+            v[t] += g
+        np.testing.assert_allclose(w, v, rtol=1e-13)
+        assert w.sum() == pytest.approx(1.0)
+
+
+def _dense_update_a(k, b, a, steps):
+    """SEACells' dense _updateA, written from the anchor description."""
+    p = (k @ b).T
+    q = p @ b
+    a = a.copy()
+    for t in range(steps):
+        g = 2.0 * (q @ a - p)
+        e = np.zeros_like(a)
+        e[g.argmin(axis=0), np.arange(a.shape[1])] = 1.0
+        a += 2.0 / (t + 2.0) * (e - a)
+    return a
+
+
+def _dense_update_b(k, a, b, steps):
+    r = a @ a.T
+    s = k @ a.T
+    b = b.copy()
+    for t in range(steps):
+        g = 2.0 * (k @ b @ r - s)
+        e = np.zeros_like(b)
+        e[g.argmin(axis=0), np.arange(b.shape[1])] = 1.0
+        b += 2.0 / (t + 2.0) * (e - b)
+    return b
+
+
+@pytest.mark.parametrize("start", ["dense", "sparse", "uniform"])
+def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cpu, start):
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    kd = kmat.toarray()
+    n, k = 700, 9
+    b0 = one_hot_b(cpu, mc_ref["archetypes"], n, k)
+    if start == "dense":
+        a_start, a_dense = mc_ref["A0"].copy(), mc_ref["A0"]
+    elif start == "sparse":
+        a_start, a_dense = sp.csc_matrix(mc_ref["A"]), mc_ref["A"]
+    else:
+        a_start, a_dense = "uniform", np.full((k, n), 1.0 / k)
+    a = update_a(cpu, kmat, b0, a_start, 20, block=256)  # several blocks
+    want_a = _dense_update_a(kd, b0.toarray(), a_dense, 20)
+    np.testing.assert_allclose(a.toarray(), want_a, rtol=1e-12, atol=1e-14)
+    b = update_b(cpu, kmat, a, sp.csc_matrix(mc_ref["B"]), 20)
+    want_b = _dense_update_b(kd, a.toarray(), mc_ref["B"], 20)
+    np.testing.assert_allclose(b.toarray(), want_b, rtol=1e-12, atol=1e-14)
+
+
+def test_reduced_rss_equals_direct_norm_on_small_data(cpu):
+    rng = np.random.default_rng(3)
+    n, k = 60, 5
+    x = rng.normal(size=(n, 4))
+    d2 = ((x[:, None] - x[None]) ** 2).sum(-1)
+    m = np.exp(-d2 / 4.0)
+    m[m < 0.2] = 0.0  # sparse, symmetric
+    msp = sp.csr_matrix(m)
+    kmat = sp.csr_matrix(msp @ msp.T)
+    a = rng.random((k, n))
+    a[a < 0.6] = 0
+    a[0, a.sum(0) == 0] = 1
+    a /= a.sum(0)
+    b = rng.random((n, k))
+    b[b < 0.8] = 0
+    b[0, b.sum(0) == 0] = 1
+    b /= b.sum(0)
+    direct = np.linalg.norm(m - m @ b @ a)
+    got = rss_reduced(cpu, kmat, float((m * m).sum()), sp.csc_matrix(a), sp.csc_matrix(b))
+    assert got == pytest.approx(direct, rel=1e-12)
+    sq = rss_reduced(cpu, kmat, float((m * m).sum()), sp.csc_matrix(a), sp.csc_matrix(b), squared=True)
+    assert sq == pytest.approx(direct**2, rel=1e-12)
+
+
+def test_reduced_rss_on_reference_matches_dense_reference(mc_ref, mc_ref_kernel, cpu):
+    m = mc_ref_kernel
+    kmat = sp.csr_matrix(m @ m.T)
+    got = rss_reduced(cpu, kmat, float((m.data**2).sum()), sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]))
+    assert got == pytest.approx(mc_ref["rss"][-1], rel=1e-12)
+
+
+def test_non_convergence_warns_and_keeps_result(mc_ref, mc_ref_kernel, cpu):
+    with pytest.warns(MetacellConvergenceWarning, match="did not converge"):
+        res = fit(cpu, mc_ref_kernel, mc_ref["archetypes"], a0=mc_ref["A0"].copy(), max_iter=3, min_iter=0, convergence_epsilon=1e-12)
+    assert res.n_iter == 3 and not res.converged
+    np.testing.assert_allclose(res.rss, mc_ref["rss"][:4], rtol=1e-10)
+
+
+def test_min_iter_is_honoured_and_max_below_min_rejected(mc_ref, mc_ref_kernel, cpu):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = fit(cpu, mc_ref_kernel, mc_ref["archetypes"], a0="uniform", max_iter=20, min_iter=5, convergence_epsilon=0.5)
+    assert res.n_iter == 5 and res.converged
+    with pytest.raises(ValueError, match="max_iter"):
+        fit(cpu, mc_ref_kernel, mc_ref["archetypes"], max_iter=2, min_iter=5)

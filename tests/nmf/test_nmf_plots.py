@@ -1,0 +1,95 @@
+"""get.nmf_top_genes and the five NMF plots read only what tl wrote and return Axes/Figure with show=False."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+import gpuc
+
+
+@pytest.fixture(scope="module")
+def fitted(program_factory):
+    ad = program_factory(seed=4)
+    gpuc.tl.nmf_k_sweep(ad, [2, 3, 4], n_runs=4, layer="counts", device="cpu")
+    gpuc.tl.nmf_k_sweep(ad, [2, 3], n_runs=3, layer="counts", device="cpu", density_threshold=0.0, key_added="failed_sweep")
+    gpuc.tl.consensus_nmf(ad, 3, n_runs=6, layer="counts", device="cpu", density_threshold=0.3)
+    ad.obsm["X_umap"] = np.random.default_rng(0).normal(size=(ad.n_obs, 2))
+    return ad
+
+
+def test_nmf_top_genes(fitted):
+    top = gpuc.get.nmf_top_genes(fitted, 5)
+    assert list(top.columns) == ["program", "rank", "gene", "weight"]
+    assert len(top) == 15
+    spectra = fitted.varm["nmf_spectra"]
+    for j, (_, sub) in enumerate(top.groupby("program", observed=True)):
+        assert (np.diff(sub["weight"].to_numpy()) <= 0).all()
+        expected = fitted.var_names[np.argsort(-spectra[:, j], kind="stable")[:5]]
+        assert list(sub["gene"]) == list(expected)
+    # planted programmes are disjoint gene blocks: a programme's top genes come from one block (g0-19, g20-39, g40-59)
+    for _, sub in top.groupby("program", observed=True):
+        blocks = {int(g[1:]) // 20 for g in sub["gene"]}
+        assert len(blocks) == 1
+    wide = gpuc.get.nmf_top_genes(fitted, 5, wide=True)
+    assert list(wide.columns) == ["P1", "P2", "P3"] and wide.shape == (5, 3)
+    with pytest.raises(KeyError, match="consensus_nmf"):
+        gpuc.get.nmf_top_genes(fitted, key="other")
+
+
+def test_nmf_plot_k_sweep(fitted):
+    fig = gpuc.pl.nmf_k_sweep(fitted, show=False)
+    a0, a1 = fig.axes[:2]
+    np.testing.assert_array_equal(a0.lines[0].get_xdata(), [2, 3, 4])
+    np.testing.assert_allclose(a1.lines[0].get_ydata(), fitted.uns["nmf_k_sweep"]["table"]["median_error"])
+    plt.close(fig)
+    fig = gpuc.pl.nmf_k_sweep(fitted, key="failed_sweep", show=False)
+    assert any(line.get_label() == "consensus failed" for line in fig.axes[0].lines)
+    plt.close(fig)
+
+
+def test_nmf_plot_density_counts_dropped(fitted):
+    comp = fitted.uns["nmf"]["components"]
+    ax = gpuc.pl.nmf_density(fitted, show=False)
+    assert ax.get_title() == f"{int((~comp['kept']).sum())} of {len(comp)} dropped"
+    plt.close(ax.figure)
+    ax = gpuc.pl.nmf_density(fitted, threshold=2.0, show=False)
+    assert ax.get_title() == f"0 of {len(comp)} dropped"
+    plt.close(ax.figure)
+
+
+def test_nmf_plot_clustergram_programs_usage(fitted):
+    ax = gpuc.pl.nmf_clustergram(fitted, show=False)
+    n_kept = int(fitted.uns["nmf"]["components"]["kept"].sum())
+    assert ax.images[0].get_array().shape == (n_kept, n_kept)
+    plt.close(ax.figure)
+    fig = gpuc.pl.nmf_programs(fitted, n_genes=4, show=False)
+    assert sum(a.get_visible() for a in fig.axes) == 3
+    plt.close(fig)
+    fig = gpuc.pl.nmf_usage(fitted, basis="umap", show=False)
+    assert [a.get_title() for a in fig.axes if a.get_title()] == ["P1", "P2", "P3"]
+    plt.close(fig)
+    with pytest.raises(KeyError, match="X_tsne"):
+        gpuc.pl.nmf_usage(fitted, basis="tsne", show=False)
+
+
+def test_nmf_plots_on_metacell_like_anndata(program_factory):
+    # metacell AnnData (summed counts per metacell, no HVG column needed when use_highly_variable=False)
+    cells = program_factory(n_cells=300, seed=7, sparse=False)
+    groups = np.repeat(np.arange(60), 5)
+    summed = pd.DataFrame(cells.layers["counts"]).groupby(groups).sum().to_numpy()
+    import anndata as ad
+
+    mc = ad.AnnData(summed.astype(np.float32))
+    mc.var_names = cells.var_names
+    gpuc.tl.consensus_nmf(mc, 3, n_runs=5, use_highly_variable=False, device="cpu")
+    mc.obsm["X_umap"] = np.random.default_rng(1).normal(size=(mc.n_obs, 2))
+    fig = gpuc.pl.nmf_usage(mc, show=False)
+    assert len([a for a in fig.axes if a.get_title()]) == 3
+    plt.close(fig)

@@ -1,0 +1,219 @@
+"""AnnData adapters: what consensus_nmf / nmf_k_sweep write, cNMF parity through the public API, bad input."""
+
+from __future__ import annotations
+
+import copy as _copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+from anndata import AnnData
+
+import gpuc
+from gpuc._backend import gpu_available
+
+
+def _snapshot(ad: AnnData) -> dict:
+    x = ad.X.toarray() if sp.issparse(ad.X) else np.array(ad.X)
+    return {
+        "X": x,
+        "layers": {k: (v.toarray() if sp.issparse(v) else np.array(v)) for k, v in ad.layers.items()},
+        "obs": ad.obs.copy(),
+        "var": ad.var.copy(),
+        "obsm": sorted(ad.obsm.keys()),
+        "varm": sorted(ad.varm.keys()),
+        "uns": _copy.deepcopy(dict(ad.uns)),
+    }
+
+
+def _assert_unchanged(ad: AnnData, snap: dict) -> None:
+    x = ad.X.toarray() if sp.issparse(ad.X) else np.asarray(ad.X)
+    np.testing.assert_array_equal(x, snap["X"])
+    assert set(ad.layers.keys()) == set(snap["layers"])
+    for k, v in snap["layers"].items():
+        got = ad.layers[k]
+        np.testing.assert_array_equal(got.toarray() if sp.issparse(got) else np.asarray(got), v)
+    pd.testing.assert_frame_equal(ad.obs, snap["obs"])
+    pd.testing.assert_frame_equal(ad.var, snap["var"])
+    assert sorted(ad.obsm.keys()) == snap["obsm"]
+    assert sorted(ad.varm.keys()) == snap["varm"]
+    assert set(ad.uns.keys()) == set(snap["uns"])
+
+
+def test_nmf_consensus_nmf_cnmf_settings_match_cnmf(cnmf_counts, cnmf_k7_spectra):
+    ad = cnmf_counts.copy()
+    gpuc.tl.consensus_nmf(ad, 7, n_runs=20, preprocessing="sd", metric="euclidean", density_threshold=0.5, normalization="sum", device="cpu")
+    spectra = ad.varm["nmf_spectra"].T
+    np.testing.assert_allclose(spectra.sum(axis=1), 1.0, rtol=1e-12)
+    a = cnmf_k7_spectra / np.linalg.norm(cnmf_k7_spectra, axis=1, keepdims=True)
+    b = spectra / np.linalg.norm(spectra, axis=1, keepdims=True)
+    assert (a @ b.T).max(axis=1).min() >= 0.99
+    u = ad.uns["nmf"]
+    assert abs(u["rel_error"] - 0.59046) < 2e-4
+    assert u["stability"] > 0.9
+    assert u["params"]["preprocessing"] == "sd" and u["params"]["metric"] == "euclidean"
+
+
+def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
+    ad = programs
+    hv = ad.var["highly_variable"].to_numpy()
+    gpuc.tl.consensus_nmf(ad, 3, n_runs=6, layer="counts", device="cpu", random_state=1)
+    assert ad.obsm["X_nmf"].shape == (ad.n_obs, 3)
+    assert ad.varm["nmf_spectra"].shape == (ad.n_vars, 3)
+    assert (ad.varm["nmf_spectra"][~hv] == 0).all()
+    assert (ad.obsm["X_nmf"] >= 0).all()
+    u = ad.uns["nmf"]
+    assert set(u["params"]) >= {"k", "n_runs", "layer", "preprocessing", "density_threshold", "metric", "random_state"}
+    comp = u["components"]
+    assert list(comp.columns) == ["run", "component", "cluster", "local_density", "silhouette", "kept"]
+    assert len(comp) == 18 and u["run_errors"].shape == (6,)
+    assert u["cluster_sizes"].sum() == 18 - u["n_dropped"]
+    assert list(u["genes"]) == list(ad.var_names[hv])
+    # the planted programmes are recovered: each cell's top programme agrees with its truth label up to relabelling
+    top = ad.obsm["X_nmf"].argmax(1)
+    ct = pd.crosstab(top, ad.obs["truth"])
+    assert ct.max(axis=1).sum() / ad.n_obs > 0.9
+    # reproducible from the stored params; key_added renames every output
+    ad2 = programs.copy()
+    params = dict(u["params"])
+    params.pop("dtype")
+    params["device"] = "cpu"
+    gpuc.tl.consensus_nmf(ad2, key_added="rerun", **params)
+    np.testing.assert_allclose(ad2.obsm["X_rerun"], ad.obsm["X_nmf"])
+    assert "rerun_spectra" in ad2.varm and "rerun" in ad2.uns
+    ad.write_h5ad(tmp_path / "nmf.h5ad")
+
+
+def test_nmf_copy_returns_copy_and_leaves_input(programs):
+    snap = _snapshot(programs)
+    out = gpuc.tl.consensus_nmf(programs, 3, n_runs=3, layer="counts", device="cpu", copy=True)
+    assert isinstance(out, AnnData) and "X_nmf" in out.obsm
+    _assert_unchanged(programs, snap)
+    out = gpuc.tl.nmf_k_sweep(programs, [2, 3], n_runs=3, layer="counts", device="cpu", copy=True)
+    assert "nmf_k_sweep" in out.uns
+    _assert_unchanged(programs, snap)
+    assert gpuc.tl.consensus_nmf(programs, 2, n_runs=3, layer="counts", device="cpu") is None
+
+
+def test_nmf_k_sweep_table_and_independence(programs):
+    ad = programs
+    gpuc.tl.nmf_k_sweep(ad, range(2, 6), n_runs=4, layer="counts", device="cpu", random_state=3)
+    t = ad.uns["nmf_k_sweep"]["table"]
+    assert list(t.columns) == ["k", "stability", "best_error", "median_error", "consensus_failed", "n_dropped", "n_empty_clusters", "n_converged"]
+    assert t["k"].tolist() == [2, 3, 4, 5]
+    assert (t["best_error"] <= t["median_error"]).all()
+    assert t["median_error"].is_monotonic_decreasing
+    # the planted rank is the most stable k above 2
+    assert t.set_index("k")["stability"].loc[3] > 0.95
+    # a k's row does not depend on which other ks are in the sweep
+    alone = gpuc.tl.nmf_k_sweep(ad, [4], n_runs=4, layer="counts", device="cpu", random_state=3, copy=True).uns["nmf_k_sweep"]["table"]
+    row = t.set_index("k").loc[4]
+    assert alone["stability"].iloc[0] == pytest.approx(row["stability"], abs=1e-12)
+    assert alone["median_error"].iloc[0] == pytest.approx(row["median_error"], rel=1e-12)
+    # and consensus_nmf at the same k, seed and settings gives the sweep's stability
+    gpuc.tl.consensus_nmf(ad, 4, n_runs=4, layer="counts", device="cpu", random_state=3, density_threshold=2.0)
+    assert ad.uns["nmf"]["stability"] == pytest.approx(row["stability"], abs=1e-12)
+
+
+def test_nmf_k_sweep_failed_row(programs):
+    gpuc.tl.nmf_k_sweep(programs, [2, 3], n_runs=3, layer="counts", device="cpu", density_threshold=0.0)
+    t = programs.uns["nmf_k_sweep"]["table"]
+    assert t["consensus_failed"].all()
+    assert t["stability"].isna().all()
+    assert t["n_dropped"].tolist() == [6, 9]
+
+
+def _bad(ad: AnnData, kind: str) -> AnnData:
+    ad = ad.copy()
+    x = ad.layers["counts"].toarray()
+    if kind == "negative":
+        x[3, 0] = -1
+    elif kind == "nan":
+        x[3, 0] = np.nan
+    elif kind == "inf":
+        x[3, 0] = np.inf
+    elif kind == "zero_cell":
+        x[5, :40] = 0  # the test block is the first 40 genes
+    elif kind == "zero_gene":
+        x[:, 0] = 0
+    elif kind == "constant_gene":
+        x[:, 0] = 2
+    ad.layers["counts"] = sp.csr_matrix(x)
+    return ad
+
+
+BAD_INPUT = [
+    ("negative", {}, "negative values"),
+    ("nan", {}, "NaN or infinite"),
+    ("inf", {}, "NaN or infinite"),
+    ("zero_cell", {}, "1 cell"),
+    ("zero_gene", {}, "zero in every cell"),
+    ("constant_gene", {"preprocessing": "sd"}, "zero variance"),
+    (None, {"k": 40}, "smaller than min"),
+    (None, {"k": 1}, "too small"),
+    (None, {"n_runs": 1}, "n_runs=1 is too small"),
+    (None, {"density_threshold": 0.0}, "fewer than k"),
+    (None, {"density_threshold": 3.0}, "must be a number in"),
+    (None, {"metric": "manhattan"}, "metric="),
+    (None, {"preprocessing": "zscore"}, "preprocessing="),
+    (None, {"layer": "missing"}, "not found"),
+]
+
+
+@pytest.mark.parametrize(("kind", "kwargs", "match"), BAD_INPUT, ids=[f"{b[0]}-{next(iter(b[1]), '')}" for b in BAD_INPUT])
+def test_nmf_consensus_nmf_bad_input_leaves_adata_unchanged(programs, kind, kwargs, match):
+    ad = _bad(programs, kind) if kind else programs[:, :]
+    ad = ad.copy()
+    ad.var["highly_variable"] = np.arange(ad.n_vars) < 40  # small block: 40 genes, so k=40 is too large
+    snap = _snapshot(ad)
+    call = {"k": 3, "n_runs": 3, "layer": "counts", "device": "cpu"} | kwargs
+    with pytest.raises((ValueError, TypeError, KeyError), match=match):
+        gpuc.tl.consensus_nmf(ad, **call)
+    _assert_unchanged(ad, snap)
+    sweep = {k: v for k, v in call.items() if k not in ("k",)}
+    if kind is None and ("k" in kwargs or "density_threshold" in kwargs and kwargs["density_threshold"] == 0.0):
+        return  # k is checked per entry below; a failed consensus is a row in the sweep
+    with pytest.raises((ValueError, TypeError, KeyError), match=match):
+        gpuc.tl.nmf_k_sweep(ad, [2, 3], **sweep)
+    _assert_unchanged(ad, snap)
+
+
+def test_nmf_k_sweep_bad_k_range(programs):
+    snap = _snapshot(programs)
+    for k_range, match in [([2, 300], "smaller than min"), ([], "empty"), ([1, 2], "too small"), ([2.5], "integer")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            gpuc.tl.nmf_k_sweep(programs, k_range, n_runs=3, layer="counts", device="cpu")
+    _assert_unchanged(programs, snap)
+
+
+def test_nmf_missing_hvg_column(programs):
+    ad = programs.copy()
+    del ad.var["highly_variable"]
+    with pytest.raises(KeyError, match="highly_variable_genes"):
+        gpuc.tl.consensus_nmf(ad, 2, n_runs=3, layer="counts", device="cpu")
+    gpuc.tl.consensus_nmf(ad, 2, n_runs=3, layer="counts", device="cpu", use_highly_variable=False)
+    assert ad.varm["nmf_spectra"].shape == (60, 2) and (ad.varm["nmf_spectra"] > 0).any(axis=1).all()
+
+
+def test_nmf_dense_and_sparse_input_agree(programs):
+    dense = programs.copy()
+    dense.layers["counts"] = dense.layers["counts"].toarray()
+    a = gpuc.tl.consensus_nmf(programs, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", copy=True)
+    b = gpuc.tl.consensus_nmf(dense, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", copy=True)
+    np.testing.assert_allclose(a.obsm["X_nmf"], b.obsm["X_nmf"], rtol=1e-6, atol=1e-8)
+    assert a.uns["nmf"]["stability"] == pytest.approx(b.uns["nmf"]["stability"], abs=1e-9)
+
+
+@pytest.mark.gpu
+def test_nmf_gpu_matches_cpu(cnmf_counts):
+    assert gpu_available()
+    cpu = gpuc.tl.consensus_nmf(cnmf_counts, 7, n_runs=10, preprocessing="sd", device="cpu", copy=True)
+    gpu = gpuc.tl.consensus_nmf(cnmf_counts, 7, n_runs=10, preprocessing="sd", device="gpu", dtype="float64", copy=True)
+    a, b = cpu.varm["nmf_spectra"].T, gpu.varm["nmf_spectra"].T
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    assert (a @ b.T).max(axis=1).min() > 0.999
+    assert gpu.uns["nmf"]["rel_error"] == pytest.approx(cpu.uns["nmf"]["rel_error"], abs=1e-6)
+    g32 = gpuc.tl.consensus_nmf(cnmf_counts, 7, n_runs=10, preprocessing="sd", device="gpu", copy=True)
+    assert g32.uns["nmf"]["rel_error"] == pytest.approx(cpu.uns["nmf"]["rel_error"], abs=1e-4)
