@@ -35,6 +35,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cases", default="k7,sweep")
     p.add_argument("--skip-cnmf", action="store_true")
+    p.add_argument("--tols", default="1e-4,1e-6", help="gpuc HALS tolerances to run (one table row each)")
     p.add_argument("--out", default="benchmarks/results")
     return p.parse_args()
 
@@ -75,13 +76,13 @@ def cos_match(a: np.ndarray, b: np.ndarray) -> float:
     return float((a @ b.T).max(axis=1).min())
 
 
-def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int, sweep: bool) -> dict:
+def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int, sweep: bool, seed: int) -> dict:
     from cnmf import cNMF
 
     times = {}
     obj = cNMF(output_dir=workdir, name=name)
     t = time.perf_counter()
-    obj.prepare(counts_fn=counts_fn, components=ks, n_iter=n_iter, seed=14, num_highvar_genes=2000)
+    obj.prepare(counts_fn=counts_fn, components=ks, n_iter=n_iter, seed=seed, num_highvar_genes=2000)
     times["prepare"] = time.perf_counter() - t
     t = time.perf_counter()
     obj.factorize(worker_i=0, total_workers=1)
@@ -118,20 +119,21 @@ def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int
     return out
 
 
-def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool) -> dict:
+def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int, tol: float) -> dict:
     ad = ad.copy()
+    common = {"layer": "counts", "preprocessing": "sd", "metric": "euclidean", "device": "cpu", "random_state": seed, "tol": tol}
     t = time.perf_counter()
     if sweep:
-        gpuc.tl.nmf_k_sweep(ad, ks, n_runs=n_runs, layer="counts", preprocessing="sd", metric="euclidean", density_threshold=2.0, device="cpu", random_state=0)
+        gpuc.tl.nmf_k_sweep(ad, ks, n_runs=n_runs, density_threshold=2.0, **common)
         total = time.perf_counter() - t
         tab = ad.uns["nmf_k_sweep"]["table"]
         return {"times": {"total": total}, "stability": dict(zip(tab.k.astype(int), tab.stability.astype(float), strict=True)), "median_error": dict(zip(tab.k.astype(int), tab.median_error.astype(float), strict=True))}
-    gpuc.tl.consensus_nmf(ad, ks[0], n_runs=n_runs, layer="counts", preprocessing="sd", metric="euclidean", density_threshold=0.5, normalization="sum", device="cpu", random_state=0)
+    gpuc.tl.consensus_nmf(ad, ks[0], n_runs=n_runs, density_threshold=0.5, normalization="sum", **common)
     total = time.perf_counter() - t
     u = ad.uns["nmf"]
     # cNMF's stability number (silhouette without density filter), from the same restarts (untimed): threshold 2
     ad2 = ad.copy()
-    gpuc.tl.nmf_k_sweep(ad2, [ks[0]], n_runs=n_runs, layer="counts", preprocessing="sd", metric="euclidean", density_threshold=2.0, device="cpu", random_state=0)
+    gpuc.tl.nmf_k_sweep(ad2, [ks[0]], n_runs=n_runs, density_threshold=2.0, **common)
     hv = ad.var["highly_variable"].to_numpy()
     return {
         "times": {"total": total},
@@ -148,7 +150,7 @@ def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool) -> dict:
 def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> dict:
     """Time ``iters`` batched HALS iterations (no early stop) and count FLOPs and bytes per iteration."""
     hv = ad.var["highly_variable"].to_numpy()
-    x = ad.layers["counts"][:, hv].astype(np.float64).tocsr()
+    x = ad.layers["counts"][:, hv].astype(np.float32).tocsr()
     m, n = x.shape
     mean = np.asarray(x.mean(0)).ravel()
     sd = np.sqrt(np.maximum(np.asarray(x.multiply(x).mean(0)).ravel() - mean**2, 0) * m / (m - 1))
@@ -171,7 +173,7 @@ def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> d
     fl = sum(flops.values())
     # bytes moved at least once per iteration: V twice (CSR of V and of V^T: 8-byte values + 4-byte indices),
     # the dense factors read by each product and written by each sweep, the products written and read once
-    f8 = 8
+    f8 = 4  # float32 (the default dtype)
     bytes_ = 2 * nnz * (f8 + 4) + 2 * (m + n) * rk * f8 * 3
     # machine: a STREAM-like triad and a dense GEMM on this core count
     a = np.random.rand(20_000_000)
@@ -208,11 +210,12 @@ def main() -> None:
             ks = list(range(2, 13)) if sweep else [7]
             n_runs = 10 if sweep else 20
             reps = (ARGS.sweep_repeats or ARGS.repeats) if sweep else ARGS.repeats
-            rows = {"cnmf": [], "gpuc": []}
+            tols = [float(t) for t in ARGS.tols.split(",")]
+            rows = {"cnmf": [], **{f"gpuc tol={t:g}": [] for t in tols}}
             genes = None
             for rep in range(reps):
                 if not ARGS.skip_cnmf:
-                    c = run_cnmf(counts_fn, str(Path(tmp) / f"{case}{rep}"), f"{case}{rep}", ks, n_runs, sweep)
+                    c = run_cnmf(counts_fn, str(Path(tmp) / f"{case}{rep}"), f"{case}{rep}", ks, n_runs, sweep, seed=14 + rep)
                     genes = c["genes"]
                     rows["cnmf"].append(c)
                     print(f"[{case} rep {rep}] cnmf {c['times']}", flush=True)
@@ -223,9 +226,10 @@ def main() -> None:
                     sc.pp.highly_variable_genes(b, n_top_genes=2000)
                     genes = list(b.var_names[b.var["highly_variable"]])
                 ad.var["highly_variable"] = ad.var_names.isin(genes)
-                g = run_gpuc(ad, ks, n_runs, sweep)
-                rows["gpuc"].append(g)
-                print(f"[{case} rep {rep}] gpuc {g['times']}", flush=True)
+                for tol in tols:
+                    g = run_gpuc(ad, ks, n_runs, sweep, seed=rep, tol=tol)
+                    rows[f"gpuc tol={tol:g}"].append(g)
+                    print(f"[{case} rep {rep}] gpuc tol={tol:g} {g['times']} stability {g['stability']}", flush=True)
             res["cases"][case] = _summarise(case, rows, ks)
         res["roofline"] = roofline(ad)
     (out_dir / "nmf_cpu.json").write_text(json.dumps(res, indent=2, default=float))
@@ -235,27 +239,29 @@ def main() -> None:
 
 
 def _summarise(case: str, rows: dict, ks: list[int]) -> dict:
-    s: dict = {"k": ks, "repeats": len(rows["gpuc"])}
-    for tool in ("cnmf", "gpuc"):
-        if not rows[tool]:
-            continue
+    tools = [t for t in rows if rows[t]]
+    s: dict = {"k": ks, "repeats": max(len(v) for v in rows.values()), "tools": tools}
+    for tool in tools:
         steps = rows[tool][0]["times"].keys()
         s[tool] = {"times": {st: float(np.median([r["times"][st] for r in rows[tool]])) for st in steps}, "all_totals": [r["times"]["total"] for r in rows[tool]]}
         s[tool]["stability"] = {k: float(np.median([r["stability"][k] for r in rows[tool]])) for k in ks}
-    g0 = rows["gpuc"][0]
-    if case == "k7":
-        s["gpuc"].update(rel_error=g0["rel_error"], stability_filtered=g0["stability_filtered"], n_dropped=g0["n_dropped"])
-    else:
-        s["gpuc"]["median_error"] = g0["median_error"]
-    if rows["cnmf"]:
-        s["speedup"] = s["cnmf"]["times"]["total"] / s["gpuc"]["times"]["total"]
+        s[tool]["stability_all"] = {k: [r["stability"][k] for r in rows[tool]] for k in ks}
+        if tool == "cnmf":
+            continue
+        g0 = rows[tool][0]
         if case == "k7":
-            c0 = rows["cnmf"][0]
-            gi = {g: i for i, g in enumerate(g0["spectra_genes"])}
-            idx = [gi[g] for g in c0["spectra_genes"]]
-            s["min_best_cosine_cnmf_vs_gpuc"] = cos_match(c0["spectra"], g0["spectra"][:, idx])
+            s[tool].update(rel_error=float(np.median([r["rel_error"] for r in rows[tool]])), stability_filtered=float(np.median([r["stability_filtered"] for r in rows[tool]])), n_dropped=[r["n_dropped"] for r in rows[tool]])
         else:
-            s["cnmf"]["rel_error"] = {k: v / rows["cnmf"][0]["norm2"] for k, v in rows["cnmf"][0]["error_abs"].items()}
+            s[tool]["median_error"] = {k: float(np.median([r["median_error"][k] for r in rows[tool]])) for k in ks}
+        if rows["cnmf"]:
+            s[tool]["speedup"] = s["cnmf"]["times"]["total"] / s[tool]["times"]["total"]
+            if case == "k7":
+                c0 = rows["cnmf"][0]
+                gi = {g: i for i, g in enumerate(g0["spectra_genes"])}
+                idx = [gi[g] for g in c0["spectra_genes"]]
+                s[tool]["min_best_cosine_vs_cnmf"] = cos_match(c0["spectra"], g0["spectra"][:, idx])
+    if rows["cnmf"] and case == "sweep":
+        s["cnmf"]["rel_error"] = {k: float(np.median([r["error_abs"][k] / r["norm2"] for r in rows["cnmf"]])) for k in ks}
     return s
 
 
@@ -264,32 +270,37 @@ def _markdown(res: dict) -> str:
     lines = [f"Machine: {m['cpu']}, {m['cpus']} cores, BLAS threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.", ""]
     for case, s in res["cases"].items():
         title = "k=7 x 20 runs + consensus (density 0.5)" if case == "k7" else "k sweep 2..12 x 10 runs"
-        lines += [f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats:", ""]
-        lines += ["| tool | steps (s) | total (s) | speed-up |", "| --- | --- | --- | --- |"]
-        for tool in ("cnmf", "gpuc"):
-            if tool in s:
-                st = ", ".join(f"{k} {v:.2f}" for k, v in s[tool]["times"].items() if k != "total")
-                sp_ = f"{s['speedup']:.1f}x" if tool == "gpuc" and "speedup" in s else ""
-                lines.append(f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {sp_} |")
+        lines += [f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats (seeds differ per repeat):", ""]
+        lines += ["| tool | steps (s) | total (s) | speed-up | stability (median; all) |", "| --- | --- | --- | --- | --- |"]
+        for tool in s["tools"]:
+            st = ", ".join(f"{k} {v:.2f}" for k, v in s[tool]["times"].items() if k != "total")
+            sp_ = f"{s[tool]['speedup']:.1f}x" if "speedup" in s[tool] else ""
+            stab = ""
+            if case == "k7":
+                allv = s[tool]["stability_all"][7]
+                stab = f"{s[tool]['stability'][7]:.3f}; " + "/".join(f"{v:.3f}" for v in allv)
+            lines.append(f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {sp_} | {stab} |")
         lines.append("")
         if case == "k7":
-            g = s["gpuc"]
-            c = s.get("cnmf", {})
-            lines.append(f"Stability (Euclidean silhouette, no filter): cNMF {c.get('stability', {}).get(7, float('nan')):.4f}, gpuc {g['stability'][7]:.4f} "
-                         f"(gpuc with the 0.5 filter: {g['stability_filtered']:.4f}, {g['n_dropped']} dropped); gpuc rel. error {g['rel_error']:.5f}."
-                         + (f" Worst best-match cosine between cNMF's and gpuc's programmes: {s['min_best_cosine_cnmf_vs_gpuc']:.4f}." if "min_best_cosine_cnmf_vs_gpuc" in s else ""))
+            for tool in s["tools"]:
+                if tool == "cnmf":
+                    continue
+                g = s[tool]
+                lines.append(f"- {tool}: with the 0.5 density filter stability {g['stability_filtered']:.3f} (dropped {g['n_dropped']}), rel. error {g['rel_error']:.5f}"
+                             + (f", worst best-match cosine to cNMF's programmes {g['min_best_cosine_vs_cnmf']:.4f}" if "min_best_cosine_vs_cnmf" in g else "") + ".")
         else:
-            lines += ["", "| k | " + " | ".join(str(k) for k in s["k"]) + " |", "| --- |" + " --- |" * len(s["k"])]
-            for tool in ("cnmf", "gpuc"):
-                if tool in s:
-                    lines.append(f"| {tool} stability | " + " | ".join(f"{s[tool]['stability'][k]:.3f}" for k in s["k"]) + " |")
+            lines += ["| k | " + " | ".join(str(k) for k in s["k"]) + " |", "| --- |" + " --- |" * len(s["k"])]
+            for tool in s["tools"]:
+                lines.append(f"| {tool} stability | " + " | ".join(f"{s[tool]['stability'][k]:.3f}" for k in s["k"]) + " |")
             if "cnmf" in s:
                 lines.append("| cnmf rel. error | " + " | ".join(f"{s['cnmf']['rel_error'][k]:.4f}" for k in s["k"]) + " |")
-            lines.append("| gpuc median rel. error | " + " | ".join(f"{s['gpuc']['median_error'][k]:.4f}" for k in s["k"]) + " |")
+            for tool in s["tools"]:
+                if tool != "cnmf":
+                    lines.append(f"| {tool} median rel. error | " + " | ".join(f"{s[tool]['median_error'][k]:.4f}" for k in s["k"]) + " |")
         lines.append("")
     r = res["roofline"]
     lines.append(
-        f"HALS iteration (k={r['k']} x {r['n_runs']} runs batched, {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']:,}, float64): "
+        f"HALS iteration (k={r['k']} x {r['n_runs']} runs batched, {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']:,}, float32): "
         f"{r['flops_per_iter'] / 1e6:.0f} MFLOP and >= {r['bytes_per_iter'] / 1e6:.0f} MB per iteration; measured {r['seconds_per_iter'] * 1e3:.1f} ms "
         f"= {r['gflops']:.2f} GFLOP/s and {r['gbytes_per_s']:.2f} GB/s; this machine: dgemm {r['machine_dgemm_gflops']:.1f} GFLOP/s, "
         f"triad {r['machine_stream_gbs']:.1f} GB/s."

@@ -199,8 +199,8 @@ def test_nmf_missing_hvg_column(programs):
 def test_nmf_dense_and_sparse_input_agree(programs):
     dense = programs.copy()
     dense.layers["counts"] = dense.layers["counts"].toarray()
-    a = gpuc.tl.consensus_nmf(programs, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", copy=True)
-    b = gpuc.tl.consensus_nmf(dense, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", copy=True)
+    a = gpuc.tl.consensus_nmf(programs, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True)
+    b = gpuc.tl.consensus_nmf(dense, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True)
     np.testing.assert_allclose(a.obsm["X_nmf"], b.obsm["X_nmf"], rtol=1e-6, atol=1e-8)
     assert a.uns["nmf"]["stability"] == pytest.approx(b.uns["nmf"]["stability"], abs=1e-9)
 

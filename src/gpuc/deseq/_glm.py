@@ -109,6 +109,9 @@ def fit_nb_glm(
     idx = xp.arange(G)
     mu = xp.maximum(sf[None, :] * xp.exp(beta @ x.T), min_mu)
     logsf = xp.log(sf)[None, :]
+    # the mu-free part of the log-likelihood, computed once (alpha is fixed during the fit)
+    rr = 1.0 / alpha[:, None]
+    ll_const = (bk.special.gammaln(y + rr) - bk.special.gammaln(rr) - bk.special.gammaln(y + 1.0)).sum(axis=1)
     for t in range(maxit):
         if idx.shape[0] == 0:
             break
@@ -120,7 +123,9 @@ def fit_nb_glm(
         iters[idx] += 1
         big = (xp.abs(b) > large).any(axis=1) | ~xp.isfinite(b).all(axis=1)
         mun = xp.maximum(sf[None, :] * xp.exp(b @ x.T), min_mu)
-        d = -2.0 * nb_loglik_sum(bk, ya, mun, alpha[idx])
+        amu = aa * mun
+        l1p = xp.log1p(amu)
+        d = -2.0 * (ll_const[idx] + (-l1p / aa + ya * (xp.log(amu) - l1p)).sum(axis=1))
         ct = xp.abs(d - dev_old[idx]) / (xp.abs(d) + 0.1)
         bad = big | ~xp.isfinite(ct)
         conv = (~bad) & (ct < tol) & (t > 0)

@@ -186,7 +186,7 @@ def fit_hals(
     tol: float = 1e-4,
     eps: float = 1e-10,
     check_every: int = 10,
-    inner_sweeps: int = 1,
+    extrapolate: bool = False,
     progress: Any = None,
 ) -> HalsResult:
     """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
@@ -221,40 +221,67 @@ def fit_hals(
     n_runs = len(seeds)
     dt = op.dtype
     w0, h0 = random_init(seeds, m, n, k, op.mean, dt)
-    w = backend.asarray(w0)
-    ht = backend.asarray(h0)
-    # outputs; filled as runs finish
-    out_w = w  # finished runs are written back into these full-size arrays
-    out_h = ht
+    # outputs; finished runs are written back into these full-size arrays
+    out_w = backend.asarray(w0)
+    out_h = backend.asarray(h0)
     losses = np.full(n_runs, np.nan)
     n_iter = np.zeros(n_runs, dtype=np.int64)
     converged = np.zeros(n_runs, dtype=bool)
     active = np.arange(n_runs)
     prev = np.full(n_runs, np.nan)
-    w = w.copy()
-    ht = ht.copy()
+    w = out_w.copy()
+    ht = out_h.copy()
+    if extrapolate:
+        # Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from
+        # x_hat = x_new + beta (x_new - x_old); beta grows by 1.05 while the error falls (capped by beta_bar, which
+        # grows by 1.01 up to 1) and is divided by 1.5, with the extrapolation dropped, when the error rises.
+        w_hat, h_hat = w.copy(), ht.copy()
+        beta = xp.full((n_runs,), 0.5, dtype=dt)
+        beta_bar = xp.ones((n_runs,), dtype=dt)
+        e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
     it = 0
     for it in range(1, max_iter + 1):
         ra = len(active)
-        # ---- spectra half-iteration: A^T = V^T W (n, Ra*k)
-        at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
-        b = gram(xp, w)
-        for _ in range(inner_sweeps):
-            sweep(xp, ht, at, b, eps)
-        # ---- usage half-iteration: C = V H^T (m, Ra*k)
-        c = _as_dense(xp, op.dot(ht.reshape(n, ra * k))).reshape(m, ra, k)
-        d = gram(xp, ht)
-        for _ in range(inner_sweeps):
-            sweep(xp, w, c, d, eps)
         check = it % check_every == 0 or it == max_iter
-        if check:
-            cur = backend.to_host(_run_losses(xp, op.norm2, w, c, d))
-            cur = np.asarray(cur, dtype=np.float64)
-        # ---- unit-norm usage columns; spectra carry the scale
-        nrm = xp.sqrt((w * w).sum(axis=0))  # (Ra, k)
-        nrm = xp.where(nrm > 0, nrm, 1.0)
-        w /= nrm[None]
-        ht *= nrm[None]
+        if not extrapolate:
+            # ---- spectra half-iteration: A^T = V^T W (n, Ra*k), Grams W^T W, sweep
+            at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
+            sweep(xp, ht, at, gram(xp, w), eps)
+            # ---- usage half-iteration: C = V H^T (m, Ra*k), Grams H H^T, sweep
+            c = _as_dense(xp, op.dot(ht.reshape(n, ra * k))).reshape(m, ra, k)
+            d = gram(xp, ht)
+            sweep(xp, w, c, d, eps)
+            if check:  # loss of the current factors from the last product and Gram
+                cur = np.asarray(backend.to_host(_run_losses(xp, op.norm2, w, c, d)), dtype=np.float64)
+            # ---- unit-norm usage columns; spectra carry the scale
+            nrm = xp.sqrt((w * w).sum(axis=0))  # (Ra, k)
+            nrm = xp.where(nrm > 0, nrm, 1.0)
+            w /= nrm[None]
+            ht *= nrm[None]
+        else:
+            at = _as_dense(xp, op.tdot(w_hat.reshape(m, ra * k))).reshape(n, ra, k)
+            h_new = h_hat.copy()
+            sweep(xp, h_new, at, gram(xp, w_hat), eps)
+            # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
+            bt = beta[None, :, None]
+            h_hat = h_new if check else h_new + bt * (h_new - ht)
+            ht = h_new
+            c = _as_dense(xp, op.dot(h_hat.reshape(n, ra * k))).reshape(m, ra, k)
+            d = gram(xp, h_hat)
+            w_new = w_hat.copy()
+            sweep(xp, w_new, c, d, eps)
+            e = _run_losses(xp, op.norm2, w_new, c, d)
+            rise = e > e_prev
+            r3 = rise[None, :, None]
+            w_hat = xp.where(r3, w_new, w_new + bt * (w_new - w))
+            h_hat = xp.where(r3, ht, h_hat)
+            w = w_new
+            beta_new = xp.where(rise, beta / 1.5, xp.minimum(beta_bar, beta * 1.05))
+            beta_bar = xp.where(rise, beta, xp.minimum(1.0, beta_bar * 1.01)).astype(dt)
+            beta = beta_new.astype(dt)
+            e_prev = xp.where(rise, e_prev, e)
+            if check:
+                cur = np.asarray(backend.to_host(e), dtype=np.float64)
         if progress is not None:
             progress(1)
         if not check:
@@ -270,16 +297,25 @@ def fit_hals(
         if it == max_iter:
             done[:] = True
         if done.any():
-            idx = active[done]
+            idx = xp.asarray(active[done])
             sel = xp.asarray(np.flatnonzero(done))
-            out_w[:, idx, :] = w[:, sel, :]
-            out_h[:, idx, :] = ht[:, sel, :]
+            wd, hd = w[:, sel, :], ht[:, sel, :]
+            if extrapolate:  # usage columns to unit norm at the end (no rescaling during extrapolated iterations)
+                nrm = xp.sqrt((wd * wd).sum(axis=0))
+                nrm = xp.where(nrm > 0, nrm, 1.0)
+                wd, hd = wd / nrm[None], hd * nrm[None]
+            out_w[:, idx, :] = wd
+            out_h[:, idx, :] = hd
             keep = xp.asarray(np.flatnonzero(~done))
             active = active[~done]
             if len(active) == 0:
                 break
             w = xp.ascontiguousarray(w[:, keep, :])
             ht = xp.ascontiguousarray(ht[:, keep, :])
+            if extrapolate:
+                w_hat = xp.ascontiguousarray(w_hat[:, keep, :])
+                h_hat = xp.ascontiguousarray(h_hat[:, keep, :])
+                beta, beta_bar, e_prev = beta[keep], beta_bar[keep], e_prev[keep]
     return HalsResult(out_w, out_h, losses, n_iter, converged, op.norm2)
 
 
