@@ -9,7 +9,9 @@ Datasets
   jitter (``_metacells_data.jittered_pcs``), the recipe of anchors/seacells.md section 10.
 * ``pbmc68k``: scanpy's ``pbmc68k_reduced`` (700 cells), k = 9.
 * ``pbmc3k``: gpuc's bundled pbmc3k after the demo preprocessing (2,638 cells, 50 PCs), k = 35.
-* ``jitter<N>``: N jittered cells, k = round(N / 75) (gpuc only unless --with-seacells).
+* ``manifold<N>``: N cells interpolated between real neighbouring cells (``_metacells_data.manifold_pcs``; the
+  jittered recipe degenerates into disconnected clumps past ~10k cells), k = round(N / 75); gpuc only unless
+  --with-seacells.
 
 Usage
 -----
@@ -50,10 +52,15 @@ def _data(name: str):
         from gpuc._demo import preprocess_pbmc3k
 
         return preprocess_pbmc3k(lambda *_: None)
-    from _metacells_data import jittered_pcs
+    from _metacells_data import jittered_pcs, manifold_pcs
 
-    n = 6881 if name == "cd34like" else int(name.removeprefix("jitter"))
-    x = jittered_pcs(n)
+    if name == "cd34like":
+        x = jittered_pcs(6881)
+    elif name.startswith("jitter"):
+        x = jittered_pcs(int(name.removeprefix("jitter")))
+    else:
+        x = manifold_pcs(int(name.removeprefix("manifold")))
+    n = x.shape[0]
     ad = AnnData(np.zeros((n, 1), dtype=np.float32), obsm={"X_pca": x})
     ad.obs_names = [f"c{i}" for i in range(n)]
     return ad
@@ -71,7 +78,16 @@ def run_one(tool: str, data: str, eps: float, max_iter: int, min_iter: int, k: i
     k = k or round(ad.n_obs / 75)
     load_s = time.perf_counter() - t_load
     base_gb = _peak_gb()
-    out = {"tool": tool, "data": data, "n_cells": int(ad.n_obs), "k": int(k), "eps": eps, "max_iter": max_iter, "min_iter": min_iter, "load_s": round(load_s, 2)}
+    out = {
+        "tool": tool,
+        "data": data,
+        "n_cells": int(ad.n_obs),
+        "k": int(k),
+        "eps": eps,
+        "max_iter": max_iter,
+        "min_iter": min_iter,
+        "load_s": round(load_s, 2),
+    }
     if tool == "gpuc":
         import gpuc
         from gpuc._settings import settings
@@ -97,9 +113,11 @@ def run_one(tool: str, data: str, eps: float, max_iter: int, min_iter: int, k: i
         sc.pp.neighbors(tiny, use_rep="X", n_neighbors=15)
         import SEACells
 
-        np.random.seed(0)
+        np.random.seed(0)  # noqa: NPY002 - SEACells 0.3.3 draws from the global RNG
         t0 = time.perf_counter()
-        model = SEACells.core.SEACells(ad, build_kernel_on="X_pca", n_SEACells=k, n_waypoint_eigs=10, convergence_epsilon=eps, verbose=False)
+        model = SEACells.core.SEACells(
+            ad, build_kernel_on="X_pca", n_SEACells=k, n_waypoint_eigs=10, convergence_epsilon=eps, verbose=False
+        )
         model.construct_kernel_matrix()
         t1 = time.perf_counter()
         model.initialize_archetypes()
@@ -121,7 +139,21 @@ def run_one(tool: str, data: str, eps: float, max_iter: int, min_iter: int, k: i
 
 
 def _spawn(tool: str, data: str, eps: float, max_iter: int, min_iter: int = 10, timeout: int = 7200) -> dict:
-    cmd = [sys.executable, __file__, "one", "--tool", tool, "--data", data, "--eps", str(eps), "--max-iter", str(max_iter), "--min-iter", str(min_iter)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "one",
+        "--tool",
+        tool,
+        "--data",
+        data,
+        "--eps",
+        str(eps),
+        "--max-iter",
+        str(max_iter),
+        "--min-iter",
+        str(min_iter),
+    ]
     print("  $", " ".join(cmd[1:]), flush=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     try:
@@ -189,9 +221,9 @@ def main() -> None:
         _save("metacells_cpu_compare", {"machine": machine, "command": " ".join(sys.argv), "rows": rows})
     else:
         for n in args.sizes or [10_000, 50_000, 100_000]:
-            rows.append(_spawn("gpuc", f"jitter{n}", 1e-3, 100, timeout=10800))
+            rows.append(_spawn("gpuc", f"manifold{n}", 1e-3, 100, timeout=10800))
             if args.with_seacells:
-                rows.append(_spawn("seacells", f"jitter{n}", 1e-3, 100, timeout=10800))
+                rows.append(_spawn("seacells", f"manifold{n}", 1e-3, 100, timeout=10800))
             _save("metacells_cpu_scale", {"machine": machine, "command": " ".join(sys.argv), "rows": rows})
 
 

@@ -52,8 +52,8 @@ def timed(fn, backend, repeats: int = 3):
 
 
 def fixture_counts():
-    from anndata import AnnData
     import pandas as pd
+    from anndata import AnnData
 
     z = np.load(ROOT / "tests" / "data" / "nmf" / "pbmc68k_counts_700x500.npz", allow_pickle=False)
     x = sp.csr_matrix((z["data"].astype(np.float32), z["indices"], z["indptr"]), shape=tuple(z["shape"]))
@@ -134,8 +134,9 @@ def parity() -> None:
 
 
 def timings() -> None:
-    import gpuc
     from anndata import AnnData
+
+    import gpuc
     from gpuc._backend import get_backend
     from gpuc._utils import derive_seed
     from gpuc.nmf._hals import Operator, fit_hals
@@ -236,7 +237,7 @@ def main() -> int:
     for step in (parity, timings):
         try:
             step()
-        except Exception as err:  # noqa: BLE001 - record and go on to the next step
+        except Exception as err:
             RESULT["errors"].append(f"{step.__name__}: {type(err).__name__}: {err}")
             traceback.print_exc()
         save()

@@ -219,3 +219,16 @@ def test_vst_and_plots():
     ax = gpuc.pl.ma(a, shrunk=True, show=False)
     ax = gpuc.pl.dispersion(a, show=False)
     assert ax.get_yscale() == "log" and len(ax.lines) == 1
+
+
+def test_interaction_design_wald_matches_lrt():
+    import scipy.stats
+
+    a = _sim(n_per=8, n_genes=400, seed=3)
+    gpuc.tl.deseq(a, "~batch + condition + batch:condition", device="cpu")
+    assert a.uns["deseq"]["design_columns"][-1] == "batch[T.Y]:condition[T.B]"
+    wald = gpuc.get.deseq_results(a, "batch_Y:condition_B")
+    gpuc.tl.deseq(a, "~batch + condition + batch:condition", test="lrt", reduced="~batch + condition", device="cpu", key_added="lrt")
+    lrt = gpuc.get.deseq_results(a, key="lrt")
+    ok = wald["pvalue"].notna() & lrt["pvalue"].notna() & (wald["baseMean"] > 10)
+    assert scipy.stats.spearmanr(wald["pvalue"][ok], lrt["pvalue"][ok])[0] > 0.98

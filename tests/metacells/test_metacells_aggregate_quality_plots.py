@@ -20,7 +20,9 @@ import gpuc
 @pytest.fixture
 def fitted(pbmc68k_fitted):
     ad = pbmc68k_fitted.copy()
-    ad.layers["counts"] = sp.csr_matrix(np.round(np.expm1(ad.raw.X.toarray()))) if ad.raw is not None else sp.csr_matrix(ad.X)
+    ad.layers["counts"] = (
+        sp.csr_matrix(np.round(np.expm1(ad.raw.X.toarray()))) if ad.raw is not None else sp.csr_matrix(ad.X)
+    )
     return ad
 
 
@@ -33,7 +35,9 @@ def test_aggregate_hard_sums(fitted):
         m = (labels == name).to_numpy()
         np.testing.assert_allclose(mc[name].X.toarray().ravel(), counts[m].sum(0))
         assert mc.obs.loc[name, "size"] == m.sum()
-        np.testing.assert_allclose(mc.obsm["X_umap"][mc.obs_names.get_loc(name)], fitted.obsm["X_umap"][m].mean(0), rtol=1e-6)
+        np.testing.assert_allclose(
+            mc.obsm["X_umap"][mc.obs_names.get_loc(name)], fitted.obsm["X_umap"][m].mean(0), rtol=1e-6
+        )
         top = fitted.obs.loc[m, "bulk_labels"].value_counts()
         assert mc.obs.loc[name, "bulk_labels"] == top.index[0]
         assert mc.obs.loc[name, "bulk_labels_purity"] == pytest.approx(top.iloc[0] / m.sum())
@@ -52,7 +56,7 @@ def test_aggregate_soft_preserves_totals(fitted):
 
 
 def test_aggregate_requires_a_run(pbmc68k):
-    with pytest.raises(KeyError, match="gpuc.tl.metacells"):
+    with pytest.raises(KeyError, match=r"gpuc\.tl\.metacells"):
         gpuc.tl.aggregate_metacells(pbmc68k)
 
 

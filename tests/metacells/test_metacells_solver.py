@@ -20,7 +20,16 @@ def cpu():
 
 @pytest.fixture(scope="module")
 def ref_fit(mc_ref, mc_ref_kernel):
-    return fit(get_backend("cpu"), mc_ref_kernel, mc_ref["archetypes"], a0=mc_ref["A0"].copy(), max_iter=50, min_iter=10, convergence_epsilon=1e-5, fw_iters=50)
+    return fit(
+        get_backend("cpu"),
+        mc_ref_kernel,
+        mc_ref["archetypes"],
+        a0=mc_ref["A0"].copy(),
+        max_iter=50,
+        min_iter=10,
+        convergence_epsilon=1e-5,
+        fw_iters=50,
+    )
 
 
 def test_solver_reproduces_reference_a_b_rss_labels(ref_fit, mc_ref):
@@ -135,7 +144,15 @@ def test_reduced_rss_on_reference_matches_dense_reference(mc_ref, mc_ref_kernel,
 
 def test_non_convergence_warns_and_keeps_result(mc_ref, mc_ref_kernel, cpu):
     with pytest.warns(MetacellConvergenceWarning, match="did not converge"):
-        res = fit(cpu, mc_ref_kernel, mc_ref["archetypes"], a0=mc_ref["A0"].copy(), max_iter=3, min_iter=0, convergence_epsilon=1e-12)
+        res = fit(
+            cpu,
+            mc_ref_kernel,
+            mc_ref["archetypes"],
+            a0=mc_ref["A0"].copy(),
+            max_iter=3,
+            min_iter=0,
+            convergence_epsilon=1e-12,
+        )
     assert res.n_iter == 3 and not res.converged
     np.testing.assert_allclose(res.rss, mc_ref["rss"][:4], rtol=1e-10)
 
@@ -143,7 +160,9 @@ def test_non_convergence_warns_and_keeps_result(mc_ref, mc_ref_kernel, cpu):
 def test_min_iter_is_honoured_and_max_below_min_rejected(mc_ref, mc_ref_kernel, cpu):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        res = fit(cpu, mc_ref_kernel, mc_ref["archetypes"], a0="uniform", max_iter=20, min_iter=5, convergence_epsilon=0.5)
+        res = fit(
+            cpu, mc_ref_kernel, mc_ref["archetypes"], a0="uniform", max_iter=20, min_iter=5, convergence_epsilon=0.5
+        )
     assert res.n_iter == 5 and res.converged
     with pytest.raises(ValueError, match="max_iter"):
         fit(cpu, mc_ref_kernel, mc_ref["archetypes"], max_iter=2, min_iter=5)

@@ -29,13 +29,14 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a @ b.T
 
 
+@pytest.mark.parametrize("extrapolate", [True, False])
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype):
+def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype, extrapolate):
     # sklearn cd (cNMF's solver) reaches ||V-WH||^2/||V||^2 = 0.5904612 on this matrix at k=7 (anchors/nmf.md §6)
     v = sp.csr_matrix(cnmf_matrix) if sparse else cnmf_matrix
     op = Operator.build(CPU, v, dtype=dtype)
-    res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)])
+    res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)], extrapolate=extrapolate)
     assert res.converged[0]
     assert abs(res.rel_errors[0] - 0.59046) < 1e-4
     # the loss reported by the Gram expansion is the true squared error of the returned factors
@@ -48,14 +49,15 @@ def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype):
     assert (w >= 0).all() and (h >= 0).all()
 
 
-def test_nmf_batched_equals_one_at_a_time(cnmf_matrix):
+@pytest.mark.parametrize("extrapolate", [True, False])
+def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, extrapolate):
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
     seeds = [derive_seed(11, 6, r) for r in range(5)]
-    batched = fit_hals(CPU, op, 6, seeds)
+    batched = fit_hals(CPU, op, 6, seeds, extrapolate=extrapolate)
     # runs stop at different iterations, so the batch shrinks during the fit
     assert len(set(batched.n_iter.tolist())) > 1
     for r, ss in enumerate(seeds):
-        alone = fit_hals(CPU, op, 6, [ss])
+        alone = fit_hals(CPU, op, 6, [ss], extrapolate=extrapolate)
         assert alone.n_iter[0] == batched.n_iter[r]
         assert alone.losses[0] == pytest.approx(batched.losses[r], rel=1e-10)
         np.testing.assert_allclose(alone.spectra(0), batched.spectra(r), rtol=1e-7, atol=1e-9)

@@ -172,7 +172,7 @@ def test_nmf_consensus_nmf_bad_input_leaves_adata_unchanged(programs, kind, kwar
         gpuc.tl.consensus_nmf(ad, **call)
     _assert_unchanged(ad, snap)
     sweep = {k: v for k, v in call.items() if k not in ("k",)}
-    if kind is None and ("k" in kwargs or "density_threshold" in kwargs and kwargs["density_threshold"] == 0.0):
+    if kind is None and ("k" in kwargs or ("density_threshold" in kwargs and kwargs["density_threshold"] == 0.0)):
         return  # k is checked per entry below; a failed consensus is a row in the sweep
     with pytest.raises((ValueError, TypeError, KeyError), match=match):
         gpuc.tl.nmf_k_sweep(ad, [2, 3], **sweep)

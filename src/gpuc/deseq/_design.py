@@ -158,8 +158,11 @@ def contrast_vector(design: Design, contrast: Any) -> tuple[np.ndarray, str]:
 def _pretty(col: str) -> str:
     import re
 
-    m = re.fullmatch(r"(.+)\[T\.(.+)\]", col)
-    return f"{m.group(1)}_{m.group(2)}" if m else col
+    parts = []
+    for part in col.split(":"):
+        m = re.fullmatch(r"(.+)\[T\.(.+)\]", part)
+        parts.append(f"{m.group(1)}_{m.group(2)}" if m else part)
+    return ":".join(parts)
 
 
 def cells_of(x: np.ndarray) -> np.ndarray:

@@ -72,7 +72,7 @@ def dispersion_mu(bk: Backend, y: Any, sf: Any, x: Any, alpha0: Any, *, min_mu: 
 def trigamma(xp: Any, x: Any) -> Any:
     """psi_1(x) for x > 0: recurrence up to x >= 8 (only on the entries below 8), then the asymptotic series.
 
-    Relative error below 1e-10, enough for the Hessian of a Newton step (the gradient uses exact digamma);
+    Relative error below 1e-9, enough for the Hessian of a Newton step (the gradient uses exact digamma);
     several times cheaper than ``polygamma(1, x)`` (which goes through the Hurwitz zeta function).
     """
     x = xp.array(x, dtype=xp.float64, copy=True)
@@ -94,39 +94,52 @@ def trigamma(xp: Any, x: Any) -> Any:
         acc = ar.reshape(x.shape)
     z = 1.0 / x
     z2 = z * z
-    series = z + 0.5 * z2 + z * z2 * (1.0 / 6.0 - z2 * (1.0 / 30.0 - z2 * (1.0 / 42.0 - z2 * (1.0 / 30.0 - z2 * (5.0 / 66.0)))))
+    series = z + z2 * (0.5 + z * (1.0 / 6.0 - z2 * (1.0 / 30.0 - z2 * (1.0 / 42.0))))
     return acc + series
 
 
 def _logpost(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, prior_mean: Any, prior_var: float | None, derivs: bool) -> tuple[Any, Any, Any]:
-    """Log posterior (NB log-likelihood + Cox-Reid [+ log-normal prior]) and its first two derivatives in log alpha."""
+    """Log posterior (NB log-likelihood + Cox-Reid [+ log-normal prior]) and its first two derivatives in log alpha.
+
+    The NB part drops the alpha-free constants (sum of y log mu and log y!), so values are relative. Per-gene
+    terms (digamma, trigamma and lgamma of 1/alpha) are computed once per gene; only terms in y + 1/alpha and
+    alpha * mu are elementwise.
+    """
     xp, sp = bk.xp, bk.special
     alpha = xp.exp(la)
+    r1 = 1.0 / alpha  # per gene
     a = alpha[:, None]
-    r = 1.0 / a
+    r = r1[:, None]
+    n = y.shape[1]
     amu = a * mu
     l1p = xp.log1p(amu)
-    f = (sp.gammaln(y + r) - sp.gammaln(r) - r * l1p + y * (xp.log(amu) - l1p)).sum(axis=1)
-    g = h = None
+    yr = y + r
+    sum_l1p = l1p.sum(axis=1)
+    sum_y = y.sum(axis=1)
+    # NB log-likelihood up to alpha-free constants: sum lgamma(y+r) - n lgamma(r) - r sum l1p + log(alpha) sum y - sum y l1p
+    f = sp.gammaln(yr).sum(axis=1) - n * sp.gammaln(r1) - r1 * sum_l1p + la * sum_y - (y * l1p).sum(axis=1)
     if cr or derivs:
-        w = mu / (1.0 + amu)
+        inv_one = 1.0 / (1.0 + amu)
+        w = mu * inv_one
     if cr:
         m = normal_matrix(w, xx, p)
-        sign, logdet = xp.linalg.slogdet(m)
+        _, logdet = xp.linalg.slogdet(m)
         f = f - 0.5 * logdet
     if prior_mean is not None:
         f = f - (la - prior_mean) ** 2 / (2.0 * prior_var)
+    g = h = None
     if derivs:
-        dig = sp.digamma(r) - sp.digamma(y + r)
-        tri = trigamma(xp, y + r) - trigamma(xp, r)
-        base = dig + l1p
-        one = 1.0 + amu
-        ga = (r * r * base + (y - mu) / (a * one)).sum(axis=1)
-        ha = (-2.0 * r**3 * base + r * r * (mu / one + r * r * tri) - (y - mu) * (1.0 + 2.0 * amu) / (a * one) ** 2).sum(axis=1)
+        ym = (y - mu) * inv_one
+        base = n * sp.digamma(r1) - sp.digamma(yr).sum(axis=1) + sum_l1p
+        tri = trigamma(xp, yr).sum(axis=1) - n * trigamma(xp, r1)
+        s_ym = ym.sum(axis=1)
+        ga = r1 * r1 * base + r1 * s_ym
+        ha = -2.0 * r1**3 * base + r1 * r1 * (w.sum(axis=1) + r1 * r1 * tri) - r1 * r1 * (ym * (1.0 + 2.0 * amu) * inv_one).sum(axis=1)
         if cr:
             minv = xp.linalg.inv(m)
-            a2 = normal_matrix(w * w, xx, p)
-            a3 = normal_matrix(w * w * w, xx, p)
+            w2 = w * w
+            a2 = normal_matrix(w2, xx, p)
+            a3 = normal_matrix(w2 * w, xx, p)
             b = minv @ a2
             ga = ga + 0.5 * xp.trace(b, axis1=1, axis2=2)
             ha = ha + 0.5 * ((b * xp.swapaxes(b, 1, 2)).sum(axis=(1, 2)) - 2.0 * (minv * a3).sum(axis=(1, 2)))
@@ -147,7 +160,20 @@ class DispFit:
     converged: Any
 
 
-def fit_log_alpha(
+def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: Any) -> DispFit:
+    """Batched log-alpha solver (see :func:`_fit_log_alpha`); on the CPU large problems run in gene blocks."""
+    from gpuc.deseq._threads import gene_blocks, map_blocks
+
+    blocks = gene_blocks(bk, y.shape[0])
+    if blocks is None:
+        return _fit_log_alpha(bk, y, mu, x, alpha0, **kwargs)
+    pm = kwargs.pop("prior_mean", None)
+    parts = map_blocks(blocks, lambda s: _fit_log_alpha(bk, y[s], mu[s], x, alpha0[s], prior_mean=None if pm is None else pm[s], **kwargs))
+    xp = bk.xp
+    return DispFit(xp.concatenate([q.alpha for q in parts]), xp.concatenate([q.iters for q in parts]), xp.concatenate([q.converged for q in parts]))
+
+
+def _fit_log_alpha(
     bk: Backend,
     y: Any,
     mu: Any,
@@ -194,12 +220,16 @@ def fit_log_alpha(
     if r_flat_start:
         # R's first line-search step (kappa = 1, limited to [-30, 10]) and its log posterior on R's scale
         target = xp.clip(la + g, -30.0, 10.0)
-        f1 = _logpost(bk, target, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=False)[0]
+        # the first step's gain is about g^2, so only genes with a small gradient can gain less than 1e-6
+        f1 = f + g * g
+        cand1 = xp.nonzero(g * g < 1e-3)[0]
+        if cand1.shape[0]:
+            f1[cand1] = _logpost(bk, target[cand1], y[cand1], mu[cand1], xx, p, cr=cr, prior_mean=None if pm_all is None else pm_all[cand1], prior_var=prior_var, derivs=False)[0]
         armijo = f1 >= f + 1e-4 * g * (target - la)
         # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
         # gain of any step R can take is below it, whatever the rounding noise of the log posterior
         stuck = (armijo & (f1 - f < 1e-6)) | (g * g < 1e-6)
-        lp0_r = f - (y * xp.log(mu)).sum(axis=1)
+        lp0_r = f  # equals R's log posterior (R's likelihood also omits log y! and uses y log(mu + 1/alpha))
         r_state = (la.copy(), f.copy(), lp0_r, target, f1, stuck)
     for _ in range(maxit):
         if idx.shape[0] == 0:

@@ -10,7 +10,15 @@ from __future__ import annotations
 from gpuc.metacells._init import greedy_centers, initial_archetypes, waypoint_centers
 from gpuc.metacells._kernel import build_kernel, compute_knn
 from gpuc.metacells._pipeline import MetacellResult, run_metacells
-from gpuc.metacells._solver import FitResult, MetacellConvergenceWarning, fit, fw_weights, rss_reduced, update_a, update_b
+from gpuc.metacells._solver import (
+    FitResult,
+    MetacellConvergenceWarning,
+    fit,
+    fw_weights,
+    rss_reduced,
+    update_a,
+    update_b,
+)
 
 __all__ = [
     "FitResult",

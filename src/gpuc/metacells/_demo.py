@@ -24,23 +24,55 @@ def run(ctx: Any) -> list[dict[str, Any]]:
         ctx.log(f"  warning: {w.message}")
     secs = time.perf_counter() - t0
     info = adata.uns["metacell"]
-    ctx.log(f"  {adata.obs['metacell'].cat.categories.size} metacells from {adata.n_obs} cells, {info['n_iter']} iterations, RSS {info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}")
-    rows.append({"what": "metacells (SEACells)", "value": f"{adata.obs['metacell'].cat.categories.size} from {adata.n_obs} cells", "seconds": round(secs, 2)})
+    ctx.log(
+        f"  {adata.obs['metacell'].cat.categories.size} metacells from {adata.n_obs} cells, {info['n_iter']} iterations, RSS {info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}"
+    )
+    rows.append(
+        {
+            "what": "metacells (SEACells)",
+            "value": f"{adata.obs['metacell'].cat.categories.size} from {adata.n_obs} cells",
+            "seconds": round(secs, 2),
+        }
+    )
     rows.append({"what": "iterations / converged", "value": f"{info['n_iter']} / {info['converged']}", "seconds": 0.0})
-    rows.append({"what": "RSS ||M - MBA|| first -> last", "value": f"{info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}", "seconds": 0.0})
+    rows.append(
+        {
+            "what": "RSS ||M - MBA|| first -> last",
+            "value": f"{info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}",
+            "seconds": 0.0,
+        }
+    )
 
     t0 = time.perf_counter()
     ct = "cell_type" if "cell_type" in adata.obs else None
     q = gpuc.tl.metacell_quality(adata, celltype_key=ct, device=ctx.device)
     secs = time.perf_counter() - t0
     if ct is not None:
-        rows.append({"what": "cell-type purity (median)", "value": f"{q[f'{ct}_purity'].median():.3f}", "seconds": round(secs, 2)})
-    rows.append({"what": "compactness / separation (median)", "value": f"{q['compactness'].median():.3g} / {q['separation'].median():.3g}", "seconds": 0.0})
+        rows.append(
+            {
+                "what": "cell-type purity (median)",
+                "value": f"{q[f'{ct}_purity'].median():.3f}",
+                "seconds": round(secs, 2),
+            }
+        )
+    rows.append(
+        {
+            "what": "compactness / separation (median)",
+            "value": f"{q['compactness'].median():.3g} / {q['separation'].median():.3g}",
+            "seconds": 0.0,
+        }
+    )
 
     t0 = time.perf_counter()
     layer = "counts" if "counts" in adata.layers else None
     mc = gpuc.tl.aggregate_metacells(adata, layer=layer, celltype_key=ct)
-    rows.append({"what": "aggregated metacells (metacells x genes)", "value": f"{mc.n_obs} x {mc.n_vars}", "seconds": round(time.perf_counter() - t0, 2)})
+    rows.append(
+        {
+            "what": "aggregated metacells (metacells x genes)",
+            "value": f"{mc.n_obs} x {mc.n_vars}",
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+    )
     ctx.shared["metacells"] = mc
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))

@@ -17,7 +17,9 @@ from gpuc._backend import Backend
 from gpuc.metacells._kernel import KnnResult, non_self
 
 
-def diffusion_components(backend: Backend, knn: KnnResult, *, n_components: int = 15, knn_dm: int = 30, seed: int = 0) -> tuple[Any, Any]:
+def diffusion_components(
+    backend: Backend, knn: KnnResult, *, n_components: int = 15, knn_dm: int = 30, seed: int = 0
+) -> tuple[Any, Any]:
     """Palantir's ``run_diffusion_maps`` on a precomputed kNN (self included, at least ``knn_dm`` columns).
 
     Returns ``(eigenvalues, eigenvectors)`` sorted by decreasing eigenvalue, each eigenvector of the Markov matrix
@@ -119,7 +121,9 @@ def greedy_centers(backend: Backend, kmat: Any, n_centers: int) -> np.ndarray:
     return centers
 
 
-def waypoint_centers(backend: Backend, knn: KnnResult, n_waypoints: int, *, n_components: int = 15, n_waypoint_eigs: int = 10) -> np.ndarray:
+def waypoint_centers(
+    backend: Backend, knn: KnnResult, n_waypoints: int, *, n_components: int = 15, n_waypoint_eigs: int = 10
+) -> np.ndarray:
     """Diffusion-map waypoints (SEACells ``_get_waypoint_centers``)."""
     vals, vecs = diffusion_components(backend, knn, n_components=n_components)
     dc = multiscale_space(vals, vecs, n_waypoint_eigs)

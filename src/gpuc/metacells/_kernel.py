@@ -22,7 +22,12 @@ class KnnResult:
 
 
 def compute_knn(backend: Backend, x: Any, n_neighbors: int, *, method: str = "auto") -> KnnResult:
-    """kNN including each cell itself (scanpy's ``n_neighbors`` convention)."""
+    """KNN including each cell itself (scanpy's ``n_neighbors`` convention).
+
+    On the GPU ``"auto"`` means exact (blocked distance products in cupy when FAISS-GPU is absent).
+    """
+    if backend.is_gpu and method == "auto":
+        method = "exact"
     dist, idx = backend.knn(x, min(n_neighbors, x.shape[0]), method=method)
     return KnnResult(backend.asarray(dist), backend.asarray(idx))
 

@@ -74,7 +74,9 @@ def run_metacells(
     if initial_archetypes_ is not None:
         arche = np.asarray(initial_archetypes_, dtype=np.int64)
     else:
-        arche = initial_archetypes(backend, kmat, knn, n_metacells, rs, n_components=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, method=init)
+        arche = initial_archetypes(
+            backend, kmat, knn, n_metacells, rs, n_components=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, method=init
+        )
     if a0 == "auto":
         a0 = "random" if n_metacells * n <= DENSE_A0_MAX else "uniform"
     if a0 == "random":
@@ -89,7 +91,19 @@ def run_metacells(
     backend.synchronize()
     timings["init"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    res = fit(backend, mmat, arche, k=n_metacells, a0=a_init, kmat=kmat, max_iter=max_iter, min_iter=min_iter, convergence_epsilon=convergence_epsilon, fw_iters=fw_iters, callback=callback)
+    res = fit(
+        backend,
+        mmat,
+        arche,
+        k=n_metacells,
+        a0=a_init,
+        kmat=kmat,
+        max_iter=max_iter,
+        min_iter=min_iter,
+        convergence_epsilon=convergence_epsilon,
+        fw_iters=fw_iters,
+        callback=callback,
+    )
     backend.synchronize()
     timings["fit"] = time.perf_counter() - t0
     return MetacellResult(mmat, res, arche, a0, timings)

@@ -62,22 +62,28 @@ def _from_argmins(backend: Backend, picks: Any, shape: tuple[int, int]) -> Any:
     """
     xp, sparse = backend.xp, backend.sparse
     n_steps, n_cols = picks.shape
-    n_rows = shape[0]
-    keys = (xp.arange(n_cols)[None, :] * n_rows + picks).ravel()  # column-major keys -> CSC order after unique
-    uniq, inv = xp.unique(keys, return_inverse=True)
-    inv = inv.reshape(n_steps, n_cols)
-    vals = xp.zeros(uniq.shape[0], dtype=xp.float64)
+    # per column, sort its T picks (stable) and number the distinct ones: entry ids come out in CSC order
+    pt = xp.ascontiguousarray(picks.T)  # (n_cols, T)
+    order = xp.argsort(pt, axis=1, kind="stable")
+    srt = xp.take_along_axis(pt, order, axis=1)
+    new = xp.ones(srt.shape, dtype=bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    ids = (xp.cumsum(new.ravel()) - 1).reshape(srt.shape)
+    inv_t = xp.empty_like(ids)
+    inv_t[xp.arange(n_cols)[:, None], order] = ids
+    inv = xp.ascontiguousarray(inv_t.T)  # (T, n_cols): entry hit by column c at step t
+    rows = srt[new]
+    indptr = xp.concatenate([xp.zeros(1, dtype=ids.dtype), xp.cumsum(new.sum(axis=1))])
+    vals = xp.zeros(rows.shape[0], dtype=xp.float64)
     vals[inv[0]] = 1.0
+    buf = xp.empty_like(vals)
     for t in range(1, n_steps):
         gam = 2.0 / (t + 2.0)
-        tmp = -vals
         hit = inv[t]
-        tmp[hit] = 1.0 - vals[hit]
-        tmp *= gam
-        vals += tmp
-    rows = uniq % n_rows
-    cols = uniq // n_rows
-    indptr = xp.searchsorted(cols, xp.arange(n_cols + 1))
+        vh = vals[hit]
+        xp.multiply(vals, gam, out=buf)  # v + g (0 - v) == v - g v exactly
+        vals -= buf
+        vals[hit] = vh + gam * (1.0 - vh)
     return sparse.csc_matrix((vals, rows, indptr), shape=shape)
 
 
@@ -85,7 +91,9 @@ def _dense(x: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
 
 
-def update_a(backend: Backend, kmat: Any, b: Any, a_prev: Any, n_steps: int, *, block: int = 8192, kb: Any = None) -> Any:
+def update_a(
+    backend: Backend, kmat: Any, b: Any, a_prev: Any, n_steps: int, *, block: int = 2048, kb: Any = None
+) -> Any:
     """SEACells ``_updateA``: T Frank-Wolfe steps on every column of A with B fixed.
 
     ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
@@ -127,35 +135,51 @@ def update_a(backend: Backend, kmat: Any, b: Any, a_prev: Any, n_steps: int, *, 
     return _from_argmins(backend, picks, (k, n))
 
 
-def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int) -> Any:
+def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, block: int = 1024) -> Any:
     """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
 
     The gradient K B R - K A^T (R = A A^T) is updated with the k gathered kernel columns of the cells picked at
-    each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B.
+    each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B. The update of ``K B R`` and
+    the column argmin of the next gradient are fused in one pass over row blocks of ``block`` cells (cache-sized).
     """
-    xp, sparse = backend.xp, backend.sparse
+    xp = backend.xp
     k, n = a.shape
     r = _dense(a @ a.T, xp)  # (k, k), symmetric
-    s_mat = _dense(kmat @ a.T, xp)  # (n, k)
+    s_mat = xp.ascontiguousarray(xp.asarray(kmat @ _dense(a.T, xp)))  # (n, k) = K A^T, as the reference computes it
     y = _dense(kmat @ b_prev, xp) @ r  # K B R
     picks = xp.empty((n_steps, k), dtype=xp.int64)
-    g = xp.empty_like(y)
-    for t in range(n_steps):
-        xp.subtract(y, s_mat, out=g)
-        amin = xp.argmin(g, axis=0)
-        picks[t] = amin
-        if t + 1 < n_steps:
-            z = xp.asarray(kmat[amin].T @ r)  # K[:, amin] R, K symmetric: gathered rows, transposed
-            if t == 0:  # g = 1: B becomes E exactly
-                y = z
-                continue
-            z -= y
-            z *= 2.0 / (t + 2.0)
-            y += z
+    cols = xp.arange(k)
+    picks[0] = xp.argmin(y - s_mat, axis=0)
+    gbuf = xp.empty((min(block, n), k), dtype=y.dtype)
+    for t in range(1, n_steps):
+        z = xp.asarray(kmat[picks[t - 1]].T @ r)  # K[:, picks] R, K symmetric: gathered rows, transposed
+        if t == 1:  # the first step has g = 1: B becomes E exactly, so K B R becomes z exactly
+            y = z
+        gam = 2.0 / (t + 1.0)  # step size of step t - 1
+        best_val = xp.full(k, xp.inf, dtype=y.dtype)
+        best_idx = xp.zeros(k, dtype=xp.int64)
+        for s0 in range(0, n, block):
+            e0 = min(n, s0 + block)
+            yb = y[s0:e0]
+            if t > 1:  # y += g (z - y), in the reference's operation order
+                zb = z[s0:e0]
+                zb -= yb
+                zb *= gam
+                yb += zb
+            gb = gbuf[: e0 - s0]
+            xp.subtract(yb, s_mat[s0:e0], out=gb)
+            arg = xp.argmin(gb, axis=0)
+            val = gb[arg, cols]
+            better = val < best_val  # strict: the earlier block keeps ties (numpy's first-index rule)
+            best_val = xp.where(better, val, best_val)
+            best_idx = xp.where(better, arg + s0, best_idx)
+        picks[t] = best_idx
     return _from_argmins(backend, picks, (n, k))
 
 
-def rss_reduced(backend: Backend, kmat: Any, m_sq: float, a: Any, b: Any, *, squared: bool = False, kb: Any = None) -> float:
+def rss_reduced(
+    backend: Backend, kmat: Any, m_sq: float, a: Any, b: Any, *, squared: bool = False, kb: Any = None
+) -> float:
     """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n."""
     xp = backend.xp
     if kb is None:
@@ -187,7 +211,7 @@ def fit(
     min_iter: int = 10,
     convergence_epsilon: float = 1e-3,
     fw_iters: int = 50,
-    block: int = 8192,
+    block: int = 2048,
     callback: Callable[[int, float], None] | None = None,
 ) -> FitResult:
     """Alternating Frank-Wolfe fit of SEACells from initial archetypes.
@@ -227,8 +251,10 @@ def fit(
     if kmat is None:
         kmat = sparse.csr_matrix(mmat @ mmat.T)
     m_sq = float((mmat.data * mmat.data).sum())
+    # on the GPU few big blocks (kernel-launch bound), on the CPU cache-sized ones
+    block_a, block_b = (max(block, min(n, (1 << 27) // max(k, 1))),) * 2 if backend.is_gpu else (block, 1024)
     b = one_hot_b(backend, archetypes, n, k)
-    a = update_a(backend, kmat, b, a0, fw_iters, block=block)
+    a = update_a(backend, kmat, b, a0, fw_iters, block=block_a)
     rss = [rss_reduced(backend, kmat, m_sq, a, b)]
     threshold = convergence_epsilon * rss[0]
     converged = False
@@ -237,8 +263,8 @@ def fit(
     while (not converged and n_iter < max_iter) or n_iter < min_iter:
         t0 = time.perf_counter()
         n_iter += 1
-        a = update_a(backend, kmat, b, a, fw_iters, block=block)
-        b = update_b(backend, kmat, a, b, fw_iters)
+        a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
+        b = update_b(backend, kmat, a, b, fw_iters, block=block_b)
         rss.append(rss_reduced(backend, kmat, m_sq, a, b))
         secs.append(time.perf_counter() - t0)
         if callback is not None:

@@ -299,15 +299,16 @@ def run_k(
     random_state: int,
     *,
     max_iter: int = 500,
-    tol: float = 1e-4,
+    tol: float = 1e-5,
     eps: float = 1e-10,
+    extrapolate: bool = True,
     progress: Any = None,
 ) -> HalsResult:
     """All restarts of rank ``k``, seeded from ``(random_state, k, run)`` only."""
     from gpuc._utils import derive_seed
 
     seeds = [derive_seed(random_state, k, i) for i in range(n_runs)]
-    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, progress=progress)
+    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, progress=progress)
 
 
 def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:

@@ -111,11 +111,15 @@ def metacells(
                 ax.scatter(xy[m, 0], xy[m, 1], color=cmap(i % 20), s=s, linewidths=0, label=str(c), rasterized=True)
             ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=3, fontsize=8)
         else:
-            sc_ = ax.scatter(xy[:, 0], xy[:, 1], c=np.asarray(vals, dtype=float), s=s, linewidths=0, cmap="viridis", rasterized=True)
+            sc_ = ax.scatter(
+                xy[:, 0], xy[:, 1], c=np.asarray(vals, dtype=float), s=s, linewidths=0, cmap="viridis", rasterized=True
+            )
             ax.figure.colorbar(sc_, ax=ax, shrink=0.6, label=color)
     if show_centers:
         cent = pd.DataFrame(xy).groupby(labels.to_numpy(), observed=True).mean()
-        ax.scatter(cent[0], cent[1], s=center_size, c="black", edgecolors="white", linewidths=0.8, zorder=3, label="metacells")
+        ax.scatter(
+            cent[0], cent[1], s=center_size, c="black", edgecolors="white", linewidths=0.8, zorder=3, label="metacells"
+        )
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_xlabel(f"{basis.upper()}1")

@@ -56,10 +56,12 @@ def _n_distinct(x: Any) -> int:
 
 
 def _default_n(n_cells: int) -> int:
-    return int(round(n_cells / CELLS_PER_METACELL))
+    return round(n_cells / CELLS_PER_METACELL)
 
 
-def _plan_groups(adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, n_neighbors: int) -> list[tuple[Any, np.ndarray, int]]:
+def _plan_groups(
+    adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, n_neighbors: int
+) -> list[tuple[Any, np.ndarray, int]]:
     """[(group or None, cell positions, n_metacells)] after checking every size; raises before anything is written."""
     if groupby is None:
         if isinstance(n_metacells, Mapping):
@@ -95,7 +97,9 @@ def _plan_groups(adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, 
         n_g = check_int(f"n_metacells{where}", n_g)
         n_distinct = _n_distinct(x[idx])
         if n_g < 2 or n_g > n_distinct or idx.size < n_neighbors:
-            too_small.append(f"{'all cells' if g is None else repr(g)}: {idx.size} cells ({n_distinct} distinct), n_metacells={n_g}")
+            too_small.append(
+                f"{'all cells' if g is None else repr(g)}: {idx.size} cells ({n_distinct} distinct), n_metacells={n_g}"
+            )
             continue
         out.append((g, idx, n_g))
     if too_small:
@@ -223,7 +227,11 @@ def metacells(
     if n_waypoint_eigs > n_neighbors:
         msg = f"n_waypoint_eigs={n_waypoint_eigs} cannot exceed n_neighbors={n_neighbors} (the number of diffusion components SEACells computes)."
         raise ValueError(msg)
-    if isinstance(convergence_epsilon, bool) or not isinstance(convergence_epsilon, int | float) or not convergence_epsilon > 0:
+    if (
+        isinstance(convergence_epsilon, bool)
+        or not isinstance(convergence_epsilon, int | float)
+        or not convergence_epsilon > 0
+    ):
         msg = f"convergence_epsilon must be a positive number, got {convergence_epsilon!r}."
         raise ValueError(msg)
     graph = "intersection" if graph == "intersect" else graph
@@ -302,7 +310,9 @@ def metacells(
             "a0": res.a0,
             "seconds": {key: float(v) for key, v in res.timings.items()},
         }
-        logg.info(f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}")
+        logg.info(
+            f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}"
+        )
         offset += k
     k_total = offset
     weights = _assemble(weights_blocks, n, k_total, plan)
@@ -490,13 +500,20 @@ def aggregate_metacells(
     if celltype_key is not None:
         ct = adata.obs[celltype_key].astype("category")
         valid = ct.cat.codes.to_numpy() >= 0
-        onehot = sp.csr_matrix((np.ones(int(valid.sum())), (np.flatnonzero(valid), ct.cat.codes.to_numpy()[valid])), shape=(adata.n_obs, len(ct.cat.categories)))
+        onehot = sp.csr_matrix(
+            (np.ones(int(valid.sum())), (np.flatnonzero(valid), ct.cat.codes.to_numpy()[valid])),
+            shape=(adata.n_obs, len(ct.cat.categories)),
+        )
         votes = np.asarray((agg @ onehot).todense())
         tot = votes.sum(axis=1)
         top = votes.argmax(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
-            obs[celltype_key] = pd.Categorical(np.where(tot > 0, np.asarray(ct.cat.categories, dtype=object)[top], None), categories=ct.cat.categories)
-            obs[f"{celltype_key}_purity"] = np.where(tot > 0, votes[np.arange(len(top)), top] / np.where(tot > 0, tot, 1), np.nan)
+            obs[celltype_key] = pd.Categorical(
+                np.where(tot > 0, np.asarray(ct.cat.categories, dtype=object)[top], None), categories=ct.cat.categories
+            )
+            obs[f"{celltype_key}_purity"] = np.where(
+                tot > 0, votes[np.arange(len(top)), top] / np.where(tot > 0, tot, 1), np.nan
+            )
     out = AnnData(X=sums, obs=obs, var=adata.var.copy())
     denom = np.where(size > 0, size, 1.0)[:, None]
     for name, emb in adata.obsm.items():
@@ -575,5 +592,7 @@ def metacell_quality(
         df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = df
-    logg.info(f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, separation median {np.nanmedian(df['separation']):.3g}")
+    logg.info(
+        f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, separation median {np.nanmedian(df['separation']):.3g}"
+    )
     return adata if copy else df

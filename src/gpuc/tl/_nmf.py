@@ -138,8 +138,11 @@ def _prepare_block(adata: AnnData, layer: str | None, use_highly_variable: bool,
     return block, mask
 
 
-def _check_common(n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float) -> None:
+def _check_common(n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float, extrapolate: bool = True) -> None:
     check_int("n_runs", n_runs, minimum=2)
+    if not isinstance(extrapolate, bool):
+        msg = f"extrapolate must be True or False, got {extrapolate!r}."
+        raise TypeError(msg)
     check_choice("metric", metric, _METRICS)
     check_choice("target", target, _TARGETS)
     check_choice("normalization", normalization, _NORMALIZATIONS)
@@ -181,7 +184,8 @@ def nmf_k_sweep(
     metric: Literal["cosine", "euclidean"] = "cosine",
     target: Literal["spectra", "usage"] = "spectra",
     max_iter: int = 500,
-    tol: float = 1e-4,
+    tol: float = 1e-5,
+    extrapolate: bool = True,
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
     dtype: Any = None,
@@ -218,7 +222,11 @@ def nmf_k_sweep(
     target
         Cluster the runs' ``"spectra"`` (gene space, cNMF) or ``"usage"`` columns (cell space).
     max_iter, tol
-        HALS iteration limit and relative loss-change tolerance (checked every 10 iterations).
+        HALS iteration limit and tolerance: a run stops when its loss changes by less than ``tol * ||V||^2`` between
+        checks (every 10 iterations).
+    extrapolate
+        Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts); fewer iterations and
+        more restarts reaching the best optimum. ``False`` gives plain HALS.
     kmeans_n_init
         k-means restarts for the consensus clustering.
     device
@@ -249,10 +257,10 @@ def nmf_k_sweep(
     if len(ks) == 0:
         msg = "k_range is empty."
         raise ValueError(msg)
-    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol)
+    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
-    block, mask = _prepare_block(adata, layer, use_highly_variable, preprocessing)
+    block, _ = _prepare_block(adata, layer, use_highly_variable, preprocessing)
     ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
     backend, op = _backend_and_op(block, device, dtype)
 
@@ -260,7 +268,7 @@ def nmf_k_sweep(
     rows = []
     t0 = time.perf_counter()
     for k in progress(ks, desc="k sweep"):
-        fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol)
+        fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate)
         row = sweep_row(
             backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
             kmeans_n_init=kmeans_n_init, random_state=random_state,
@@ -278,7 +286,7 @@ def nmf_k_sweep(
             "k_range": np.asarray(ks, dtype=np.int64), "n_runs": n_runs, "layer": layer,
             "use_highly_variable": use_highly_variable, "preprocessing": preprocessing,
             "density_threshold": float(density_threshold), "metric": metric, "target": target, "max_iter": max_iter,
-            "tol": float(tol), "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
+            "tol": float(tol), "extrapolate": extrapolate, "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
             "device": backend.name,
         },
         "table": table,
@@ -305,7 +313,8 @@ def consensus_nmf(
     normalization: Literal["sum", "l2"] = "sum",
     neighborhood: float = 0.3,
     max_iter: int = 500,
-    tol: float = 1e-4,
+    tol: float = 1e-5,
+    extrapolate: bool = True,
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
     dtype: Any = None,
@@ -343,7 +352,7 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    max_iter, tol, kmeans_n_init, device, dtype, random_state
+    max_iter, tol, extrapolate, kmeans_n_init, device, dtype, random_state
         As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``.
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
@@ -367,7 +376,7 @@ def consensus_nmf(
         most 2,000 pooled components).
     """
     check_adata(adata)
-    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol)
+    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
@@ -380,7 +389,7 @@ def consensus_nmf(
     start = logg.info(f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name})")
     t0 = time.perf_counter()
     bar = progress(total=max_iter, desc=f"HALS k={k}")
-    fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, progress=bar.update)
+    fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, progress=bar.update)
     bar.close()
     try:
         res = consensus(
@@ -404,7 +413,7 @@ def consensus_nmf(
             "k": k, "n_runs": n_runs, "layer": layer, "use_highly_variable": use_highly_variable,
             "preprocessing": preprocessing, "density_threshold": float(density_threshold), "metric": metric,
             "target": target, "normalization": normalization, "neighborhood": float(neighborhood),
-            "max_iter": max_iter, "tol": float(tol), "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
+            "max_iter": max_iter, "tol": float(tol), "extrapolate": extrapolate, "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
             "random_state": random_state, "device": backend.name,
         },
         "stability": res.stability,
