@@ -136,6 +136,7 @@ def main() -> None:
     from _deseq_sim import simulate
 
     rows = []
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             n, g = map(int, size.split("x"))
@@ -175,7 +176,7 @@ def main() -> None:
             rows.append(entry)
     import gpuc
 
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__, "gpuc": gpuc.__version__, "note": "2 cores shared with other jobs"}
+    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__, "gpuc": gpuc.__version__, "load_average_start_end": [load_start[0], os.getloadavg()[0]]}
     try:
         with open("/proc/cpuinfo") as fh:
             machine["cpu"] = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
@@ -183,7 +184,7 @@ def main() -> None:
         pass
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores (shared), Python {machine['python']}, numpy {machine['numpy']}.", "", "| data | gpuc (s) | PyDESeq2 n_cpus=2 (s) | R DESeq2 (s) | vs PyDESeq2 | vs R | peak RSS gpuc / PyDESeq2 / R (MB) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores shared with other jobs (1-min load average {load_start[0]:.1f} at start, {machine['load_average_start_end'][1]:.1f} at end), Python {machine['python']}, numpy {machine['numpy']}.", "", "| data | gpuc (s) | PyDESeq2 n_cpus=2 (s) | R DESeq2 (s) | vs PyDESeq2 | vs R | peak RSS gpuc / PyDESeq2 / R (MB) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         g, p, rr = r["gpuc"], r.get("pydeseq2", {}), r.get("R", {})
         lines.append(f"| {r['size']} | {g['seconds']:.2f} | {p.get('seconds', float('nan')):.1f} | {rr.get('seconds', float('nan')):.1f} | {r.get('speedup_vs_pydeseq2', float('nan')):.0f}x | {r.get('speedup_vs_R', float('nan')):.1f}x | {g['peak_rss_mb']:.0f} / {p.get('peak_rss_mb', float('nan')):.0f} / {rr.get('peak_rss_mb', float('nan')):.0f} |")

@@ -106,7 +106,7 @@ def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cp
     a = update_a(cpu, kmat, b0, a_start, 20, block=256)  # several blocks
     want_a = _dense_update_a(kd, b0.toarray(), a_dense, 20)
     np.testing.assert_allclose(a.toarray(), want_a, rtol=1e-12, atol=1e-14)
-    b = update_b(cpu, kmat, a, sp.csc_matrix(mc_ref["B"]), 20)
+    b = update_b(cpu, kmat, a, sp.csc_matrix(mc_ref["B"]), 20, block=128)  # several row blocks
     want_b = _dense_update_b(kd, a.toarray(), mc_ref["B"], 20)
     np.testing.assert_allclose(b.toarray(), want_b, rtol=1e-12, atol=1e-14)
 

@@ -28,8 +28,7 @@ def rough_moments_init(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float,
     xp = bk.xp
     n, p = x.shape
     norm = y / sf[None, :]
-    hat = xp.asarray(_hat_matrix(np.asarray(bk.to_host(x))))
-    fitted = xp.maximum(norm @ hat.T, 1.0)
+    fitted = xp.maximum(_project(bk, norm, x), 1.0)
     rough = xp.maximum((((norm - fitted) ** 2 - fitted) / fitted**2).sum(axis=1) / (n - p), 0.0)
     bm = norm.mean(axis=1)
     bv = norm.var(axis=1, ddof=1)
@@ -40,15 +39,16 @@ def rough_moments_init(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float,
     return xp.clip(xp.minimum(rough, mom), min_disp, max_disp)
 
 
-def _hat_matrix(x: np.ndarray) -> np.ndarray:
-    return x @ np.linalg.pinv(x)
+def _project(bk: Backend, v: Any, x: Any) -> Any:
+    """Least-squares fitted values of each row of ``v`` (genes x samples) on the design: (v pinv(X)^T) X^T."""
+    xh = np.asarray(bk.to_host(x))
+    pinv = bk.asarray(np.linalg.pinv(xh))
+    return (v @ pinv.T) @ bk.asarray(xh).T
 
 
 def linear_mu(bk: Backend, y: Any, sf: Any, x: Any) -> Any:
     """Least-squares fit of normalised counts on the design, times size factors (R ``linearModelMuNormalized``)."""
-    xp = bk.xp
-    hat = xp.asarray(_hat_matrix(np.asarray(bk.to_host(x))))
-    return (y / sf[None, :]) @ hat.T * sf[None, :]
+    return _project(bk, y / sf[None, :], x) * sf[None, :]
 
 
 def uses_linear_mu(x: np.ndarray) -> bool:
@@ -164,7 +164,7 @@ def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: A
     """Batched log-alpha solver (see :func:`_fit_log_alpha`); on the CPU large problems run in gene blocks."""
     from gpuc.deseq._threads import gene_blocks, map_blocks
 
-    blocks = gene_blocks(bk, y.shape[0])
+    blocks = gene_blocks(bk, y.shape[0], y.shape[1])
     if blocks is None:
         return _fit_log_alpha(bk, y, mu, x, alpha0, **kwargs)
     pm = kwargs.pop("prior_mean", None)

@@ -78,7 +78,7 @@ def fit_nb_glm(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, **kwargs: Any) 
     """Batched NB GLM fit (see :func:`_fit_nb_glm`); on the CPU large problems run in gene blocks."""
     from gpuc.deseq._threads import gene_blocks, map_blocks
 
-    blocks = gene_blocks(bk, y.shape[0])
+    blocks = gene_blocks(bk, y.shape[0], y.shape[1])
     if blocks is None:
         return _fit_nb_glm(bk, y, sf, x, alpha, **kwargs)
     b0 = kwargs.pop("beta_init", None)
@@ -120,30 +120,35 @@ def _fit_nb_glm(
     dev = xp.zeros(G)
     dev_old = xp.zeros(G)
     idx = xp.arange(G)
-    mu = xp.maximum(sf[None, :] * xp.exp(beta @ x.T), min_mu)
     logsf = xp.log(sf)[None, :]
+    log_min_mu = float(np.log(min_mu))
+    # log(mu) with mu floored at min_mu, from the linear predictor (no log of mu needed)
+    logmu = xp.maximum(beta @ x.T + logsf, log_min_mu)
+    mu = xp.exp(logmu)
     # the mu-free part of the log-likelihood, computed once (alpha is fixed during the fit)
     rr = 1.0 / alpha[:, None]
     ll_const = (bk.special.gammaln(y + rr) - bk.special.gammaln(rr) - bk.special.gammaln(y + 1.0)).sum(axis=1)
+    loga = xp.log(alpha)
     for t in range(maxit):
         if idx.shape[0] == 0:
             break
-        ya, mua, aa = y[idx], mu[idx], alpha[idx][:, None]
+        ya, mua, aa, lma = y[idx], mu[idx], alpha[idx][:, None], logmu[idx]
         w = mua / (1.0 + aa * mua)
-        z = xp.log(mua) - logsf + (ya - mua) / mua
+        z = lma - logsf + (ya - mua) / mua
         m = normal_matrix(w, xx, p) + ridge
         b = bk.solve_batched(m, (w * z) @ x)
         iters[idx] += 1
         big = (xp.abs(b) > large).any(axis=1) | ~xp.isfinite(b).all(axis=1)
-        mun = xp.maximum(sf[None, :] * xp.exp(b @ x.T), min_mu)
-        amu = aa * mun
-        l1p = xp.log1p(amu)
-        d = -2.0 * (ll_const[idx] + (-l1p / aa + ya * (xp.log(amu) - l1p)).sum(axis=1))
+        lmn = xp.maximum(b @ x.T + logsf, log_min_mu)
+        mun = xp.exp(lmn)
+        l1p = xp.log1p(aa * mun)
+        d = -2.0 * (ll_const[idx] + (-l1p / aa + ya * (loga[idx][:, None] + lmn - l1p)).sum(axis=1))
         ct = xp.abs(d - dev_old[idx]) / (xp.abs(d) + 0.1)
         bad = big | ~xp.isfinite(ct)
         conv = (~bad) & (ct < tol) & (t > 0)
         beta[idx] = b
         mu[idx] = mun
+        logmu[idx] = lmn
         dev[idx] = d
         dev_old[idx] = d
         converged[idx] = conv
@@ -157,12 +162,15 @@ def _fit_nb_glm(
         start = xp.clip(start, -large, large)
         b = fit_nb_glm_bounded(bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2)
         beta[ridx] = b
-    cov, hat, mu_unfloored, dev = glm_covariance(bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx)
+    cov, hat, mu_unfloored, mu_fl = glm_covariance(bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False)
+    l1p = xp.log1p(alpha[:, None] * mu_fl)
+    dev = -2.0 * (ll_const + (-l1p / alpha[:, None] + y * (loga[:, None] + xp.log(mu_fl) - l1p)).sum(axis=1))
     return GLMFit(beta, cov, hat, mu_unfloored, dev, iters, converged, refit)
 
 
-def glm_covariance(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta: Any, *, lam: Any, min_mu: float = 0.5, xx: Any = None) -> tuple[Any, Any, Any, Any]:
-    """Sandwich covariance H M H, hat diagonals, unfloored mu and deviance at ``beta`` (W from mu floored at min_mu)."""
+def glm_covariance(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta: Any, *, lam: Any, min_mu: float = 0.5, xx: Any = None, deviance: bool = True) -> tuple[Any, Any, Any, Any]:
+    """Sandwich covariance H M H, hat diagonals, unfloored mu and deviance at ``beta`` (W from mu floored at
+    min_mu); with ``deviance=False`` the floored mu is returned in place of the deviance."""
     xp = bk.xp
     p = x.shape[1]
     xx = outer_rows(xp, x) if xx is None else xx
@@ -173,6 +181,8 @@ def glm_covariance(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta: Any, 
     h = xp.linalg.inv(m + xp.diag(lam))
     cov = h @ m @ h
     hat = w * (h.reshape(h.shape[0], p * p) @ xx.T)
+    if not deviance:
+        return cov, hat, mu_raw, mu
     dev = -2.0 * nb_loglik_sum(bk, y, mu, alpha)
     return cov, hat, mu_raw, dev
 

@@ -142,7 +142,7 @@ def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, 
     each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B. The update of ``K B R`` and
     the column argmin of the next gradient are fused in one pass over row blocks of ``block`` cells (cache-sized).
     """
-    xp = backend.xp
+    xp, sparse = backend.xp, backend.sparse
     k, n = a.shape
     r = _dense(a @ a.T, xp)  # (k, k), symmetric
     s_mat = xp.ascontiguousarray(xp.asarray(kmat @ _dense(a.T, xp)))  # (n, k) = K A^T, as the reference computes it
@@ -152,17 +152,18 @@ def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, 
     picks[0] = xp.argmin(y - s_mat, axis=0)
     gbuf = xp.empty((min(block, n), k), dtype=y.dtype)
     for t in range(1, n_steps):
-        z = xp.asarray(kmat[picks[t - 1]].T @ r)  # K[:, picks] R, K symmetric: gathered rows, transposed
-        if t == 1:  # the first step has g = 1: B becomes E exactly, so K B R becomes z exactly
-            y = z
+        # K[:, picks] as an (n, k) CSR (K symmetric: the picked rows, transposed); multiplied by R block by block
+        ka = sparse.csr_matrix(kmat[picks[t - 1]].T)
         gam = 2.0 / (t + 1.0)  # step size of step t - 1
         best_val = xp.full(k, xp.inf, dtype=y.dtype)
         best_idx = xp.zeros(k, dtype=xp.int64)
         for s0 in range(0, n, block):
             e0 = min(n, s0 + block)
             yb = y[s0:e0]
-            if t > 1:  # y += g (z - y), in the reference's operation order
-                zb = z[s0:e0]
+            zb = xp.asarray(ka[s0:e0] @ r)
+            if t == 1:  # the first step has g = 1: B becomes E exactly, so K B R becomes K E R exactly
+                yb[...] = zb
+            else:  # y += g (z - y), in the reference's operation order
                 zb -= yb
                 zb *= gam
                 yb += zb
@@ -211,7 +212,7 @@ def fit(
     min_iter: int = 10,
     convergence_epsilon: float = 1e-3,
     fw_iters: int = 50,
-    block: int = 2048,
+    block: int | None = None,
     callback: Callable[[int, float], None] | None = None,
 ) -> FitResult:
     """Alternating Frank-Wolfe fit of SEACells from initial archetypes.
@@ -234,7 +235,7 @@ def fit(
     max_iter, min_iter, convergence_epsilon, fw_iters
         SEACells' loop controls: stop when ``|RSS_{t-1} - RSS_t| < convergence_epsilon * RSS_0`` (after min_iter).
     block
-        Cells per block in the A-update (memory ``k * block``).
+        Cells per block in the A- and B-updates; default: cache-sized on the CPU, large on the GPU.
     callback
         Called as ``callback(iteration, rss)`` after each outer iteration.
 
@@ -252,7 +253,12 @@ def fit(
         kmat = sparse.csr_matrix(mmat @ mmat.T)
     m_sq = float((mmat.data * mmat.data).sum())
     # on the GPU few big blocks (kernel-launch bound), on the CPU cache-sized ones
-    block_a, block_b = (max(block, min(n, (1 << 27) // max(k, 1))),) * 2 if backend.is_gpu else (block, 1024)
+    if block is not None:
+        block_a = block_b = block
+    elif backend.is_gpu:  # few big blocks: kernel-launch bound
+        block_a = block_b = max(1, min(n, (1 << 27) // max(k, 1)))
+    else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
+        block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
     b = one_hot_b(backend, archetypes, n, k)
     a = update_a(backend, kmat, b, a0, fw_iters, block=block_a)
     rss = [rss_reduced(backend, kmat, m_sq, a, b)]

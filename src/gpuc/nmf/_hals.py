@@ -222,6 +222,7 @@ def fit_hals(
     eps: float = 1e-10,
     check_every: int = 10,
     extrapolate: bool = True,
+    inner_sweeps: int = 1,
     progress: Any = None,
 ) -> HalsResult:
     """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
@@ -250,6 +251,9 @@ def fit_hals(
         iterations and lets more restarts escape plateaus to the best optimum (higher stability). With it, usage
         columns are normalised once at the end rather than every iteration; check iterations are not extrapolated,
         so the reported losses are those of the returned factors.
+    inner_sweeps
+        Gauss-Seidel sweeps per data product (Gillis & Glineur 2012: the products cost far more than a sweep, so
+        repeating the cheap sweep on the same product can pay off).
     progress
         Optional callable taking the number of iterations just done (for progress bars).
 
@@ -287,11 +291,14 @@ def fit_hals(
         if not extrapolate:
             # ---- spectra half-iteration: A^T = V^T W (n, Ra*k), Grams W^T W, sweep
             at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
-            sweep(xp, ht, at, gram(xp, w), eps)
+            b = gram(xp, w)
+            for _ in range(inner_sweeps):
+                sweep(xp, ht, at, b, eps)
             # ---- usage half-iteration: C = V H^T (m, Ra*k), Grams H H^T, sweep
             c = _as_dense(xp, op.dot(ht.reshape(n, ra * k))).reshape(m, ra, k)
             d = gram(xp, ht)
-            sweep(xp, w, c, d, eps)
+            for _ in range(inner_sweeps):
+                sweep(xp, w, c, d, eps)
             if check:  # loss of the current factors from the last product and Gram
                 cur = np.asarray(backend.to_host(_run_losses(xp, op.norm2, w, c, d)), dtype=np.float64)
             # ---- unit-norm usage columns; spectra carry the scale
@@ -302,7 +309,9 @@ def fit_hals(
         else:
             at = _as_dense(xp, op.tdot(w_hat.reshape(m, ra * k))).reshape(n, ra, k)
             h_new = h_hat.copy()
-            sweep(xp, h_new, at, gram(xp, w_hat), eps)
+            b = gram(xp, w_hat)
+            for _ in range(inner_sweeps):
+                sweep(xp, h_new, at, b, eps)
             # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
             bt = beta[None, :, None]
             h_hat = h_new if check else h_new + bt * (h_new - ht)
@@ -310,7 +319,8 @@ def fit_hals(
             c = _as_dense(xp, op.dot(h_hat.reshape(n, ra * k))).reshape(m, ra, k)
             d = gram(xp, h_hat)
             w_new = w_hat.copy()
-            sweep(xp, w_new, c, d, eps)
+            for _ in range(inner_sweeps):
+                sweep(xp, w_new, c, d, eps)
             e = _run_losses(xp, op.norm2, w_new, c, d)
             rise = e > e_prev
             r3 = rise[None, :, None]
