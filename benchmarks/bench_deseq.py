@@ -149,7 +149,10 @@ def main() -> None:
             results = {}
             for tool in ["gpuc"] + ([] if args.skip_pydeseq2 else ["pydeseq2"]):
                 out_csv = f"{tmp}/{tool}.csv"
-                rc, mb, out = _run_tree([sys.executable, __file__, "--worker", tool, npy, meta_csv, out_csv, str(args.repeats)], args.timeout)
+                rc, mb, out = _run_tree(
+                    [sys.executable, __file__, "--worker", tool, npy, meta_csv, out_csv, str(args.repeats)],
+                    args.timeout,
+                )
                 info = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"seconds": float("nan")}
                 entry[tool] = {**info, "peak_rss_mb": mb}
                 if rc == 0:
@@ -158,12 +161,19 @@ def main() -> None:
             if not args.skip_r:
                 out_csv, timing_csv = f"{tmp}/r.csv", f"{tmp}/r_timing.csv"
                 t = time.perf_counter()
-                rc, mb, _ = _run_tree(["Rscript", str(HERE / "bench_deseq.R"), counts_csv, meta_csv, out_csv, timing_csv], args.timeout)
+                rc, mb, _ = _run_tree(
+                    ["Rscript", str(HERE / "bench_deseq.R"), counts_csv, meta_csv, out_csv, timing_csv], args.timeout
+                )
                 wall = time.perf_counter() - t
                 if rc == 0:
                     tim = pd.read_csv(timing_csv)
                     sec = float(tim.loc[tim.stage.isin(["DESeq", "results"]), "seconds"].sum())
-                    entry["R"] = {"seconds": sec, "wall_with_startup_io": wall, "version": str(tim.version.iloc[0]), "peak_rss_mb": mb}
+                    entry["R"] = {
+                        "seconds": sec,
+                        "wall_with_startup_io": wall,
+                        "version": str(tim.version.iloc[0]),
+                        "peak_rss_mb": mb,
+                    }
                     results["R"] = pd.read_csv(out_csv, index_col=0)
                 print(size, "R", entry.get("R"), flush=True)
             if "R" in results:
@@ -176,7 +186,14 @@ def main() -> None:
             rows.append(entry)
     import gpuc
 
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__, "gpuc": gpuc.__version__, "load_average_start_end": [load_start[0], os.getloadavg()[0]]}
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "gpuc": gpuc.__version__,
+        "load_average_start_end": [load_start[0], os.getloadavg()[0]],
+    }
     try:
         with open("/proc/cpuinfo") as fh:
             machine["cpu"] = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
@@ -184,16 +201,31 @@ def main() -> None:
         pass
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    lines = [f"Machine: {machine['cpu']}, {machine['cores']} cores shared with other jobs (1-min load average {load_start[0]:.1f} at start, {machine['load_average_start_end'][1]:.1f} at end), Python {machine['python']}, numpy {machine['numpy']}.", "", "| data | gpuc (s) | PyDESeq2 n_cpus=2 (s) | R DESeq2 (s) | vs PyDESeq2 | vs R | peak RSS gpuc / PyDESeq2 / R (MB) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Machine: {machine['cpu']}, {machine['cores']} cores shared with other jobs (1-min load average {load_start[0]:.1f} at start, {machine['load_average_start_end'][1]:.1f} at end), Python {machine['python']}, numpy {machine['numpy']}.",
+        "",
+        "| data | gpuc (s) | PyDESeq2 n_cpus=2 (s) | R DESeq2 (s) | vs PyDESeq2 | vs R | peak RSS gpuc / PyDESeq2 / R (MB) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         g, p, rr = r["gpuc"], r.get("pydeseq2", {}), r.get("R", {})
-        lines.append(f"| {r['size']} | {g['seconds']:.2f} | {p.get('seconds', float('nan')):.1f} | {rr.get('seconds', float('nan')):.1f} | {r.get('speedup_vs_pydeseq2', float('nan')):.0f}x | {r.get('speedup_vs_R', float('nan')):.1f}x | {g['peak_rss_mb']:.0f} / {p.get('peak_rss_mb', float('nan')):.0f} / {rr.get('peak_rss_mb', float('nan')):.0f} |")
-    lines += ["", "Agreement with R DESeq2 (all genes; LFC diff over baseMean >= 10):", "", "| data | tool | LFC Pearson | max abs LFC diff | p Spearman | Jaccard padj<0.1 | NaN mismatches p / padj |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {r['size']} | {g['seconds']:.2f} | {p.get('seconds', float('nan')):.1f} | {rr.get('seconds', float('nan')):.1f} | {r.get('speedup_vs_pydeseq2', float('nan')):.0f}x | {r.get('speedup_vs_R', float('nan')):.1f}x | {g['peak_rss_mb']:.0f} / {p.get('peak_rss_mb', float('nan')):.0f} / {rr.get('peak_rss_mb', float('nan')):.0f} |"
+        )
+    lines += [
+        "",
+        "Agreement with R DESeq2 (all genes; LFC diff over baseMean >= 10):",
+        "",
+        "| data | tool | LFC Pearson | max abs LFC diff | p Spearman | Jaccard padj<0.1 | NaN mismatches p / padj |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         for tool in ("gpuc", "pydeseq2"):
             v = r.get(tool, {}).get("vs_R")
             if v:
-                lines.append(f"| {r['size']} | {tool} | {v['lfc_pearson']:.8f} | {v['lfc_max_abs_diff_baseMean_ge_10']:.4f} | {v['pvalue_spearman']:.6f} | {v['jaccard_padj_lt_0.1']:.4f} | {v['pvalue_nan_mismatch']} / {v['padj_nan_mismatch']} |")
+                lines.append(
+                    f"| {r['size']} | {tool} | {v['lfc_pearson']:.8f} | {v['lfc_max_abs_diff_baseMean_ge_10']:.1e} | {v['pvalue_spearman']:.6f} | {v['jaccard_padj_lt_0.1']:.4f} | {v['pvalue_nan_mismatch']} / {v['padj_nan_mismatch']} |"
+                )
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -210,7 +210,7 @@ def main() -> None:
         small_fn = str(Path(tmp) / "small.h5ad")
         sc.AnnData(small.layers["counts"].astype(np.float32), obs=small.obs[[]], var=small.var[[]]).write_h5ad(small_fn)
         if not ARGS.skip_cnmf:
-            run_cnmf(small_fn, str(Path(tmp) / "warm"), "warm", [3], 2, False, seed=1)
+            run_cnmf(small_fn, str(Path(tmp) / "warm"), "warm", [3], 4, False, seed=1)  # >= 4 runs: cNMF int(0.3 n) neighbours
         small.var["highly_variable"] = np.asarray(small.layers["counts"].sum(0)).ravel() > 50
         for tol in [float(t) for t in ARGS.tols.split(",")]:
             run_gpuc(small, [3], 2, False, seed=1, tol=tol)

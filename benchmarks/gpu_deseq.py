@@ -34,7 +34,6 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 def _adata(n: int, g: int):
     import anndata as ad
-
     from _deseq_sim import simulate
 
     counts, meta, _ = simulate(n, g, seed=0)
@@ -47,8 +46,16 @@ def parity(report: dict) -> None:
     import gpuc
 
     cases = [
-        ("pasilla ~type+condition wald+normal", lambda: gpuc.datasets.pasilla(), dict(design="~type + condition", contrast=["condition", "treated", "untreated"], lfc_shrink="normal")),
-        ("pasilla LRT ~type", lambda: gpuc.datasets.pasilla(), dict(design="~type + condition", test="lrt", reduced="~type")),
+        (
+            "pasilla ~type+condition wald+normal",
+            lambda: gpuc.datasets.pasilla(),
+            dict(design="~type + condition", contrast=["condition", "treated", "untreated"], lfc_shrink="normal"),
+        ),
+        (
+            "pasilla LRT ~type",
+            lambda: gpuc.datasets.pasilla(),
+            dict(design="~type + condition", test="lrt", reduced="~type"),
+        ),
         ("pasilla apeglm", lambda: gpuc.datasets.pasilla(), dict(design="~condition", lfc_shrink="apeglm")),
         ("sim 100x10k", lambda: _adata(100, 10_000), dict(design="~condition", contrast=["condition", "B", "A"])),
     ]
@@ -68,13 +75,26 @@ def parity(report: dict) -> None:
         for f in ("dispGeneEst", "dispFit", "dispMAP", "dispersion"):
             errs[f] = _rel(fits["gpu"].var[f"deseq_{f}"], fits["cpu"].var[f"deseq_{f}"])
         worst = max(v for v in errs.values() if not isinstance(v, bool))
-        out.append({"case": name, "max_rel": worst, "ok": bool(worst < 1e-6 and errs["padj_nan_pattern_equal"]), "detail": errs})
+        out.append(
+            {
+                "case": name,
+                "max_rel": worst,
+                "ok": bool(worst < 1e-6 and errs["padj_nan_pattern_equal"]),
+                "detail": errs,
+            }
+        )
         print("parity", name, worst, flush=True)
     # VST
     a, b = gpuc.datasets.pasilla(), gpuc.datasets.pasilla()
     gpuc.tl.vst(a, device="cpu")
     gpuc.tl.vst(b, device="gpu")
-    out.append({"case": "pasilla vst blind", "max_rel": _rel(b.layers["vst"], a.layers["vst"]), "ok": _rel(b.layers["vst"], a.layers["vst"]) < 1e-6})
+    out.append(
+        {
+            "case": "pasilla vst blind",
+            "max_rel": _rel(b.layers["vst"], a.layers["vst"]),
+            "ok": _rel(b.layers["vst"], a.layers["vst"]) < 1e-6,
+        }
+    )
     report["parity"] = out
 
 
@@ -94,7 +114,7 @@ def timing(report: dict, sizes: list[tuple[int, int]]) -> None:
         x_host = np.asarray(a.X)
         x_dev = cp.asarray(x_host)
 
-        def engine(x) -> float:
+        def engine(x, d=d, c=c) -> float:
             cp.cuda.get_current_stream().synchronize()
             t = time.perf_counter()
             fit = run_deseq(bk, x, d.matrix)
@@ -102,7 +122,7 @@ def timing(report: dict, sizes: list[tuple[int, int]]) -> None:
             cp.cuda.get_current_stream().synchronize()
             return time.perf_counter() - t
 
-        def tool(dev: str) -> float:
+        def tool(dev: str, a=a) -> float:
             b = a.copy()
             t = time.perf_counter()
             gpuc.tl.deseq(b, "~condition", contrast=["condition", "B", "A"], device=dev)
@@ -116,7 +136,14 @@ def timing(report: dict, sizes: list[tuple[int, int]]) -> None:
         tool(dev="gpu")
         t_gpu = float(np.median([tool("gpu") for _ in range(3)]))
         t_cpu = tool("cpu")
-        row = {"size": f"{n}x{g}", "engine_gpu_input_on_device_s": eng_dev, "engine_gpu_input_on_host_s": eng_host, "tl_deseq_gpu_s": t_gpu, "tl_deseq_cpu_s": t_cpu, "cpu_over_gpu": t_cpu / t_gpu}
+        row = {
+            "size": f"{n}x{g}",
+            "engine_gpu_input_on_device_s": eng_dev,
+            "engine_gpu_input_on_host_s": eng_host,
+            "tl_deseq_gpu_s": t_gpu,
+            "tl_deseq_cpu_s": t_cpu,
+            "cpu_over_gpu": t_cpu / t_gpu,
+        }
         rows.append(row)
         print("timing", row, flush=True)
     report["timing"] = rows
@@ -129,16 +156,31 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     quick = "--quick" in sys.argv
     props = cp.cuda.runtime.getDeviceProperties(0)
-    report: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]), "cupy": cp.__version__}
+    report: dict = {
+        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        "cupy": cp.__version__,
+    }
     t0 = time.perf_counter()
     parity(report)
     timing(report, [(100, 10_000)] if quick else [(100, 10_000), (500, 30_000)])
     report["total_seconds"] = time.perf_counter() - t0
     (out / "deseq_gpu.json").write_text(json.dumps(report, indent=2, default=str))
-    lines = [f"GPU: {report['device']}, CuPy {report['cupy']}, float64.", "", "| parity case | max rel. diff CPU vs GPU | ok (< 1e-6) |", "| --- | --- | --- |"]
+    lines = [
+        f"GPU: {report['device']}, CuPy {report['cupy']}, float64.",
+        "",
+        "| parity case | max rel. diff CPU vs GPU | ok (< 1e-6) |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {p['case']} | {p['max_rel']:.2e} | {p['ok']} |" for p in report["parity"]]
-    lines += ["", "| data | engine, counts on GPU (s) | engine, counts on host (s) | tl.deseq GPU (s) | tl.deseq CPU (s) | CPU/GPU |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['size']} | {r['engine_gpu_input_on_device_s']:.3f} | {r['engine_gpu_input_on_host_s']:.3f} | {r['tl_deseq_gpu_s']:.3f} | {r['tl_deseq_cpu_s']:.2f} | {r['cpu_over_gpu']:.0f}x |" for r in report["timing"]]
+    lines += [
+        "",
+        "| data | engine, counts on GPU (s) | engine, counts on host (s) | tl.deseq GPU (s) | tl.deseq CPU (s) | CPU/GPU |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['size']} | {r['engine_gpu_input_on_device_s']:.3f} | {r['engine_gpu_input_on_host_s']:.3f} | {r['tl_deseq_gpu_s']:.3f} | {r['tl_deseq_cpu_s']:.2f} | {r['cpu_over_gpu']:.0f}x |"
+        for r in report["timing"]
+    ]
     (out / "deseq_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if not all(p["ok"] for p in report["parity"]):

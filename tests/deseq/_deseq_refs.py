@@ -58,10 +58,17 @@ def max_rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok])))
 
 
-def assert_res_close(res: pd.DataFrame, ref: pd.DataFrame, tol: float, cols: tuple[str, ...] = ("log2FoldChange", "lfcSE", "pvalue", "padj")) -> None:
+def assert_res_close(
+    res: pd.DataFrame,
+    ref: pd.DataFrame,
+    tol: float,
+    cols: tuple[str, ...] = ("log2FoldChange", "lfcSE", "pvalue", "padj"),
+) -> None:
     """Same NaN pattern for pvalue and padj, then max relative error below tol for each column."""
     for c in ("pvalue", "padj"):
-        np.testing.assert_array_equal(np.isnan(res[c].to_numpy()), ref[c].isna().to_numpy(), err_msg=f"NaN pattern of {c}")
+        np.testing.assert_array_equal(
+            np.isnan(res[c].to_numpy()), ref[c].isna().to_numpy(), err_msg=f"NaN pattern of {c}"
+        )
     for c in cols:
         err = max_rel(res[c].to_numpy(), ref[c].to_numpy())
         assert err < tol, f"{c}: max relative error {err:.3g} >= {tol}"

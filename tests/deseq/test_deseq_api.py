@@ -27,7 +27,10 @@ def _sim(n_per: int = 4, n_genes: int = 300, seed: int = 0, levels: tuple[str, .
     mu = sf[:, None] * mean[None, :] * 2 ** (np.outer(cond != levels[0], lfc))
     disp = 0.05 + 2 / mean
     counts = rng.negative_binomial(1 / disp, 1 / (1 + mu * disp))
-    obs = pd.DataFrame({"condition": pd.Categorical(cond, list(levels)), "batch": grp, "x": rng.normal(size=n)}, index=[f"s{i}" for i in range(n)])
+    obs = pd.DataFrame(
+        {"condition": pd.Categorical(cond, list(levels)), "batch": grp, "x": rng.normal(size=n)},
+        index=[f"s{i}" for i in range(n)],
+    )
     return ad.AnnData(X=counts.astype(np.int64), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_genes)]))
 
 
@@ -67,7 +70,12 @@ def test_writes_and_copy():
 
 def test_contrast_list_and_vector_one_fit():
     a = _sim(levels=("A", "B", "C"))
-    gpuc.tl.deseq(a, "~condition", contrast=[["condition", "B", "A"], ["condition", "C", "B"], "condition[T.C]", np.array([0, -1.0, 1.0])], device="cpu")
+    gpuc.tl.deseq(
+        a,
+        "~condition",
+        contrast=[["condition", "B", "A"], ["condition", "C", "B"], "condition[T.C]", np.array([0, -1.0, 1.0])],
+        device="cpu",
+    )
     r = a.uns["deseq"]["results"]
     assert len(r) == 4
     cb = gpuc.get.deseq_results(a, ["condition", "C", "B"])
@@ -80,7 +88,9 @@ def test_contrast_list_and_vector_one_fit():
     zero = lambda g1, g2: ~(a.X[np.isin(lv, [g1, g2])] > 0).any(axis=0)  # noqa: E731
     keep = ~zero("A", "B") & ~zero("B", "C")
     assert keep.sum() > 250 and (~keep).any()
-    np.testing.assert_allclose(cb["log2FoldChange"][keep], (c_a["log2FoldChange"] - b_a["log2FoldChange"])[keep], atol=1e-10)
+    np.testing.assert_allclose(
+        cb["log2FoldChange"][keep], (c_a["log2FoldChange"] - b_a["log2FoldChange"])[keep], atol=1e-10
+    )
     assert (b_a["log2FoldChange"][zero("A", "B")] == 0).all()
 
 
@@ -129,7 +139,11 @@ def test_small_pseudobulk_uses_r_prior_simulation():
         (lambda a: setattr(a, "X", a.X.astype(float) + 0.5), {}, "non-integer"),
         (lambda a: setattr(a, "X", np.where(np.arange(a.n_vars) == 2, np.nan, a.X.astype(float))), {}, "NaN"),
         (lambda a: a.X.__setitem__(0, 0), {}, "zero total"),
-        (lambda a: a.obs.__setitem__("dup", a.obs["condition"].astype(str)), {"design": "~condition + dup"}, "confounded"),
+        (
+            lambda a: a.obs.__setitem__("dup", a.obs["condition"].astype(str)),
+            {"design": "~condition + dup"},
+            "confounded",
+        ),
         (lambda a: None, {"contrast": ["condition", "B", "Z"]}, "not a level"),
         (lambda a: None, {"contrast": ["nope", "B", "A"]}, "not a categorical"),
         (lambda a: None, {"design": "~nothere"}, "not columns"),
@@ -190,12 +204,22 @@ def test_pseudobulk_and_groupby():
             rows.append(rng.poisson(base, size=(n_cells, 80)))
             obs += [(d, ct, "stim" if d_i >= 3 else "ctrl", 40 + d_i)] * n_cells
     x = sp.csr_matrix(np.vstack(rows))
-    cells = ad.AnnData(X=x, obs=pd.DataFrame(obs, columns=["donor", "cell_type", "cond", "age"], index=[f"c{i}" for i in range(x.shape[0])]))
+    cells = ad.AnnData(
+        X=x,
+        obs=pd.DataFrame(
+            obs, columns=["donor", "cell_type", "cond", "age"], index=[f"c{i}" for i in range(x.shape[0])]
+        ),
+    )
     cells.layers["counts"] = x.copy()
     cells.obs["cell_qc"] = rng.random(cells.n_obs)
     pb = gpuc.tl.pseudobulk(cells, "donor", groupby="cell_type", min_cells=10)
     assert pb.n_obs == 11 and "d5_B" not in pb.obs_names
-    np.testing.assert_array_equal(pb["d0_T"].X.ravel(), np.asarray(x[(cells.obs.donor == "d0").to_numpy() & (cells.obs.cell_type == "T").to_numpy()].sum(axis=0)).ravel())
+    np.testing.assert_array_equal(
+        pb["d0_T"].X.ravel(),
+        np.asarray(
+            x[(cells.obs.donor == "d0").to_numpy() & (cells.obs.cell_type == "T").to_numpy()].sum(axis=0)
+        ).ravel(),
+    )
     assert {"donor", "cell_type", "cond", "age", "n_cells"} <= set(pb.obs.columns) and "cell_qc" not in pb.obs
     gpuc.tl.deseq(pb, "~cond", contrast=["cond", "stim", "ctrl"], groupby="cell_type", device="cpu")
     t = gpuc.get.deseq_results(pb, group="T")
@@ -228,7 +252,54 @@ def test_interaction_design_wald_matches_lrt():
     gpuc.tl.deseq(a, "~batch + condition + batch:condition", device="cpu")
     assert a.uns["deseq"]["design_columns"][-1] == "batch[T.Y]:condition[T.B]"
     wald = gpuc.get.deseq_results(a, "batch_Y:condition_B")
-    gpuc.tl.deseq(a, "~batch + condition + batch:condition", test="lrt", reduced="~batch + condition", device="cpu", key_added="lrt")
+    gpuc.tl.deseq(
+        a,
+        "~batch + condition + batch:condition",
+        test="lrt",
+        reduced="~batch + condition",
+        device="cpu",
+        key_added="lrt",
+    )
     lrt = gpuc.get.deseq_results(a, key="lrt")
     ok = wald["pvalue"].notna() & lrt["pvalue"].notna() & (wald["baseMean"] > 10)
     assert scipy.stats.spearmanr(wald["pvalue"][ok], lrt["pvalue"][ok])[0] > 0.98
+
+
+def test_groupby_skips_untestable_group_with_warning():
+    a = _sim(n_per=4)
+    extra = _sim(n_per=1, seed=5)[:1].copy()  # one sample of a group that cannot be tested
+    extra.obs_names = ["lonely"]
+    both = ad.concat([a, extra])
+    both.obs["cell_type"] = ["T"] * a.n_obs + ["X"]
+    both.obs["condition"] = pd.Categorical(both.obs["condition"].astype(str), ["A", "B"])
+    snap = _snapshot(both)
+    with pytest.warns(UserWarning, match="'X' skipped"):
+        gpuc.tl.deseq(both, "~condition", groupby="cell_type", device="cpu")
+    assert list(both.uns["deseq"]["groups"]) == ["T"] and "X" in both.uns["deseq"]["skipped_groups"]
+    assert np.isnan(both.obs.loc["lonely", "deseq_size_factors"])
+    only = both[both.obs["cell_type"] == "X"].copy()
+    snap = _snapshot(only)
+    with pytest.raises(ValueError, match="no group"):
+        gpuc.tl.deseq(only, "~condition", groupby="cell_type", device="cpu")
+    _assert_unchanged(only, snap)
+
+
+def test_whole_batch_path_equals_cpu_blocks():
+    """The GPU path solves all genes in one batch; run that code path with numpy (a Backend flagged as GPU) and
+    compare with the CPU path, which works in cache-sized gene blocks."""
+    import scipy.special
+
+    from gpuc._backend import Backend, get_backend
+    from gpuc.deseq import build_design, contrast_vector, results, run_deseq
+    from gpuc.deseq._threads import gene_blocks
+
+    a = _sim(n_per=30, n_genes=3000, seed=7)
+    d = build_design(a.obs, "~condition")
+    c = contrast_vector(d, ["condition", "B", "A"])[0]
+    cpu = get_backend("cpu")
+    whole = Backend("gpu", np, sp, scipy.special)
+    assert gene_blocks(cpu, 3000, 60) is not None and gene_blocks(whole, 3000, 60) is None
+    r1, _ = results(run_deseq(cpu, a.X, d.matrix), c)
+    r2, _ = results(run_deseq(whole, a.X, d.matrix), c)
+    for k in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
+        np.testing.assert_allclose(r2[k], r1[k], rtol=1e-8, equal_nan=True)

@@ -15,7 +15,14 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("design", "kwargs"), [("~condition", {"lfc_shrink": "normal"}), ("~type + condition", {"lfc_shrink": "apeglm"}), ("~type + condition", {"test": "lrt", "reduced": "~type"})])
+@pytest.mark.parametrize(
+    ("design", "kwargs"),
+    [
+        ("~condition", {"lfc_shrink": "normal"}),
+        ("~type + condition", {"lfc_shrink": "apeglm"}),
+        ("~type + condition", {"test": "lrt", "reduced": "~type"}),
+    ],
+)
 def test_cpu_gpu_parity_pasilla(design, kwargs):
     out = {}
     for dev in ("cpu", "gpu"):

@@ -16,7 +16,14 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "deseq"
 DESIGN = {"condition": "~condition", "type_condition": "~type + condition"}
 
 
-def _gates(res: pd.DataFrame, ref: pd.DataFrame, *, lfc: str = "log2FoldChange", ref_lfc: str = "log2FoldChange", padj: bool = True) -> None:
+def _gates(
+    res: pd.DataFrame,
+    ref: pd.DataFrame,
+    *,
+    lfc: str = "log2FoldChange",
+    ref_lfc: str = "log2FoldChange",
+    padj: bool = True,
+) -> None:
     """Issue 5 gates: LFC Pearson >= 0.9999 and |diff| <= 0.02 (baseMean >= 10); p Spearman >= 0.999; Jaccard >= 0.98."""
     a, b = res[lfc].to_numpy(), ref[ref_lfc].to_numpy()
     ok = np.isfinite(a) & np.isfinite(b)
@@ -38,7 +45,9 @@ def pasilla_fits() -> dict[str, ad.AnnData]:
     out = {}
     for tag, design in DESIGN.items():
         a = gpuc.datasets.pasilla()
-        gpuc.tl.deseq(a, design, contrast=["condition", "treated", "untreated"], alpha=0.1, lfc_shrink="normal", device="cpu")
+        gpuc.tl.deseq(
+            a, design, contrast=["condition", "treated", "untreated"], alpha=0.1, lfc_shrink="normal", device="cpu"
+        )
         out[tag] = a
     return out
 

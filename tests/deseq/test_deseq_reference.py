@@ -13,7 +13,7 @@ import pytest
 import gpuc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _deseq_refs import DESIGNS, assert_res_close, counts_and_metadata, max_rel, r_file, r_globals, r_stage  # noqa: E402
+from _deseq_refs import DESIGNS, assert_res_close, counts_and_metadata, max_rel, r_file, r_globals, r_stage
 
 CONTRAST = {"continuous": "measurement"}
 
@@ -34,14 +34,25 @@ def fitted() -> dict[str, ad.AnnData]:
     return {case: _run(case, fit_type="mean" if case.endswith("meanfit") else "parametric") for case in DESIGNS}
 
 
-@pytest.mark.parametrize(("case", "folder", "tol"), [("single_factor", "single_factor", 0.02), ("multi_factor", "multi_factor", 0.04), ("continuous", "continuous", 0.04), ("wide", "wide", 0.02), ("large_counts", "large_counts", 0.02)])
+@pytest.mark.parametrize(
+    ("case", "folder", "tol"),
+    [
+        ("single_factor", "single_factor", 0.02),
+        ("multi_factor", "multi_factor", 0.04),
+        ("continuous", "continuous", 0.04),
+        ("wide", "wide", 0.02),
+        ("large_counts", "large_counts", 0.02),
+    ],
+)
 def test_results_vs_r(fitted, case, folder, tol):
     res = gpuc.get.deseq_results(fitted[case])
     assert_res_close(res, r_file(folder, "r_test_res"), tol)
 
 
 def test_mean_fit_vs_r(fitted):
-    assert_res_close(gpuc.get.deseq_results(fitted["single_factor_meanfit"]), r_file("single_factor", "r_test_res_mean_curve"), 0.02)
+    assert_res_close(
+        gpuc.get.deseq_results(fitted["single_factor_meanfit"]), r_file("single_factor", "r_test_res_mean_curve"), 0.02
+    )
 
 
 @pytest.mark.parametrize("case", list(DESIGNS))
@@ -91,7 +102,10 @@ def test_no_independent_filtering_vs_r():
     assert_res_close(gpuc.get.deseq_results(a), r_file("single_factor", "r_test_res_no_independent_filtering"), 0.02)
 
 
-@pytest.mark.parametrize(("kind", "name", "col"), [("ratio", "r_test_size_factors", "x"), ("poscounts", "r_test_size_factors_poscount", "sizeFactor")])
+@pytest.mark.parametrize(
+    ("kind", "name", "col"),
+    [("ratio", "r_test_size_factors", "x"), ("poscounts", "r_test_size_factors_poscount", "sizeFactor")],
+)
 def test_size_factors_vs_r(kind, name, col):
     a = _run("single_factor", size_factors=kind)
     np.testing.assert_allclose(a.obs["deseq_size_factors"], r_file("single_factor", name)[col].to_numpy(), rtol=1e-10)
@@ -114,7 +128,10 @@ def test_apeglm_shrinkage_vs_r():
         np.testing.assert_allclose(res["pvalue"], ref["pvalue"], rtol=0.02)
 
 
-@pytest.mark.parametrize(("name", "blind", "fit_type"), [("r_vst", True, "parametric"), ("r_vst_with_design", False, "parametric"), ("r_mean_vst", True, "mean")])
+@pytest.mark.parametrize(
+    ("name", "blind", "fit_type"),
+    [("r_vst", True, "parametric"), ("r_vst_with_design", False, "parametric"), ("r_mean_vst", True, "mean")],
+)
 def test_vst_vs_r(name, blind, fit_type):
     a = _run("single_factor")
     gpuc.tl.vst(a, blind=blind, fit_type=fit_type, device="cpu")

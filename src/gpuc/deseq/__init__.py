@@ -8,4 +8,4 @@ from __future__ import annotations
 from gpuc.deseq._design import Design, build_design, contrast_vector
 from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
 
-__all__ = ["Design", "DeseqFit", "build_design", "contrast_vector", "results", "run_deseq"]
+__all__ = ["DeseqFit", "Design", "build_design", "contrast_vector", "results", "run_deseq"]

@@ -64,7 +64,9 @@ def cooks_cutoff(n: int, p: int) -> float:
     return float(scipy.stats.f.ppf(0.99, p, n - p))
 
 
-def replace_outliers(bk: Backend, y: Any, sf: Any, cooks: Any, replaceable: Any, cutoff: float, trim: float = 0.2) -> tuple[Any, Any]:
+def replace_outliers(
+    bk: Backend, y: Any, sf: Any, cooks: Any, replaceable: Any, cutoff: float, trim: float = 0.2
+) -> tuple[Any, Any]:
     """R ``replaceOutliers``: counts with Cook's above the cut-off in replaceable samples become the gene's 20%-trimmed
     mean of normalised counts times the sample's size factor (truncated to an integer).
 

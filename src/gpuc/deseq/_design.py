@@ -87,7 +87,7 @@ def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
 def check_full_rank(design: Design) -> None:
     """Raise a :class:`ValueError` naming the confounded columns when the model matrix is rank deficient."""
     x = design.matrix
-    n, p = x.shape
+    p = x.shape[1]
     if not np.all(np.isfinite(x)):
         msg = "the design matrix contains NaN or infinite values."
         raise ValueError(msg)
@@ -104,10 +104,18 @@ def check_full_rank(design: Design) -> None:
             coef, resid = np.zeros(0), col
         if np.linalg.norm(resid) <= 1e-8 * max(np.linalg.norm(col), 1.0):
             deps = [design.columns[b] for b, c in zip(basis, coef, strict=True) if abs(c) > 1e-8]
-            problems.append(f"{design.columns[j]!r} = linear combination of {deps}" if deps else f"{design.columns[j]!r} is all zero")
+            problems.append(
+                f"{design.columns[j]!r} = linear combination of {deps}"
+                if deps
+                else f"{design.columns[j]!r} is all zero"
+            )
         else:
             basis.append(j)
-    msg = "the design matrix is not full rank (confounded columns): " + "; ".join(problems) + ". Remove or merge these variables, or drop levels with no samples."
+    msg = (
+        "the design matrix is not full rank (confounded columns): "
+        + "; ".join(problems)
+        + ". Remove or merge these variables, or drop levels with no samples."
+    )
     raise ValueError(msg)
 
 

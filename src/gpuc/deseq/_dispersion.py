@@ -70,35 +70,47 @@ def dispersion_mu(bk: Backend, y: Any, sf: Any, x: Any, alpha0: Any, *, min_mu: 
 # the 1-D log-posterior in log(alpha)
 # --------------------------------------------------------------------------------------------------------------------
 def trigamma(xp: Any, x: Any) -> Any:
-    """psi_1(x) for x > 0: recurrence up to x >= 8 (only on the entries below 8), then the asymptotic series.
+    """psi_1(x) for x > 0: asymptotic series for x >= 8; below 8, the recurrence psi_1(x) = psi_1(x + 1) + 1/x^2
+    first (only on those entries).
 
-    Relative error below 1e-9, enough for the Hessian of a Newton step (the gradient uses exact digamma);
+    Relative error below 2e-9, enough for the Hessian of a Newton step (the gradient uses exact digamma);
     several times cheaper than ``polygamma(1, x)`` (which goes through the Hurwitz zeta function).
     """
-    x = xp.array(x, dtype=xp.float64, copy=True)
-    acc = xp.zeros_like(x)
+
+    def series(v: Any) -> Any:
+        z = 1.0 / v
+        z2 = z * z
+        return z + z2 * (0.5 + z * (1.0 / 6.0 - z2 * (1.0 / 30.0 - z2 * (1.0 / 42.0))))
+
+    out = series(x)
     small = x < 8.0
     if bool(small.any()):
-        idx = xp.nonzero(small.ravel())[0]
-        xs = x.ravel()[idx]
+        flat = out.reshape(-1)
+        idx = xp.nonzero(small.reshape(-1))[0]
+        xs = x.reshape(-1)[idx]
         add = xp.zeros_like(xs)
         for _ in range(8):
             m = xs < 8.0
             add = add + xp.where(m, 1.0 / (xs * xs), 0.0)
             xs = xp.where(m, xs + 1.0, xs)
-        xr = x.ravel()
-        ar = acc.ravel()
-        xr[idx] = xs
-        ar[idx] = add
-        x = xr.reshape(x.shape)
-        acc = ar.reshape(x.shape)
-    z = 1.0 / x
-    z2 = z * z
-    series = z + z2 * (0.5 + z * (1.0 / 6.0 - z2 * (1.0 / 30.0 - z2 * (1.0 / 42.0))))
-    return acc + series
+        flat[idx] = add + series(xs)
+        out = flat.reshape(x.shape)
+    return out
 
 
-def _logpost(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, prior_mean: Any, prior_var: float | None, derivs: bool) -> tuple[Any, Any, Any]:
+def _logpost(
+    bk: Backend,
+    la: Any,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    *,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    derivs: bool,
+) -> tuple[Any, Any, Any]:
     """Log posterior (NB log-likelihood + Cox-Reid [+ log-normal prior]) and its first two derivatives in log alpha.
 
     The NB part drops the alpha-free constants (sum of y log mu and log y!), so values are relative. Per-gene
@@ -114,10 +126,9 @@ def _logpost(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool
     amu = a * mu
     l1p = xp.log1p(amu)
     yr = y + r
-    sum_l1p = l1p.sum(axis=1)
     sum_y = y.sum(axis=1)
-    # NB log-likelihood up to alpha-free constants: sum lgamma(y+r) - n lgamma(r) - r sum l1p + log(alpha) sum y - sum y l1p
-    f = sp.gammaln(yr).sum(axis=1) - n * sp.gammaln(r1) - r1 * sum_l1p + la * sum_y - (y * l1p).sum(axis=1)
+    # NB log-likelihood up to alpha-free constants: sum lgamma(y+r) - n lgamma(r) + log(alpha) sum y - sum (y+r) l1p
+    f = sp.gammaln(yr).sum(axis=1) - n * sp.gammaln(r1) + la * sum_y - (yr * l1p).sum(axis=1)
     if cr or derivs:
         inv_one = 1.0 / (1.0 + amu)
         w = mu * inv_one
@@ -130,11 +141,15 @@ def _logpost(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool
     g = h = None
     if derivs:
         ym = (y - mu) * inv_one
-        base = n * sp.digamma(r1) - sp.digamma(yr).sum(axis=1) + sum_l1p
+        base = n * sp.digamma(r1) - sp.digamma(yr).sum(axis=1) + l1p.sum(axis=1)
         tri = trigamma(xp, yr).sum(axis=1) - n * trigamma(xp, r1)
         s_ym = ym.sum(axis=1)
         ga = r1 * r1 * base + r1 * s_ym
-        ha = -2.0 * r1**3 * base + r1 * r1 * (w.sum(axis=1) + r1 * r1 * tri) - r1 * r1 * (ym * (1.0 + 2.0 * amu) * inv_one).sum(axis=1)
+        ha = (
+            -2.0 * r1**3 * base
+            + r1 * r1 * (w.sum(axis=1) + r1 * r1 * tri)
+            - r1 * r1 * (ym * (2.0 - inv_one)).sum(axis=1)
+        )
         if cr:
             minv = xp.linalg.inv(m)
             w2 = w * w
@@ -158,6 +173,7 @@ class DispFit:
     alpha: Any
     iters: Any
     converged: Any
+    state: tuple | None = None  # (log alpha, f, g, h) of the Newton iterate before R's rules, for warm starts
 
 
 def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: Any) -> DispFit:
@@ -168,9 +184,28 @@ def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: A
     if blocks is None:
         return _fit_log_alpha(bk, y, mu, x, alpha0, **kwargs)
     pm = kwargs.pop("prior_mean", None)
-    parts = map_blocks(blocks, lambda s: _fit_log_alpha(bk, y[s], mu[s], x, alpha0[s], prior_mean=None if pm is None else pm[s], **kwargs))
+    st = kwargs.pop("init_state", None)
+    parts = map_blocks(
+        blocks,
+        lambda s: _fit_log_alpha(
+            bk,
+            y[s],
+            mu[s],
+            x,
+            alpha0[s],
+            prior_mean=None if pm is None else pm[s],
+            init_state=None if st is None else tuple(v[s] for v in st),
+            **kwargs,
+        ),
+    )
     xp = bk.xp
-    return DispFit(xp.concatenate([q.alpha for q in parts]), xp.concatenate([q.iters for q in parts]), xp.concatenate([q.converged for q in parts]))
+    state = tuple(xp.concatenate([q.state[i] for q in parts]) for i in range(4))
+    return DispFit(
+        xp.concatenate([q.alpha for q in parts]),
+        xp.concatenate([q.iters for q in parts]),
+        xp.concatenate([q.converged for q in parts]),
+        state,
+    )
 
 
 def _fit_log_alpha(
@@ -188,6 +223,7 @@ def _fit_log_alpha(
     maxit: int = 100,
     tol: float = 1e-8,
     r_flat_start: bool = False,
+    init_state: tuple | None = None,
 ) -> DispFit:
     """Maximise the (Cox-Reid adjusted, optionally log-normal-prior) NB log posterior in log alpha for all genes.
 
@@ -202,7 +238,7 @@ def _fit_log_alpha(
     10 * min_disp are refitted on R's 20+20-point grid. Elsewhere the exact optimum is kept.
     """
     xp = bk.xp
-    G, n = y.shape
+    G = y.shape[0]
     p = x.shape[1]
     xx = outer_rows(xp, x)
     lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
@@ -215,7 +251,31 @@ def _fit_log_alpha(
     def pm(i: Any) -> Any:
         return None if pm_all is None else pm_all[i]
 
-    f, g, h = _logpost(bk, la, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=True)
+    if init_state is None:
+        f, g, h = _logpost(bk, la, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=True)
+    else:
+        # warm start (MAP after genewise): reuse the genewise log likelihood and derivatives where the start is the
+        # genewise iterate, adding the prior terms; evaluate afresh elsewhere
+        la_ref, f, g, h = (xp.array(v, dtype=xp.float64) for v in init_state)
+        if pm_all is not None:
+            d = la - pm_all
+            f = f - d * d / (2.0 * prior_var)
+            g = g - d / prior_var
+            h = h - 1.0 / prior_var
+        redo = xp.nonzero(xp.abs(la - la_ref) > 1e-12)[0]
+        if redo.shape[0]:
+            f[redo], g[redo], h[redo] = _logpost(
+                bk,
+                la[redo],
+                y[redo],
+                mu[redo],
+                xx,
+                p,
+                cr=cr,
+                prior_mean=None if pm_all is None else pm_all[redo],
+                prior_var=prior_var,
+                derivs=True,
+            )
     r_state = None
     if r_flat_start:
         # R's first line-search step (kappa = 1, limited to [-30, 10]) and its log posterior on R's scale
@@ -224,7 +284,18 @@ def _fit_log_alpha(
         f1 = f + g * g
         cand1 = xp.nonzero(g * g < 1e-3)[0]
         if cand1.shape[0]:
-            f1[cand1] = _logpost(bk, target[cand1], y[cand1], mu[cand1], xx, p, cr=cr, prior_mean=None if pm_all is None else pm_all[cand1], prior_var=prior_var, derivs=False)[0]
+            f1[cand1] = _logpost(
+                bk,
+                target[cand1],
+                y[cand1],
+                mu[cand1],
+                xx,
+                p,
+                cr=cr,
+                prior_mean=None if pm_all is None else pm_all[cand1],
+                prior_var=prior_var,
+                derivs=False,
+            )[0]
         armijo = f1 >= f + 1e-4 * g * (target - la)
         # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
         # gain of any step R can take is below it, whatever the rounding noise of the log posterior
@@ -278,17 +349,36 @@ def _fit_log_alpha(
         moved = xp.abs(newla - lai)
         iters[idx] += 1
         la[idx] = newla
-        f[idx], g[idx], h[idx] = fn, gn, hn
         atb = ((newla <= lo + 1e-12) & (gn < 0)) | ((newla >= hi - 1e-12) & (gn > 0))
         # converged: the step was tiny, the next Newton step would be (quadratic convergence), or the gradient vanished
         next_small = (hn < 0) & (xp.abs(gn) < 1e-7 * xp.abs(hn))
-        done = (moved < 1e-8) | next_small | (xp.abs(gn) < 1e-7) | atb | ~accepted | (xp.abs(fn - fi) < tol * (xp.abs(fi) + 1e-3) * 1e-3)
+        # a remaining Newton step below 3e-4 in log alpha is taken without another evaluation (the error left is of
+        # the order of its square); f, g, h follow by Taylor expansion so that warm starts stay consistent
+        pred = -gn / xp.where(hn < 0, hn, -1.0)
+        polish = accepted & (hn < 0) & (xp.abs(pred) < 3e-4) & ~atb & ~next_small
+        pred = xp.where(polish, xp.clip(newla + pred, lo, hi) - newla, 0.0)
+        la[idx] = newla + pred
+        fn = fn + gn * pred + 0.5 * hn * pred * pred
+        gn = gn + hn * pred
+        next_small = next_small | polish
+        f[idx], g[idx], h[idx] = fn, gn, hn
+        done = (
+            (moved < 1e-8)
+            | next_small
+            | (xp.abs(gn) < 1e-7)
+            | atb
+            | ~accepted
+            | (xp.abs(fn - fi) < tol * (xp.abs(fi) + 1e-3) * 1e-3)
+        )
         conv[idx] = done & accepted
         idx = idx[~done]
     conv[idx] = False
+    state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
-        la[bad] = _grid_search(bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var)
+        la[bad] = _grid_search(
+            bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
+        )
     if r_state is not None:
         la0, f0, lp0_r, target, f1, stuck = r_state
         f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
@@ -299,22 +389,51 @@ def _fit_log_alpha(
         regrid = stuck & (xp.exp(est) > 10 * min_disp)
         if bool(regrid.any()):
             gi = xp.nonzero(regrid)[0]
-            est[gi] = _grid_search(bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var)
+            est[gi] = _grid_search(
+                bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var
+            )
         la = est
     alpha = xp.clip(xp.exp(la), min_disp, max_disp)
-    return DispFit(alpha, iters, conv)
+    return DispFit(alpha, iters, conv, state)
 
 
-def _grid_search(bk: Backend, y: Any, mu: Any, xx: Any, p: int, *, lo: float, hi: float, cr: bool, prior_mean: Any, prior_var: float | None, ngrid: int = 20) -> Any:
+def _grid_search(
+    bk: Backend,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    *,
+    lo: float,
+    hi: float,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    ngrid: int = 20,
+) -> Any:
     """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once."""
     xp = bk.xp
     G = y.shape[0]
     grid = xp.linspace(lo, hi, ngrid)
-    vals = xp.stack([_logpost(bk, xp.full(G, float(v)), y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False)[0] for v in bk.to_host(grid)], axis=1)
+    vals = xp.stack(
+        [
+            _logpost(
+                bk, xp.full(G, float(v)), y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False
+            )[0]
+            for v in bk.to_host(grid)
+        ],
+        axis=1,
+    )
     best = grid[xp.argmax(vals, axis=1)]
     delta = float(grid[1] - grid[0])
     fine = best[:, None] + xp.linspace(-delta, delta, ngrid)[None, :]
-    vals = xp.stack([_logpost(bk, fine[:, j], y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False)[0] for j in range(ngrid)], axis=1)
+    vals = xp.stack(
+        [
+            _logpost(bk, fine[:, j], y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False)[0]
+            for j in range(ngrid)
+        ],
+        axis=1,
+    )
     return fine[xp.arange(G), xp.argmax(vals, axis=1)]
 
 
@@ -363,7 +482,9 @@ class DispersionFunction:
         return d
 
 
-def _gamma_identity_glm(y: np.ndarray, xcol: np.ndarray, start: np.ndarray, *, maxit: int = 25, eps: float = 1e-8) -> tuple[np.ndarray, bool]:
+def _gamma_identity_glm(
+    y: np.ndarray, xcol: np.ndarray, start: np.ndarray, *, maxit: int = 25, eps: float = 1e-8
+) -> tuple[np.ndarray, bool]:
     """R ``glm(y ~ xcol, family=Gamma("identity"), start=)``: IRLS with weights 1/mu^2 and step halving on invalid mu."""
     xm = np.column_stack([np.ones_like(xcol), xcol])
     coef = start.astype(np.float64)
@@ -428,7 +549,9 @@ def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float, ngrid:
     """
     use = disps >= min_disp * 10
     if not use.any():
-        return DispersionFunction("local", grid_logmean=np.array([0.0, 1.0]), grid_logdisp=np.log([min_disp, min_disp]), min_disp=min_disp)
+        return DispersionFunction(
+            "local", grid_logmean=np.array([0.0, 1.0]), grid_logdisp=np.log([min_disp, min_disp]), min_disp=min_disp
+        )
     xs, ys, ws = np.log(means[use]), np.log(disps[use]), means[use]
     grid = np.linspace(xs.min(), xs.max(), ngrid)
     fit = local_poly(xs, ys, ws, grid, span=0.7, degree=2)
@@ -453,11 +576,15 @@ def local_poly(x: np.ndarray, y: np.ndarray, w: np.ndarray, at: np.ndarray, *, s
     return out
 
 
-def fit_trend(means: np.ndarray, genewise: np.ndarray, *, fit_type: str, min_disp: float) -> tuple[DispersionFunction, str | None]:
+def fit_trend(
+    means: np.ndarray, genewise: np.ndarray, *, fit_type: str, min_disp: float
+) -> tuple[DispersionFunction, str | None]:
     """R's ``estimateDispersionsFit``: returns the dispersion function and a warning message if it fell back."""
     if fit_type == "mean":
         use = genewise > 10 * min_disp
-        return DispersionFunction("mean", mean=float(scipy.stats.trim_mean(genewise[use], 0.001)), min_disp=min_disp), None
+        return DispersionFunction(
+            "mean", mean=float(scipy.stats.trim_mean(genewise[use], 0.001)), min_disp=min_disp
+        ), None
     if fit_type == "local":
         return local_trend(means, genewise, min_disp=min_disp), None
     use = genewise > 100 * min_disp
@@ -468,7 +595,9 @@ def fit_trend(means: np.ndarray, genewise: np.ndarray, *, fit_type: str, min_dis
         coefs = parametric_trend(means[use], genewise[use])
         return DispersionFunction("parametric", coefs=coefs, min_disp=min_disp), None
     except (TrendFitError, np.linalg.LinAlgError) as err:
-        return local_trend(means, genewise, min_disp=min_disp), f"the parametric dispersion fit failed ({err}); using fit_type='local' instead, as R DESeq2 does."
+        return local_trend(
+            means, genewise, min_disp=min_disp
+        ), f"the parametric dispersion fit failed ({err}); using fit_type='local' instead, as R DESeq2 does."
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -531,7 +660,9 @@ def fit_dispersions_map_pipeline(bk: Backend, y: Any, sf: Any, x: Any, *, min_di
     v, resid = log_residual_variance(gwh, fitted, min_disp=min_disp)
     pv, _ = prior_variance(resid, v, n, p)
     start = xp.where(gw > 0.1 * xp.asarray(fitted), gw, xp.asarray(fitted))
-    mp = fit_log_alpha(bk, y, mu, x, start, min_disp=min_disp, max_disp=max_disp, prior_mean=xp.log(xp.asarray(fitted)), prior_var=pv).alpha
+    mp = fit_log_alpha(
+        bk, y, mu, x, start, min_disp=min_disp, max_disp=max_disp, prior_mean=xp.log(xp.asarray(fitted)), prior_var=pv
+    ).alpha
     return xp.where(xp.log(gw) > xp.log(xp.asarray(fitted)) + 2 * math.sqrt(v), gw, mp)
 
 

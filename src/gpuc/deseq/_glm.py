@@ -82,9 +82,16 @@ def fit_nb_glm(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, **kwargs: Any) 
     if blocks is None:
         return _fit_nb_glm(bk, y, sf, x, alpha, **kwargs)
     b0 = kwargs.pop("beta_init", None)
-    parts = map_blocks(blocks, lambda s: _fit_nb_glm(bk, y[s], sf, x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs))
+    parts = map_blocks(
+        blocks, lambda s: _fit_nb_glm(bk, y[s], sf, x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs)
+    )
     xp = bk.xp
-    return GLMFit(*(xp.concatenate([getattr(q, f) for q in parts]) for f in ("beta", "cov", "hat", "mu", "deviance", "iters", "converged", "refit")))
+    return GLMFit(
+        *(
+            xp.concatenate([getattr(q, f) for q in parts])
+            for f in ("beta", "cov", "hat", "mu", "deviance", "iters", "converged", "refit")
+        )
+    )
 
 
 def _fit_nb_glm(
@@ -108,7 +115,7 @@ def _fit_nb_glm(
     (natural log) before a gene counts as diverged.
     """
     xp = bk.xp
-    G, n = y.shape
+    G = y.shape[0]
     p = x.shape[1]
     lam = xp.full(p, 1e-6 / LN2**2) if lam is None else xp.asarray(lam, dtype=xp.float64)
     xx = outer_rows(xp, x)
@@ -160,17 +167,34 @@ def _fit_nb_glm(
         start = xp.clip(xp.where(xp.isfinite(beta[ridx]), beta[ridx], 0.0), -large, large)
         start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], sf, x), start)
         start = xp.clip(start, -large, large)
-        b = fit_nb_glm_bounded(bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2)
+        b = fit_nb_glm_bounded(
+            bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2
+        )
         beta[ridx] = b
-    cov, hat, mu_unfloored, mu_fl = glm_covariance(bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False)
+    cov, hat, mu_unfloored, mu_fl = glm_covariance(
+        bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False
+    )
     l1p = xp.log1p(alpha[:, None] * mu_fl)
     dev = -2.0 * (ll_const + (-l1p / alpha[:, None] + y * (loga[:, None] + xp.log(mu_fl) - l1p)).sum(axis=1))
     return GLMFit(beta, cov, hat, mu_unfloored, dev, iters, converged, refit)
 
 
-def glm_covariance(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta: Any, *, lam: Any, min_mu: float = 0.5, xx: Any = None, deviance: bool = True) -> tuple[Any, Any, Any, Any]:
+def glm_covariance(
+    bk: Backend,
+    y: Any,
+    sf: Any,
+    x: Any,
+    alpha: Any,
+    beta: Any,
+    *,
+    lam: Any,
+    min_mu: float = 0.5,
+    xx: Any = None,
+    deviance: bool = True,
+) -> tuple[Any, Any, Any, Any]:
     """Sandwich covariance H M H, hat diagonals, unfloored mu and deviance at ``beta`` (W from mu floored at
-    min_mu); with ``deviance=False`` the floored mu is returned in place of the deviance."""
+    min_mu); with ``deviance=False`` the floored mu is returned in place of the deviance.
+    """
     xp = bk.xp
     p = x.shape[1]
     xx = outer_rows(xp, x) if xx is None else xx
@@ -187,14 +211,27 @@ def glm_covariance(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta: Any, 
     return cov, hat, mu_raw, dev
 
 
-def fit_nb_glm_bounded(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, *, lam: Any, beta_init: Any, min_mu: float = 0.5, bound: float = 30.0 * LN2, maxit: int = 200, tol: float = 1e-10) -> Any:
+def fit_nb_glm_bounded(
+    bk: Backend,
+    y: Any,
+    sf: Any,
+    x: Any,
+    alpha: Any,
+    *,
+    lam: Any,
+    beta_init: Any,
+    min_mu: float = 0.5,
+    bound: float = 30.0 * LN2,
+    maxit: int = 200,
+    tol: float = 1e-10,
+) -> Any:
     """Maximise the ridge-penalised NB log-likelihood with |beta| <= ``bound`` for every gene at once.
 
     Fisher scoring steps with step halving (the penalised likelihood must not decrease) and projection on the box;
     this plays the role of R's ``optim`` refit of unstable or non-converged rows.
     """
     xp = bk.xp
-    G, n = y.shape
+    G = y.shape[0]
     p = x.shape[1]
     xx = outer_rows(xp, x)
     ridge = xp.diag(lam)

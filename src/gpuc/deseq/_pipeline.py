@@ -55,12 +55,15 @@ class DeseqFit:
 
 def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None) -> tuple[Any, str, str | None]:
     """Size factors of gene-major counts, switching ratio -> poscounts (with a message) when every gene has a zero."""
-    xp = bk.xp
     nz = (y > 0).any(axis=1)
     if kind == "ratio":
         has_common = bool((y > 0).all(axis=1).any()) if control is None else bool((y[control] > 0).all(axis=1).any())
         if not has_common:
-            return size_factors_poscounts(bk, y, control), "poscounts", "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
+            return (
+                size_factors_poscounts(bk, y, control),
+                "poscounts",
+                "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'.",
+            )
         return size_factors_ratio(bk, y, control), "ratio", None
     if kind == "poscounts":
         return size_factors_poscounts(bk, y, control), "poscounts", None
@@ -70,17 +73,43 @@ def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None)
     raise ValueError(msg)
 
 
-def _fit_dispersions(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float) -> tuple[Any, Any, Any, Any]:
+def _fit_dispersions(
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
+) -> tuple[Any, Any, Any, Any]:
     a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
     mu = dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
-    return gw.alpha, gw.converged, mu, gw.iters
+    return gw.alpha, gw.converged, mu, gw.state
 
 
-def _fit_map(bk: Backend, y: Any, mu: Any, x: Any, gw: Any, fitted: Any, *, prior_var: float, var_log_disp: float, min_disp: float, max_disp: float) -> tuple[Any, Any, Any, Any]:
+def _fit_map(
+    bk: Backend,
+    y: Any,
+    mu: Any,
+    x: Any,
+    gw: Any,
+    fitted: Any,
+    *,
+    prior_var: float,
+    var_log_disp: float,
+    min_disp: float,
+    max_disp: float,
+    state: tuple | None = None,
+) -> tuple[Any, Any, Any, Any]:
     xp = bk.xp
     start = xp.where(gw > 0.1 * fitted, gw, fitted)
-    mp = fit_log_alpha(bk, y, mu, x, start, min_disp=min_disp, max_disp=max_disp, prior_mean=xp.log(fitted), prior_var=prior_var)
+    mp = fit_log_alpha(
+        bk,
+        y,
+        mu,
+        x,
+        start,
+        min_disp=min_disp,
+        max_disp=max_disp,
+        prior_mean=xp.log(fitted),
+        prior_var=prior_var,
+        init_state=state,
+    )
     outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(var_log_disp)
     final = xp.clip(xp.where(outlier, gw, mp.alpha), min_disp, max_disp)
     return mp.alpha, mp.converged, outlier, final
@@ -136,7 +165,9 @@ def run_deseq(
     base_var = norm.var(axis=1, ddof=1)
 
     # ---- dispersions
-    gw, gw_conv, mu_disp, _ = _fit_dispersions(bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+    gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
+        bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
+    )
     gwh = np.asarray(bk.to_host(gw))
     bmh = np.asarray(bk.to_host(base_mean))
     trend, note = fit_trend(bmh, gwh, fit_type=fit_type, min_disp=min_disp)
@@ -146,9 +177,23 @@ def run_deseq(
     var_log_disp, resid = log_residual_variance(gwh, fitted_h, min_disp=min_disp)
     prior_var, pv_method = prior_variance(resid, var_log_disp, n, p)
     if pv_method == "simulation":
-        messages.append(f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}.")
+        messages.append(
+            f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}."
+        )
     fitted = bk.asarray(fitted_h)
-    dmap, map_conv, outlier, disp = _fit_map(bk, y, mu_disp, xd, gw, fitted, prior_var=prior_var, var_log_disp=var_log_disp, min_disp=min_disp, max_disp=max_disp)
+    dmap, map_conv, outlier, disp = _fit_map(
+        bk,
+        y,
+        mu_disp,
+        xd,
+        gw,
+        fitted,
+        prior_var=prior_var,
+        var_log_disp=var_log_disp,
+        min_disp=min_disp,
+        max_disp=max_disp,
+        state=gw_state,
+    )
 
     # ---- GLM
     fit = fit_nb_glm(bk, y, sf, xd, disp, min_mu=min_mu)
@@ -160,7 +205,11 @@ def run_deseq(
     cooks = cooks_distance(bk, y, mu, fit.hat, rob, p)
     cutoff = cooks_cutoff(n, p)
     for_cooks = bk.asarray(n_or_more_in_cell(x, 3))
-    max_cooks = xp.where(for_cooks[None, :], cooks, -xp.inf).max(axis=1) if bool(for_cooks.any()) else xp.full(y.shape[0], xp.nan)
+    max_cooks = (
+        xp.where(for_cooks[None, :], cooks, -xp.inf).max(axis=1)
+        if bool(for_cooks.any())
+        else xp.full(y.shape[0], xp.nan)
+    )
     max_cooks = xp.where(xp.isfinite(max_cooks), max_cooks, xp.nan)
 
     replace = xp.zeros(y.shape[0], dtype=bool)
@@ -179,11 +228,33 @@ def run_deseq(
             base_var = norm_r.var(axis=1, ddof=1)
             if ridx.shape[0] > 0:
                 yr = y_new[ridx]
-                gw_r, gwc_r, mu_r, _ = _fit_dispersions(bk, yr, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+                gw_r, gwc_r, mu_r, gw_state_r = _fit_dispersions(
+                    bk, yr, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
+                )
                 fitted_r = bk.asarray(trend(np.asarray(bk.to_host(base_mean[ridx]))))
-                dmap_r, mapc_r, out_r, disp_r = _fit_map(bk, yr, mu_r, xd, gw_r, fitted_r, prior_var=prior_var, var_log_disp=var_log_disp, min_disp=min_disp, max_disp=max_disp)
+                dmap_r, mapc_r, out_r, disp_r = _fit_map(
+                    bk,
+                    yr,
+                    mu_r,
+                    xd,
+                    gw_r,
+                    fitted_r,
+                    prior_var=prior_var,
+                    var_log_disp=var_log_disp,
+                    min_disp=min_disp,
+                    max_disp=max_disp,
+                    state=gw_state_r,
+                )
                 fit_r = fit_nb_glm(bk, yr, sf, xd, disp_r, min_mu=min_mu)
-                gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = gw_r, gwc_r, fitted_r, dmap_r, mapc_r, out_r, disp_r
+                gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = (
+                    gw_r,
+                    gwc_r,
+                    fitted_r,
+                    dmap_r,
+                    mapc_r,
+                    out_r,
+                    disp_r,
+                )
                 beta[ridx], cov[ridx], mu[ridx], dev[ridx] = fit_r.beta, fit_r.cov, fit_r.mu, fit_r.deviance
                 beta_conv[ridx], beta_iter[ridx] = fit_r.converged, fit_r.iters
                 rob_r = robust_disp(bk, norm_r[ridx], x)

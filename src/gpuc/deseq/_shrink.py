@@ -61,7 +61,7 @@ def _term_columns(design: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
 def _expanded_matrix(design: Any) -> tuple[np.ndarray, list[str]]:
     obs = design.obs
     cols, names = [np.ones(obs.shape[0])], ["Intercept"]
-    fac, cont = _term_columns(design)
+    _, cont = _term_columns(design)
     for v in design.variables:
         if v in design.factors:
             vals = obs[v].astype(str).to_numpy()
@@ -75,7 +75,7 @@ def _expanded_matrix(design: Any) -> tuple[np.ndarray, list[str]]:
 
 
 def _expanded_contrast(design: Any, c: np.ndarray, names: list[str]) -> np.ndarray:
-    fac, cont = _term_columns(design)
+    fac, _ = _term_columns(design)
     out = np.zeros(len(names))
     for j, w in enumerate(c):
         if w == 0:
@@ -143,8 +143,9 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
 # apeglm-style Cauchy prior
 # --------------------------------------------------------------------------------------------------------------------
 def prior_scale(beta: np.ndarray, se: np.ndarray) -> float:
-    """apeglm ``priorVar`` (natural-log MLE and SE): root of sum w (beta^2 - se^2 - A) with w = 1/(2 (A + se^2)^2);
-    the Cauchy scale is min(sqrt(A), 1)."""
+    """Apeglm ``priorVar`` (natural-log MLE and SE): root of sum w (beta^2 - se^2 - A) with w = 1/(2 (A + se^2)^2);
+    the Cauchy scale is min(sqrt(A), 1).
+    """
     ok = np.isfinite(beta) & np.isfinite(se)
     b2, s2 = beta[ok] ** 2, se[ok] ** 2
 
@@ -162,7 +163,9 @@ def prior_scale(beta: np.ndarray, se: np.ndarray) -> float:
     return float(min(np.sqrt(a), 1.0))
 
 
-def shrink_apeglm(bk: Backend, fit: Any, coef: int, *, scale: float | None = None, no_shrink_scale: float = 15.0, maxit: int = 200) -> tuple[np.ndarray, np.ndarray, float]:
+def shrink_apeglm(
+    bk: Backend, fit: Any, coef: int, *, scale: float | None = None, no_shrink_scale: float = 15.0, maxit: int = 200
+) -> tuple[np.ndarray, np.ndarray, float]:
     """MAP coefficients under a Cauchy(0, S) prior on coefficient ``coef`` and Normal(0, 15^2) on the others, NB
     likelihood with offset log(size factor), solved for all genes by damped Newton steps with step halving.
     SE = sqrt of the ``coef`` diagonal of the inverse Hessian, the prior curvature added on the diagonal.
@@ -174,7 +177,7 @@ def shrink_apeglm(bk: Backend, fit: Any, coef: int, *, scale: float | None = Non
     se_mle = np.sqrt(np.maximum(fit.cov[nz][:, coef, coef], 0))
     s = prior_scale(beta_mle[:, coef], se_mle) if scale is None else float(scale)
     x = bk.asarray(fit.design)
-    n, p = fit.design.shape
+    p = fit.design.shape[1]
     xx = outer_rows(xp, x)
     y = bk.asarray(fit.counts[nz])
     sf = bk.asarray(fit.size_factors)

@@ -61,7 +61,7 @@ def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quant: float
     from gpuc.deseq._dispersion import fit_dispersions_map_pipeline
 
     xp = bk.xp
-    G, n = y.shape
+    n = y.shape[1]
     sf = xp.ones(n)
     keep = (y > 0).any(axis=1)
     y = y[keep]
@@ -79,7 +79,13 @@ def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quant: float
             mu = qh[:, None] * s[None, :]
             from scipy.special import gammaln
 
-            ll = gammaln(yh + r[:, None]) - gammaln(r[:, None]) - gammaln(yh + 1) + r[:, None] * np.log(r[:, None] / (r[:, None] + mu)) + yh * np.log(mu / (r[:, None] + mu))
+            ll = (
+                gammaln(yh + r[:, None])
+                - gammaln(r[:, None])
+                - gammaln(yh + 1)
+                + r[:, None] * np.log(r[:, None] / (r[:, None] + mu))
+                + yh * np.log(mu / (r[:, None] + mu))
+            )
             nll = -ll.sum(axis=1)
             cut = np.quantile(nll, quant)
             return float(nll[nll < cut].sum())

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import scipy.stats
 
 LN2 = float(np.log(2.0))
 
 
-def wald(beta: np.ndarray, cov: np.ndarray, c: np.ndarray, *, lfc_threshold: float = 0.0, alt: str = "greaterAbs") -> dict[str, np.ndarray]:
+def wald(
+    beta: np.ndarray, cov: np.ndarray, c: np.ndarray, *, lfc_threshold: float = 0.0, alt: str = "greaterAbs"
+) -> dict[str, np.ndarray]:
     """Wald test of c^T beta (natural log inputs; threshold on the log2 scale) as R's ``results()``.
 
     ``alt`` is one of greaterAbs (two-sided; with a threshold R's "greaterAbs2014" form), lessAbs, greater, less.
@@ -70,7 +70,9 @@ def p_adjust_bh(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def lowess(x: np.ndarray, y: np.ndarray, f: float = 2.0 / 3.0, iters: int = 3, delta: float | None = None) -> np.ndarray:
+def lowess(
+    x: np.ndarray, y: np.ndarray, f: float = 2.0 / 3.0, iters: int = 3, delta: float | None = None
+) -> np.ndarray:
     """R ``stats::lowess`` (Cleveland's clowess): local linear fits with tricube weights and robustness iterations.
 
     ``x`` must be sorted. Returns the fitted values at ``x``.
@@ -141,7 +143,9 @@ def _r_median_abs(res: np.ndarray) -> float:
     return float(r[m1])
 
 
-def _lowest(x: np.ndarray, y: np.ndarray, xs: float, nleft: int, nright: int, rw: np.ndarray, userw: bool) -> tuple[float, bool]:
+def _lowest(
+    x: np.ndarray, y: np.ndarray, xs: float, nleft: int, nright: int, rw: np.ndarray, userw: bool
+) -> tuple[float, bool]:
     n = x.shape[0]
     rng = x[-1] - x[0]
     h = max(xs - x[nleft], x[nright] - xs)
@@ -194,5 +198,12 @@ def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: floa
         thresh = fit.max() - np.sqrt(np.mean(resid**2))
         above = np.nonzero(num_rej > thresh)[0]
         j = int(above[0]) if above.size else 0
-    info = {"theta": theta, "cutoffs": cutoffs, "num_rejections": num_rej, "lowess": fit, "filter_theta": float(theta[j]), "filter_threshold": float(cutoffs[j])}
+    info = {
+        "theta": theta,
+        "cutoffs": cutoffs,
+        "num_rejections": num_rej,
+        "lowess": fit,
+        "filter_theta": float(theta[j]),
+        "filter_threshold": float(cutoffs[j]),
+    }
     return res[:, j], info

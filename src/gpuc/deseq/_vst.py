@@ -7,10 +7,12 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
-from gpuc.deseq._dispersion import DispersionFunction, fit_log_alpha, fit_trend, rough_moments_init, dispersion_mu
+from gpuc.deseq._dispersion import DispersionFunction, dispersion_mu, fit_log_alpha, fit_trend, rough_moments_init
 
 
-def vst_fit(bk: Backend, y: Any, sf: Any, x: np.ndarray, *, fit_type: str = "parametric", min_disp: float = 1e-8) -> tuple[DispersionFunction, str | None]:
+def vst_fit(
+    bk: Backend, y: Any, sf: Any, x: np.ndarray, *, fit_type: str = "parametric", min_disp: float = 1e-8
+) -> tuple[DispersionFunction, str | None]:
     """Genewise dispersions (design ``x``; intercept-only for blind) and the dispersion trend, as R's VST does."""
     xp = bk.xp
     n = y.shape[1]

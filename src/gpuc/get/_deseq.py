@@ -40,7 +40,9 @@ def _contrast_name(entry: dict, contrast: Any) -> str:
         name = f"{contrast[0]}_{contrast[1]}_vs_{contrast[2]}"
         if name in names:
             return name
-        msg = f"contrast {list(contrast)} was not computed; available: {names}. Pass it to gpuc.tl.deseq(contrast=[...])."
+        msg = (
+            f"contrast {list(contrast)} was not computed; available: {names}. Pass it to gpuc.tl.deseq(contrast=[...])."
+        )
         raise KeyError(msg)
     vec = np.asarray(contrast, dtype=np.float64)
     for name, v in entry["contrasts"].items():
@@ -50,7 +52,9 @@ def _contrast_name(entry: dict, contrast: Any) -> str:
     raise KeyError(msg)
 
 
-def deseq_results(adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, group: str | None = None) -> pd.DataFrame:
+def deseq_results(
+    adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, group: str | None = None
+) -> pd.DataFrame:
     """DESeq2 results for one contrast as a DataFrame (genes x baseMean, log2FoldChange, lfcSE, stat, pvalue, padj).
 
     Parameters

@@ -145,8 +145,8 @@ def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, 
     xp, sparse = backend.xp, backend.sparse
     k, n = a.shape
     r = _dense(a @ a.T, xp)  # (k, k), symmetric
-    s_mat = xp.ascontiguousarray(xp.asarray(kmat @ _dense(a.T, xp)))  # (n, k) = K A^T, as the reference computes it
-    y = _dense(kmat @ b_prev, xp) @ r  # K B R
+    s_mat = _dense(kmat @ a.T, xp)  # (n, k) = K A^T: sparse x sparse (A^T has <= T non-zeros per row)
+    y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
     picks = xp.empty((n_steps, k), dtype=xp.int64)
     cols = xp.arange(k)
     picks[0] = xp.argmin(y - s_mat, axis=0)

@@ -24,7 +24,19 @@ def _label_top(ax: Any, x: np.ndarray, y: np.ndarray, names: Any, order: np.ndar
         ax.annotate(str(names[i]), (x[i], y[i]), fontsize=7, xytext=(2, 2), textcoords="offset points")
 
 
-def volcano(adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, group: str | None = None, alpha: float | None = None, lfc_threshold: float = 0.0, shrunk: bool = False, n_top: int = 10, ax: Any = None, show: bool | None = None) -> Any:
+def volcano(
+    adata: AnnData,
+    contrast: Any = None,
+    *,
+    key: str = _keys.DESEQ,
+    group: str | None = None,
+    alpha: float | None = None,
+    lfc_threshold: float = 0.0,
+    shrunk: bool = False,
+    n_top: int = 10,
+    ax: Any = None,
+    show: bool | None = None,
+) -> Any:
     """Volcano plot: log2 fold change against -log10 p-value; genes with padj < alpha coloured, top genes labelled.
 
     Parameters
@@ -75,12 +87,26 @@ def volcano(adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, gro
     _label_top(ax, lfc, nlp, df.index, order, n_top)
     ax.set_xlabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
     ax.set_ylabel("-log10 p-value")
-    ax.set_title(str(contrast) if contrast is not None else list(_entry(adata, key, group)["results"])[0], fontsize=9)
+    ax.set_title(
+        str(contrast) if contrast is not None else next(iter(_entry(adata, key, group)["results"])), fontsize=9
+    )
     ax.legend(frameon=False, fontsize=8, markerscale=2)
     return _finish(ax, show)
 
 
-def ma(adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, group: str | None = None, alpha: float | None = None, shrunk: bool = False, n_top: int = 10, ylim: float | None = None, ax: Any = None, show: bool | None = None) -> Any:
+def ma(
+    adata: AnnData,
+    contrast: Any = None,
+    *,
+    key: str = _keys.DESEQ,
+    group: str | None = None,
+    alpha: float | None = None,
+    shrunk: bool = False,
+    n_top: int = 10,
+    ylim: float | None = None,
+    ax: Any = None,
+    show: bool | None = None,
+) -> Any:
     """MA plot (R ``plotMA``): log2 fold change against mean of normalised counts, padj < alpha in colour.
 
     Parameters
@@ -131,7 +157,9 @@ def ma(adata: AnnData, contrast: Any = None, *, key: str = _keys.DESEQ, group: s
     return _finish(ax, show)
 
 
-def dispersion(adata: AnnData, *, key: str = _keys.DESEQ, group: str | None = None, ax: Any = None, show: bool | None = None) -> Any:
+def dispersion(
+    adata: AnnData, *, key: str = _keys.DESEQ, group: str | None = None, ax: Any = None, show: bool | None = None
+) -> Any:
     """Dispersion estimates against the mean (R ``plotDispEsts``): genewise (black), trend (red), final (blue),
     dispersion outliers circled.
 
@@ -154,13 +182,21 @@ def dispersion(adata: AnnData, *, key: str = _keys.DESEQ, group: str | None = No
         get = lambda f: g[f].to_numpy()  # noqa: E731
     else:
         get = lambda f: adata.var[_keys.deseq_var(key, f)].to_numpy()  # noqa: E731
-    bm, gw, fit, final, out = get("baseMean"), get("dispGeneEst"), get("dispFit"), get("dispersion"), get("dispOutlier").astype(bool)
+    bm, gw, fit, final, out = (
+        get("baseMean"),
+        get("dispGeneEst"),
+        get("dispFit"),
+        get("dispersion"),
+        get("dispOutlier").astype(bool),
+    )
     ok = (bm > 0) & np.isfinite(gw)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 4))
     ax.scatter(bm[ok], gw[ok], s=3, c="k", rasterized=True, label="gene-est")
     ax.scatter(bm[ok], final[ok], s=3, c="dodgerblue", rasterized=True, label="final")
-    ax.scatter(bm[ok & out], final[ok & out], s=14, facecolors="none", edgecolors="dodgerblue", lw=0.8, label="outliers")
+    ax.scatter(
+        bm[ok & out], final[ok & out], s=14, facecolors="none", edgecolors="dodgerblue", lw=0.8, label="outliers"
+    )
     order = np.argsort(bm[ok])
     ax.plot(bm[ok][order], fit[ok][order], c="red", lw=1.5, label="fitted")
     ax.set_xscale("log")

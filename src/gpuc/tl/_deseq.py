@@ -75,7 +75,11 @@ def _split_contrasts(contrast: Any) -> list[Any]:
     if isinstance(contrast, np.ndarray):
         return [contrast] if contrast.ndim == 1 else list(contrast)
     if isinstance(contrast, (list, tuple)):
-        if len(contrast) > 0 and all(isinstance(c, (list, tuple, np.ndarray, str)) for c in contrast) and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast)):
+        if (
+            len(contrast) > 0
+            and all(isinstance(c, (list, tuple, np.ndarray, str)) for c in contrast)
+            and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast))
+        ):
             return list(contrast)
         return [contrast]
     return [contrast]
@@ -210,7 +214,12 @@ def deseq(
         if sfv.shape != (adata.n_obs,) or not np.all(np.isfinite(sfv)) or np.any(sfv <= 0):
             msg = f"size_factors given as an array must hold {adata.n_obs} positive finite values."
             raise ValueError(msg)
-    for name, val in (("cooks_filter", cooks_filter), ("independent_filter", independent_filter), ("refit_cooks", refit_cooks), ("copy", copy)):
+    for name, val in (
+        ("cooks_filter", cooks_filter),
+        ("independent_filter", independent_filter),
+        ("refit_cooks", refit_cooks),
+        ("copy", copy),
+    ):
         if not isinstance(val, (bool, np.bool_)):
             msg = f"{name} must be True or False, got {val!r}."
             raise TypeError(msg)
@@ -239,36 +248,51 @@ def deseq(
 
     groups = [None] if groupby is None else [g for g in pd.unique(adata.obs[groupby].astype(str))]
     outputs = []
+    skipped: dict[str, str] = {}
     for g in groups:  # loop over groups of samples (e.g. cell types); genes are batched within each
         mask = np.ones(adata.n_obs, dtype=bool) if g is None else (adata.obs[groupby].astype(str).to_numpy() == g)
         obs = adata.obs.loc[mask]
-        obs = obs.assign(**{c: obs[c].cat.remove_unused_categories() for c in obs.columns if isinstance(obs[c].dtype, pd.CategoricalDtype)})
+        obs = obs.assign(
+            **{
+                c: obs[c].cat.remove_unused_categories()
+                for c in obs.columns
+                if isinstance(obs[c].dtype, pd.CategoricalDtype)
+            }
+        )
         where_g = where if g is None else f"{where} (group {g!r})"
         try:
-            dsg = build_design(obs, design)
-        except ValueError as err:
-            raise ValueError(f"{where_g}: {err}") from None
-        n, p = dsg.matrix.shape
-        if n <= p:
-            msg = f"{where_g}: no residual degrees of freedom ({n} samples, {p} design columns {dsg.columns}); DESeq2 needs replicates."
-            raise ValueError(msg)
-        red = None
-        if test == "lrt":
-            red = build_design(obs, reduced)
-            full = dsg.matrix
-            coef, *_ = np.linalg.lstsq(full, red.matrix, rcond=None)
-            if red.matrix.shape[1] >= p or not np.allclose(full @ coef, red.matrix, atol=1e-8):
-                msg = f"reduced={reduced!r} must be nested in design={design!r} with fewer columns (columns {red.columns} vs {dsg.columns})."
+            try:
+                dsg = build_design(obs, design)
+            except ValueError as err:
+                raise ValueError(f"{where_g}: {err}") from None
+            n, p = dsg.matrix.shape
+            if n <= p:
+                msg = f"{where_g}: no residual degrees of freedom ({n} samples, {p} design columns {dsg.columns}); DESeq2 needs replicates."
                 raise ValueError(msg)
-        cons = []
-        for c in _split_contrasts(contrast):
-            vec, name = contrast_vector(dsg, c)
-            cons.append((name, vec, _zero_groups(obs, c)))
-        sub = counts[np.nonzero(mask)[0]] if g is not None else counts
-        if g is not None:
-            _check_counts(sub, where_g)
+            red = None
+            if test == "lrt":
+                red = build_design(obs, reduced)
+                full = dsg.matrix
+                coef, *_ = np.linalg.lstsq(full, red.matrix, rcond=None)
+                if red.matrix.shape[1] >= p or not np.allclose(full @ coef, red.matrix, atol=1e-8):
+                    msg = f"reduced={reduced!r} must be nested in design={design!r} with fewer columns (columns {red.columns} vs {dsg.columns})."
+                    raise ValueError(msg)
+            cons = []
+            for c in _split_contrasts(contrast):
+                vec, name = contrast_vector(dsg, c)
+                cons.append((name, vec, _zero_groups(obs, c)))
+            sub = counts[np.nonzero(mask)[0]] if g is not None else counts
+            if g is not None:
+                _check_counts(sub, where_g)
+        except ValueError as err:
+            if g is None:
+                raise
+            skipped[g] = str(err)
+            continue
         sf_given = None if isinstance(size_factors, str) else np.asarray(size_factors, dtype=np.float64)[mask]
-        start = logg.info(f"DESeq2: {n} samples x {adata.n_vars} genes, design {design if isinstance(design, str) else 'DataFrame'}{'' if g is None else f', group {g}'} ({backend.name})")
+        start = logg.info(
+            f"DESeq2: {n} samples x {adata.n_vars} genes, design {design if isinstance(design, str) else 'DataFrame'}{'' if g is None else f', group {g}'} ({backend.name})"
+        )
         fit = run_deseq(
             backend,
             sub,
@@ -283,7 +307,18 @@ def deseq(
             warnings.warn(m, UserWarning, stacklevel=2)
         tables, filt = {}, {}
         for name, vec, zg in cons:
-            tables[name], filt[name] = _results_table(fit, vec, zg, adata.var_names, alpha=alpha, cooks_filter=cooks_filter, independent_filter=independent_filter, lfc_threshold=lfc_threshold, alt_hypothesis=alt_hypothesis, test=test)
+            tables[name], filt[name] = _results_table(
+                fit,
+                vec,
+                zg,
+                adata.var_names,
+                alpha=alpha,
+                cooks_filter=cooks_filter,
+                independent_filter=independent_filter,
+                lfc_threshold=lfc_threshold,
+                alt_hypothesis=alt_hypothesis,
+                test=test,
+            )
         if lfc_shrink is not None:
             from gpuc.deseq._shrink import shrink_lfc
 
@@ -294,12 +329,28 @@ def deseq(
         logg.info("    finished", time=start)
         outputs.append((g, mask, dsg, fit, tables, filt, cons))
 
+    if groupby is not None:
+        if not outputs:
+            msg = f"no group of {groupby!r} could be tested: " + "; ".join(skipped.values())
+            raise ValueError(msg)
+        for g, why in skipped.items():
+            warnings.warn(f"group {g!r} skipped: {why}", UserWarning, stacklevel=2)
+
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     key = key_added
     params = {
         "design": design if isinstance(design, str) else "DataFrame",
-        "contrast": json.dumps([c if isinstance(c, (str, type(None))) else np.asarray(c).tolist() if isinstance(c, np.ndarray) else list(c) for c in _split_contrasts(contrast)]),
+        "contrast": json.dumps(
+            [
+                c
+                if isinstance(c, (str, type(None)))
+                else np.asarray(c).tolist()
+                if isinstance(c, np.ndarray)
+                else list(c)
+                for c in _split_contrasts(contrast)
+            ]
+        ),
         "layer": layer,
         "size_factors": size_factors if isinstance(size_factors, str) else "given",
         "fit_type": fit_type,
@@ -337,6 +388,8 @@ def deseq(
             entry["genes"] = pd.DataFrame({f: fit.genes[f] for f in _GENE_FIELDS}, index=adata.var_names)
             entry["n_samples"] = int(mask.sum())
             uns["groups"][g] = entry
+        if skipped:
+            uns["skipped_groups"] = dict(skipped)
     adata.uns[key] = uns
     return adata if copy else None
 
@@ -357,19 +410,27 @@ def _fit_uns(dsg: Any, fit: Any, tables: dict, filt: dict, cons: list) -> dict:
     } | ({"lrt_df": int(fit.lrt_df)} if fit.lrt_df is not None else {})
 
 
-def _results_table(fit: Any, vec: np.ndarray, zero_groups: Any, var_names: pd.Index, **kwargs: Any) -> tuple[pd.DataFrame, dict]:
+def _results_table(
+    fit: Any, vec: np.ndarray, zero_groups: Any, var_names: pd.Index, **kwargs: Any
+) -> tuple[pd.DataFrame, dict]:
     from gpuc.deseq._pipeline import results
 
     res, info = results(fit, vec, zero_groups=zero_groups, **kwargs)
     df = pd.DataFrame({c: np.asarray(res[c], dtype=np.float64) for c in _RESULT_COLUMNS}, index=var_names.copy())
-    keep = {k: (float(v) if np.isscalar(v) else np.asarray(v)) for k, v in info.items() if k in ("filter_threshold", "filter_theta", "n_cooks_outliers", "theta", "num_rejections", "lowess")}
+    keep = {
+        k: (float(v) if np.isscalar(v) else np.asarray(v))
+        for k, v in info.items()
+        if k in ("filter_threshold", "filter_theta", "n_cooks_outliers", "theta", "num_rejections", "lowess")
+    }
     return df, keep
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # pseudobulk
 # --------------------------------------------------------------------------------------------------------------------
-def pseudobulk(adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = "counts", min_cells: int = 10) -> AnnData:
+def pseudobulk(
+    adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = "counts", min_cells: int = 10
+) -> AnnData:
     """Sum raw counts of the cells of each sample (and group) into a samples x genes AnnData for :func:`deseq`.
 
     Parameters
@@ -403,7 +464,7 @@ def pseudobulk(adata: AnnData, sample_key: str, *, groupby: str | None = None, l
         else:
             check_key(adata.layers, layer, "adata.layers")
     x = get_matrix(adata, layer=layer)
-    _check_counts_nonneg(x, "adata.layers[%r]" % layer if layer else "adata.X")
+    _check_counts_nonneg(x, f"adata.layers[{layer!r}]" if layer else "adata.X")
     x = to_host(x)
     keys = adata.obs[sample_key].astype(str)
     labels = keys if groupby is None else keys + "\x1f" + adata.obs[groupby].astype(str)
@@ -437,7 +498,10 @@ def pseudobulk(adata: AnnData, sample_key: str, *, groupby: str | None = None, l
         if isinstance(out.obs[col].dtype, pd.CategoricalDtype):
             out.obs[col] = out.obs[col].cat.remove_unused_categories()
     pb_params = {"sample_key": sample_key, "groupby": groupby, "layer": layer, "min_cells": int(min_cells)}
-    out.uns["pseudobulk"] = {"params": {k: v for k, v in pb_params.items() if v is not None}, "n_dropped": int((~keep).sum())}
+    out.uns["pseudobulk"] = {
+        "params": {k: v for k, v in pb_params.items() if v is not None},
+        "n_dropped": int((~keep).sum()),
+    }
     return out
 
 
@@ -523,10 +587,22 @@ def vst(
     else:
         sf = backend.asarray(adata.obs[_keys.deseq_size_factors(deseq_key)].to_numpy(dtype=np.float64))
         t = adata.uns[deseq_key]["trend"]
-        trend = DispersionFunction(t["type"], coefs=(t["asymptDisp"], t["extraPois"]) if "asymptDisp" in t else None, mean=t.get("mean"), grid_logmean=t.get("grid_logmean"), grid_logdisp=t.get("grid_logdisp"))
+        trend = DispersionFunction(
+            t["type"],
+            coefs=(t["asymptDisp"], t["extraPois"]) if "asymptDisp" in t else None,
+            mean=t.get("mean"),
+            grid_logmean=t.get("grid_logmean"),
+            grid_logdisp=t.get("grid_logdisp"),
+        )
     out = np.asarray(backend.to_host(vst_transform(backend, y, sf, trend))).T.copy()
     adata = adata.copy() if copy else adata
     adata.layers[key_added] = out
-    params = {"layer": layer, "blind": bool(blind), "fit_type": fit_type, "deseq_key": deseq_key, "device": backend.name}
+    params = {
+        "layer": layer,
+        "blind": bool(blind),
+        "fit_type": fit_type,
+        "deseq_key": deseq_key,
+        "device": backend.name,
+    }
     adata.uns[key_added] = {"params": {k: v for k, v in params.items() if v is not None}, "trend": trend.to_dict()}
     return adata if copy else None
