@@ -236,7 +236,10 @@ def markdown() -> str:
 
 
 def main() -> int:
+    import gpuc
     from gpuc._backend import gpu_status
+
+    gpuc.settings.progress = False
 
     ok, why = gpu_status()
     RESULT["gpu_status"] = why

@@ -205,7 +205,7 @@ def random_init(
 
 def _run_losses(xp: Any, norm2: float, w: Any, c: Any, d: Any) -> Any:
     """Per-run ``||V||^2 - 2 <W, V H^T> + <W^T W, H H^T>`` accumulated in float64 (never forms ``W H``)."""
-    cross = (w.astype(xp.float64) * c.astype(xp.float64)).sum(axis=(0, 2))
+    cross = (w * c).sum(axis=(0, 2), dtype=xp.float64)
     gw = gram(xp, w).astype(xp.float64)
     quad = (gw * d.astype(xp.float64)).sum(axis=(1, 2))
     return norm2 - 2.0 * cross + quad
