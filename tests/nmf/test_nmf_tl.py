@@ -158,6 +158,8 @@ BAD_INPUT = [
     (None, {"metric": "manhattan"}, "metric="),
     (None, {"preprocessing": "zscore"}, "preprocessing="),
     (None, {"layer": "missing"}, "not found"),
+    (None, {"dtype": "float16"}, "dtype="),
+    (None, {"device": "tpu"}, "device="),
 ]
 
 

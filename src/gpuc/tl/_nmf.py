@@ -165,6 +165,9 @@ def _check_k(k: Any, shape: tuple[int, int], name: str = "k") -> int:
 
 
 def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
+    if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
+        msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
+        raise ValueError(msg)
     backend = get_backend(device, block)
     return backend, Operator.build(backend, block, dtype=None if dtype is None else np.dtype(dtype))
 
