@@ -7,6 +7,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from anndata import AnnData
+from matplotlib.axes import Axes
 
 from gpuc import _keys
 from gpuc.get._deseq import _entry, deseq_results
@@ -36,7 +37,7 @@ def volcano(
     n_top: int = 10,
     ax: Any = None,
     show: bool | None = None,
-) -> Any:
+) -> Axes | None:
     """Volcano plot: log2 fold change against -log10 p-value; genes with padj < alpha coloured, top genes labelled.
 
     Parameters
@@ -106,7 +107,7 @@ def ma(
     ylim: float | None = None,
     ax: Any = None,
     show: bool | None = None,
-) -> Any:
+) -> Axes | None:
     """MA plot (R ``plotMA``): log2 fold change against mean of normalised counts, padj < alpha in colour.
 
     Parameters
@@ -159,7 +160,7 @@ def ma(
 
 def dispersion(
     adata: AnnData, *, key: str = _keys.DESEQ, group: str | None = None, ax: Any = None, show: bool | None = None
-) -> Any:
+) -> Axes | None:
     """Dispersion estimates against the mean (R ``plotDispEsts``): genewise (black), trend (red), final (blue),
     dispersion outliers circled.
 
