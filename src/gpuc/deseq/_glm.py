@@ -129,13 +129,48 @@ def _fit_nb_glm(
     idx = xp.arange(G)
     logsf = xp.log(sf)[None, :]
     log_min_mu = float(np.log(min_mu))
-    # log(mu) with mu floored at min_mu, from the linear predictor (no log of mu needed)
-    logmu = xp.maximum(beta @ x.T + logsf, log_min_mu)
-    mu = xp.exp(logmu)
     # the mu-free part of the log-likelihood, computed once (alpha is fixed during the fit)
-    rr = 1.0 / alpha[:, None]
-    ll_const = (bk.special.gammaln(y + rr) - bk.special.gammaln(rr) - bk.special.gammaln(y + 1.0)).sum(axis=1)
+    kern = kconst = None
+    if not bk.is_gpu:
+        from gpuc.deseq._kernels import irls_kernel, nb_const_kernel
+
+        kern, kconst = irls_kernel(), nb_const_kernel()
+    if kconst is not None:
+        ll_const = np.empty(G)
+        kconst(np.ascontiguousarray(y, dtype=np.float64), np.ascontiguousarray(alpha, dtype=np.float64), ll_const)
+    else:
+        rr = 1.0 / alpha[:, None]
+        ll_const = (bk.special.gammaln(y + rr) - bk.special.gammaln(rr) - bk.special.gammaln(y + 1.0)).sum(axis=1)
     loga = xp.log(alpha)
+    if kern is not None:
+        # the same IRLS, one compiled pass per gene and iteration (CPU)
+        beta = np.ascontiguousarray(beta, dtype=np.float64)
+        xh = np.ascontiguousarray(x, dtype=np.float64)
+        xc, cell = np.unique(xh, axis=0, return_inverse=True)
+        kern(
+            np.ascontiguousarray(y, dtype=np.float64),
+            np.ascontiguousarray(sf, dtype=np.float64),
+            xh,
+            cell.reshape(-1).astype(np.int64),
+            np.ascontiguousarray(xc),
+            np.ascontiguousarray(alpha, dtype=np.float64),
+            np.ascontiguousarray(ll_const, dtype=np.float64),
+            np.ascontiguousarray(lam, dtype=np.float64),
+            beta,
+            float(min_mu),
+            int(maxit),
+            float(tol),
+            float(large),
+            iters,
+            converged,
+            failed,
+            dev,
+        )
+        idx = idx[:0]
+    else:
+        # log(mu) with mu floored at min_mu, from the linear predictor (no log of mu needed)
+        logmu = xp.maximum(beta @ x.T + logsf, log_min_mu)
+        mu = xp.exp(logmu)
     for t in range(maxit):
         if idx.shape[0] == 0:
             break
@@ -174,8 +209,14 @@ def _fit_nb_glm(
     cov, hat, mu_unfloored, mu_fl = glm_covariance(
         bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False
     )
-    l1p = xp.log1p(alpha[:, None] * mu_fl)
-    dev = -2.0 * (ll_const + (-l1p / alpha[:, None] + y * (loga[:, None] + xp.log(mu_fl) - l1p)).sum(axis=1))
+    # the deviance at the final beta: the compiled IRLS returns it with beta (the last iteration's), so only genes
+    # refitted by the fallback need it afresh
+    redo = xp.nonzero(refit)[0] if kern is not None else xp.arange(G)
+    if redo.shape[0]:
+        a_r = alpha[redo][:, None]
+        mf = mu_fl[redo]
+        l1p = xp.log1p(a_r * mf)
+        dev[redo] = -2.0 * (ll_const[redo] + (-l1p / a_r + y[redo] * (loga[redo][:, None] + xp.log(mf) - l1p)).sum(axis=1))
     return GLMFit(beta, cov, hat, mu_unfloored, dev, iters, converged, refit)
 
 

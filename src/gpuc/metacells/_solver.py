@@ -11,7 +11,8 @@ T argmin vectors. The updates are incremental:
 * RSS is computed in reduced form ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)`` (K = M^T M): nothing n x n.
 
 All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
-iteration.
+iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._cpu_kernels`) that perform
+the same floating-point operations, so CPU and array code give identical picks (tests check both).
 """
 
 from __future__ import annotations
@@ -91,16 +92,56 @@ def _dense(x: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
 
 
+def _fused(backend: Backend, accel: bool | None) -> Any:
+    """The numba kernels when they should be used (CPU, available, not disabled), else None."""
+    if backend.is_gpu or accel is False:
+        return None
+    from gpuc.metacells._cpu_kernels import kernels
+
+    return kernels()
+
+
+def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None) -> tuple[Any, Any]:
+    """``R = A A^T`` (dense k x k) and ``S = K A^T`` (dense n x k) for the B-update and the error.
+
+    With few archetypes per cell relative to k (large k, CPU) both come from sparse kernels, O(n T^2) and
+    O(nnz(K) T); otherwise from a dense A^T (BLAS for R, one sparse x dense product for S, which is also how
+    SEACells computes S).
+    """
+    xp = backend.xp
+    k, n = a.shape
+    fused = _fused(backend, accel)
+    if fused is not None and k > 4 * a.nnz / max(n, 1):
+        ac = backend.sparse.csc_matrix(a)
+        r = fused.gram_of_columns(ac.indptr, ac.indices, ac.data, k)
+        at = backend.sparse.csr_matrix(a.T)
+        at.sort_indices()
+        s_mat = fused.csr_times_csr_dense(kmat.indptr, kmat.indices, kmat.data, at.indptr, at.indices, at.data, k)
+        return r, s_mat
+    at = _dense(a.T, xp)  # (n, k)
+    return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
+
+
 def update_a(
-    backend: Backend, kmat: Any, b: Any, a_prev: Any, n_steps: int, *, block: int = 2048, kb: Any = None
+    backend: Backend,
+    kmat: Any,
+    b: Any,
+    a_prev: Any,
+    n_steps: int,
+    *,
+    block: int = 2048,
+    kb: Any = None,
+    accel: bool | None = None,
 ) -> Any:
     """SEACells ``_updateA``: T Frank-Wolfe steps on every column of A with B fixed.
 
     ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
     independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
-    ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q.
+    ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q. On the CPU the
+    inner loop runs in a fused numba kernel (same operations) unless ``accel=False``.
     """
     xp, sparse = backend.xp, backend.sparse
+    fused = _fused(backend, accel)
     n, k = b.shape
     if kb is None:
         kb = sparse.csr_matrix(kmat @ b)
@@ -118,6 +159,9 @@ def update_a(
             qa = xp.ascontiguousarray(xp.asarray(a_sparse_t[s:e] @ q))
         else:
             qa = xp.ascontiguousarray((q @ a_prev[:, s:e]).T)
+        if fused is not None:
+            fused.fw_a_block(q, p, qa, picks, s)
+            continue
         g = xp.empty_like(qa)
         for t in range(n_steps):
             xp.subtract(qa, p, out=g)
@@ -135,19 +179,39 @@ def update_a(
     return _from_argmins(backend, picks, (k, n))
 
 
-def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, block: int = 1024) -> Any:
+def update_b(
+    backend: Backend,
+    kmat: Any,
+    a: Any,
+    b_prev: Any,
+    n_steps: int,
+    *,
+    block: int = 1024,
+    accel: bool | None = None,
+    r: Any = None,
+    s_mat: Any = None,
+) -> Any:
     """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
 
     The gradient K B R - K A^T (R = A A^T) is updated with the k gathered kernel columns of the cells picked at
     each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B. The update of ``K B R`` and
-    the column argmin of the next gradient are fused in one pass over row blocks of ``block`` cells (cache-sized).
+    the column argmin of the next gradient are fused in one pass over row blocks of ``block`` cells (cache-sized);
+    on the CPU in one numba kernel (same operations) unless ``accel=False``.
     """
     xp, sparse = backend.xp, backend.sparse
+    fused = _fused(backend, accel)
     k, n = a.shape
-    r = _dense(a @ a.T, xp)  # (k, k), symmetric
-    s_mat = _dense(kmat @ a.T, xp)  # (n, k) = K A^T: sparse x sparse (A^T has <= T non-zeros per row)
+    if r is None or s_mat is None:
+        r, s_mat = gram_and_s(backend, kmat, a, accel=accel)  # A A^T (k, k) and K A^T (n, k)
     y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
     picks = xp.empty((n_steps, k), dtype=xp.int64)
+    if fused is not None:
+        picks[0] = fused.col_argmin_diff(y, s_mat)
+        for t in range(1, n_steps):
+            ka = sparse.csr_matrix(kmat[picks[t - 1]].T)
+            ka.sort_indices()
+            picks[t] = fused.fw_b_step(y, s_mat, ka.indptr, ka.indices, ka.data, r, 2.0 / (t + 1.0), t == 1)
+        return _from_argmins(backend, picks, (n, k))
     cols = xp.arange(k)
     picks[0] = xp.argmin(y - s_mat, axis=0)
     gbuf = xp.empty((min(block, n), k), dtype=y.dtype)
@@ -179,7 +243,15 @@ def update_b(backend: Backend, kmat: Any, a: Any, b_prev: Any, n_steps: int, *, 
 
 
 def rss_reduced(
-    backend: Backend, kmat: Any, m_sq: float, a: Any, b: Any, *, squared: bool = False, kb: Any = None
+    backend: Backend,
+    kmat: Any,
+    m_sq: float,
+    a: Any,
+    b: Any,
+    *,
+    squared: bool = False,
+    kb: Any = None,
+    r: Any = None,
 ) -> float:
     """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n."""
     xp = backend.xp
@@ -187,7 +259,7 @@ def rss_reduced(
         kb = backend.sparse.csr_matrix(kmat @ b)
     tr_kba = float(kb.multiply(a.T).sum())
     q = xp.asarray((b.T @ kb).toarray())
-    r = xp.asarray((a @ a.T).toarray())
+    r = _dense(a @ a.T, xp) if r is None else r
     quad = float((q * r).sum())
     val = max(m_sq - 2.0 * tr_kba + quad, 0.0)
     return val if squared else math.sqrt(val)
@@ -270,8 +342,10 @@ def fit(
         t0 = time.perf_counter()
         n_iter += 1
         a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
-        b = update_b(backend, kmat, a, b, fw_iters, block=block_b)
-        rss.append(rss_reduced(backend, kmat, m_sq, a, b))
+        r, s_mat = gram_and_s(backend, kmat, a)
+        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, r=r, s_mat=s_mat)
+        del s_mat
+        rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r))
         secs.append(time.perf_counter() - t0)
         if callback is not None:
             callback(n_iter, rss[-1])

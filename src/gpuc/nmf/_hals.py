@@ -276,6 +276,13 @@ def fit_hals(
     prev = np.full(n_runs, np.nan)
     w = out_w.copy()
     ht = out_h.copy()
+    # CPU + sparse V + extrapolation: one fused numba pass per half-iteration (product row, sweep, extrapolation and
+    # Gram/loss terms together; see _hals_cpu). Same iterates as the generic path up to float rounding.
+    fused = None
+    if extrapolate and xp is np and op.sparse:
+        from gpuc.nmf._hals_cpu import kernels
+
+        fused = kernels()
     if extrapolate:
         # Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from
         # x_hat = x_new + beta (x_new - x_old); beta grows by 1.05 while the error falls (capped by beta_bar, which
@@ -284,11 +291,32 @@ def fit_hals(
         beta = xp.full((n_runs,), 0.5, dtype=dt)
         beta_bar = xp.ones((n_runs,), dtype=dt)
         e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
+        if fused is not None:
+            g_what = gram(xp, w_hat).astype(np.float64)  # Gram of the current w_hat (float64)
     it = 0
     for it in range(1, max_iter + 1):
         ra = len(active)
         check = it % check_every == 0 or it == max_iter
-        if not extrapolate:
+        if fused is not None:
+            spectra_half, usage_half = fused
+            vt, v = op.vt, op.v
+            d64 = spectra_half(vt.indptr, vt.indices, vt.data, w_hat.reshape(m, ra * k), g_what.astype(dt),
+                               ht.reshape(n, ra * k), h_hat.reshape(n, ra * k), beta, not check, eps, ra, k, inner_sweeps)
+            cross, g_new, g_what = usage_half(v.indptr, v.indices, v.data, h_hat.reshape(n, ra * k), d64.astype(dt),
+                                              w.reshape(m, ra * k), w_hat.reshape(m, ra * k), beta, eps, ra, k, inner_sweeps)
+            e = op.norm2 - 2.0 * cross + (g_new * d64).sum(axis=(1, 2))
+            rise = e > e_prev
+            if rise.any():  # drop the extrapolation of the runs whose error rose
+                w_hat[:, rise, :] = w[:, rise, :]
+                h_hat[:, rise, :] = ht[:, rise, :]
+                g_what[rise] = g_new[rise]
+            beta_new = xp.where(rise, beta / 1.5, xp.minimum(beta_bar, beta * 1.05))
+            beta_bar = xp.where(rise, beta, xp.minimum(1.0, beta_bar * 1.01)).astype(dt)
+            beta = beta_new.astype(dt)
+            e_prev = xp.where(rise, e_prev, e)
+            if check:
+                cur = np.asarray(e, dtype=np.float64)
+        elif not extrapolate:
             # ---- spectra half-iteration: A^T = V^T W (n, Ra*k), Grams W^T W, sweep
             at = _as_dense(xp, op.tdot(w.reshape(m, ra * k))).reshape(n, ra, k)
             b = gram(xp, w)
@@ -367,6 +395,8 @@ def fit_hals(
                 w_hat = xp.ascontiguousarray(w_hat[:, keep, :])
                 h_hat = xp.ascontiguousarray(h_hat[:, keep, :])
                 beta, beta_bar, e_prev = beta[keep], beta_bar[keep], e_prev[keep]
+                if fused is not None:
+                    g_what = np.ascontiguousarray(g_what[keep])
     return HalsResult(out_w, out_h, losses, n_iter, converged, op.norm2)
 
 
