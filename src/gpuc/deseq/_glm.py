@@ -216,7 +216,9 @@ def _fit_nb_glm(
         a_r = alpha[redo][:, None]
         mf = mu_fl[redo]
         l1p = xp.log1p(a_r * mf)
-        dev[redo] = -2.0 * (ll_const[redo] + (-l1p / a_r + y[redo] * (loga[redo][:, None] + xp.log(mf) - l1p)).sum(axis=1))
+        dev[redo] = -2.0 * (
+            ll_const[redo] + (-l1p / a_r + y[redo] * (loga[redo][:, None] + xp.log(mf) - l1p)).sum(axis=1)
+        )
     return GLMFit(beta, cov, hat, mu_unfloored, dev, iters, converged, refit)
 
 

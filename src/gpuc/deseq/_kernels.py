@@ -34,7 +34,6 @@ def nb_logpost_kernel() -> Any:
 
     import numpy as np
 
-
     K = _K
     HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -150,9 +149,14 @@ def nb_logpost_kernel() -> Any:
                         lx = math.log(yr)
                         v = 1.0 / yr
                         z = v * v
-                        s_lg += (yr - 0.5) * lx - yr + HALF_LOG_2PI + v * (
-                            1.0 / 12.0 - z * (1.0 / 360.0 - z * (1.0 / 1260.0 - z * (1.0 / 1680.0 - z / 1188.0)))
-                        ) - lgr
+                        s_lg += (
+                            (yr - 0.5) * lx
+                            - yr
+                            + HALF_LOG_2PI
+                            + v
+                            * (1.0 / 12.0 - z * (1.0 / 360.0 - z * (1.0 / 1260.0 - z * (1.0 / 1680.0 - z / 1188.0))))
+                            - lgr
+                        )
                         if derivs:
                             s_dg += (
                                 lx - 0.5 * v - z * (1.0 / 12.0 - z * (1.0 / 120.0 - z * (1.0 / 252.0 - z / 240.0)))
@@ -214,9 +218,10 @@ def irls_kernel() -> Any:
 
     import numpy as np
 
-
     @numba.njit(cache=True, nogil=True)
-    def kern(y, sf, x, cell, xc, alpha, ll_const, lam, beta, min_mu, maxit, tol, large, iters, converged, failed, dev):  # pragma: no cover - compiled
+    def kern(
+        y, sf, x, cell, xc, alpha, ll_const, lam, beta, min_mu, maxit, tol, large, iters, converged, failed, dev
+    ):  # pragma: no cover - compiled
         # x: (n, p) design; xc: (n_cells, p) its distinct rows and cell: (n,) the row of each sample, so that
         # exp(X beta) is taken once per cell: mu_j = sf_j exp(xc[cell_j] beta), floored at min_mu
         G, n = y.shape
@@ -350,7 +355,8 @@ def irls_kernel() -> Any:
 @functools.cache
 def nb_const_kernel() -> Any:
     """Compiled per-gene sum over samples of lgamma(y + r) - lgamma(r) - lgamma(y + 1), r = 1/alpha (the mu-free
-    part of the NB log-likelihood), or None without numba."""
+    part of the NB log-likelihood), or None without numba.
+    """
     try:
         import numba
     except ImportError:  # pragma: no cover - numba comes with scanpy
@@ -360,7 +366,6 @@ def nb_const_kernel() -> Any:
     import numpy as np
 
     K = _K
-    half_log_2pi = 0.5 * math.log(2.0 * math.pi)
     log_fact = np.array([math.lgamma(k + 1.0) for k in range(K)])
 
     @numba.njit(cache=True, nogil=True)
@@ -389,18 +394,31 @@ def nb_const_kernel() -> Any:
                             t_lg[filled] = lg_acc + math.log(prod)
                         s += t_lg[k] - log_fact[k]
                     elif yj >= K:
-                        # Stirling series for lgamma(y + r) and lgamma(y + 1) (truncation < 1e-17 at 64)
+                        # Stirling series for lgamma(y + r) and lgamma(y + 1) (truncation < 1e-17 at 64; the
+                        # log(2 pi) / 2 terms cancel)
                         x1 = yj + r
                         v1 = 1.0 / x1
                         z1 = v1 * v1
                         x2 = yj + 1.0
                         v2 = 1.0 / x2
                         z2 = v2 * v2
-                        l1 = (x1 - 0.5) * math.log(x1) - x1 + v1 * (
-                            1.0 / 12.0 - z1 * (1.0 / 360.0 - z1 * (1.0 / 1260.0 - z1 * (1.0 / 1680.0 - z1 / 1188.0)))
+                        l1 = (
+                            (x1 - 0.5) * math.log(x1)
+                            - x1
+                            + v1
+                            * (
+                                1.0 / 12.0
+                                - z1 * (1.0 / 360.0 - z1 * (1.0 / 1260.0 - z1 * (1.0 / 1680.0 - z1 / 1188.0)))
+                            )
                         )
-                        l2 = (x2 - 0.5) * math.log(x2) - x2 + v2 * (
-                            1.0 / 12.0 - z2 * (1.0 / 360.0 - z2 * (1.0 / 1260.0 - z2 * (1.0 / 1680.0 - z2 / 1188.0)))
+                        l2 = (
+                            (x2 - 0.5) * math.log(x2)
+                            - x2
+                            + v2
+                            * (
+                                1.0 / 12.0
+                                - z2 * (1.0 / 360.0 - z2 * (1.0 / 1260.0 - z2 * (1.0 / 1680.0 - z2 / 1188.0)))
+                            )
                         )
                         s += l1 - l2 - lgr
                     else:

@@ -339,7 +339,12 @@ def _scatter(bk: Backend, values: np.ndarray, nz_idx: Any, G: int, fill: Any = n
     dtype = values.dtype if values.dtype != bool or isinstance(fill, bool) else np.float64
     if values.dtype.kind in "iu" and not isinstance(fill, int):
         dtype = np.float64
-    out = np.full((G, *values.shape[1:]), fill, dtype=dtype)
+    if idx.shape[0] == G:  # every gene has a count: nz_idx is 0..G-1
+        return values.astype(dtype, copy=False)
+    out = np.empty((G, *values.shape[1:]), dtype=dtype)
+    missing = np.ones(G, dtype=bool)
+    missing[idx] = False
+    out[missing] = fill
     out[idx] = values
     return out
 

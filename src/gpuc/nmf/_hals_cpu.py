@@ -100,7 +100,7 @@ def kernels() -> Any:
                     out[r, b, a] = out[r, a, b]
         return out
 
-    @numba.njit(cache=True, parallel=True, nogil=True)
+    @numba.njit(cache=True, nogil=True)
     def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, n_runs, k, n_inner):  # pragma: no cover
         """Spectra half-iteration on the rows (genes) of ``V^T``: ``h_new = sweep(h_hat; V^T w_hat, W^T W)``;
         ``h_hat <- h_new + beta (h_new - ht)`` (or ``h_new`` when not ``extrap``); ``ht <- h_new``.
@@ -114,7 +114,7 @@ def kernels() -> Any:
                 for b in range(k):
                     gt[b, a, r] = g_w[r, a, b]
         part = np.zeros((nch, k, k, n_runs))
-        for ch in numba.prange(nch):
+        for ch in range(nch):
             buf = np.empty(rk, dtype=ht.dtype)
             qt = np.empty((k, n_runs), dtype=ht.dtype)
             xt = np.empty((k, n_runs), dtype=ht.dtype)
@@ -139,7 +139,7 @@ def kernels() -> Any:
                 _gram_add(part[ch], xt, n_runs, k)
         return _finish_gram(part, n_runs, k)
 
-    @numba.njit(cache=True, parallel=True, nogil=True)
+    @numba.njit(cache=True, nogil=True)
     def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, n_runs, k, n_inner):  # pragma: no cover
         """Usage half-iteration on the rows (cells) of ``V``: ``w_new = sweep(w_hat; V h_hat, H H^T)``; then
         ``w_hat <- w_new + beta (w_new - w)`` and ``w <- w_new``. Returns float64 ``cross (R,) = <w_new, V h_hat>``,
@@ -155,7 +155,7 @@ def kernels() -> Any:
         p_cross = np.zeros((nch, n_runs))
         p_new = np.zeros((nch, k, k, n_runs))
         p_hat = np.zeros((nch, k, k, n_runs))
-        for ch in numba.prange(nch):
+        for ch in range(nch):
             buf = np.empty(rk, dtype=w.dtype)
             qt = np.empty((k, n_runs), dtype=w.dtype)
             xt = np.empty((k, n_runs), dtype=w.dtype)
