@@ -79,6 +79,7 @@ def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int
     from cnmf import cNMF
 
     times = {}
+    cpu0 = time.process_time()
     obj = cNMF(output_dir=workdir, name=name)
     t = time.perf_counter()
     obj.prepare(counts_fn=counts_fn, components=ks, n_iter=n_iter, seed=seed, num_highvar_genes=2000)
@@ -112,6 +113,7 @@ def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int
         out["spectra"] = spectra.values
         out["spectra_genes"] = np.asarray(spectra.columns)
     times["total"] = sum(times.values())
+    times["cpu"] = time.process_time() - cpu0
     genes = open(obj.paths["nmf_genes_list"]).read().split()
     norm = sc.read_h5ad(obj.paths["normalized_counts"])
     out.update(times=times, genes=genes, norm2=float((norm.X.data.astype(np.float64) ** 2).sum()) if sp.issparse(norm.X) else float((np.asarray(norm.X, dtype=np.float64) ** 2).sum()))
@@ -122,20 +124,23 @@ def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int,
     ad = ad.copy()
     common = {"layer": "counts", "preprocessing": "sd", "metric": "euclidean", "device": "cpu", "random_state": seed, "tol": tol}
     t = time.perf_counter()
+    cpu0 = time.process_time()
     if sweep:
         gpuc.tl.nmf_k_sweep(ad, ks, n_runs=n_runs, density_threshold=2.0, **common)
         total = time.perf_counter() - t
+        cpu = time.process_time() - cpu0
         tab = ad.uns["nmf_k_sweep"]["table"]
-        return {"times": {"total": total}, "stability": dict(zip(tab.k.astype(int), tab.stability.astype(float), strict=True)), "median_error": dict(zip(tab.k.astype(int), tab.median_error.astype(float), strict=True))}
+        return {"times": {"total": total, "cpu": cpu}, "stability": dict(zip(tab.k.astype(int), tab.stability.astype(float), strict=True)), "median_error": dict(zip(tab.k.astype(int), tab.median_error.astype(float), strict=True))}
     gpuc.tl.consensus_nmf(ad, ks[0], n_runs=n_runs, density_threshold=0.5, normalization="sum", **common)
     total = time.perf_counter() - t
+    cpu = time.process_time() - cpu0
     u = ad.uns["nmf"]
     # cNMF's stability number (silhouette without density filter), from the same restarts (untimed): threshold 2
     ad2 = ad.copy()
     gpuc.tl.nmf_k_sweep(ad2, [ks[0]], n_runs=n_runs, density_threshold=2.0, **common)
     hv = ad.var["highly_variable"].to_numpy()
     return {
-        "times": {"total": total},
+        "times": {"total": total, "cpu": cpu},
         "stability": {ks[0]: float(ad2.uns["nmf_k_sweep"]["table"].stability.iloc[0])},
         "stability_filtered": float(u["stability"]),
         "rel_error": float(u["rel_error"]),
@@ -159,21 +164,36 @@ def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> d
     seeds = [derive_seed(0, k, r) for r in range(n_runs)]
     fit_hals(be, op, k, seeds, max_iter=2, tol=1e-300)
     t = time.perf_counter()
+    c0 = time.process_time()
     fit_hals(be, op, k, seeds, max_iter=iters, tol=1e-300)
     sec = (time.perf_counter() - t) / iters
+    cpu_sec = (time.process_time() - c0) / iters
+    # the sparse product alone (scipy, both halves) for reference
+    w = np.ones((m, n_runs * k), dtype=np.float32)
+    h = np.ones((n, n_runs * k), dtype=np.float32)
+    c0 = time.process_time()
+    for _ in range(5):
+        op.vt @ w
+        op.v @ h
+    scipy_spmm = (time.process_time() - c0) / 5
     rk = n_runs * k
     nnz = x.nnz
+    # the fused CPU kernel (gpuc.nmf._hals_cpu): per half-iteration one SpMM row at a time, the Gauss-Seidel sweep of
+    # that row, the extrapolation, and float64 Gram accumulation (upper triangles: new spectra, new usages and the
+    # extrapolated usages), plus the loss cross term
     flops = {
         "spmm (V^T W, V H^T)": 2 * 2 * nnz * rk,
-        "grams": 2 * (m + n) * n_runs * k * k,
-        "sweeps": 2 * (m + n) * n_runs * k * (k + 3),
-        "norms": 3 * m * rk,
+        "grams (3, upper triangles)": (2 * m + n) * n_runs * k * (k + 1),
+        "sweeps": 2 * (m + n) * n_runs * k * (k + 1),
+        "extrapolation + loss": 3 * (m + n) * rk + 2 * m * rk,
     }
     fl = sum(flops.values())
-    # bytes moved at least once per iteration: V twice (CSR of V and of V^T: 8-byte values + 4-byte indices),
-    # the dense factors read by each product and written by each sweep, the products written and read once
-    f8 = 4  # float32 (the default dtype)
-    bytes_ = 2 * nnz * (f8 + 4) + 2 * (m + n) * rk * f8 * 3
+    # bytes from memory at least once per iteration: V twice (CSR of V and of V^T: 4-byte values + 4-byte indices),
+    # the four factor blocks (W, W_hat, H, H_hat: read and written once each) and the gathered factor read once
+    f4 = 4  # float32 (the default dtype)
+    bytes_ = 2 * nnz * (f4 + 4) + (m + n) * rk * f4 * 5
+    # bytes gathered from cache: one row of the other factor (rk floats) per non-zero, in each half-iteration
+    gathered = 2 * nnz * rk * f4
     # machine: a STREAM-like triad and a dense GEMM on this core count
     gen = np.random.default_rng(0)
     a = gen.random(20_000_000)
@@ -190,7 +210,8 @@ def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> d
         g @ g
     gemm = 3 * 2 * 2000**3 / (time.perf_counter() - t)
     return {
-        "shape": [m, n], "nnz": nnz, "k": k, "n_runs": n_runs, "seconds_per_iter": sec, "flops_per_iter": fl,
+        "shape": [m, n], "nnz": nnz, "k": k, "n_runs": n_runs, "seconds_per_iter": sec, "cpu_seconds_per_iter": cpu_sec, "flops_per_iter": fl,
+        "scipy_spmm_cpu_seconds": scipy_spmm, "gathered_bytes_per_iter": gathered,
         "flops_breakdown": flops, "bytes_per_iter": bytes_, "gflops": fl / sec / 1e9, "gbytes_per_s": bytes_ / sec / 1e9,
         "machine_stream_gbs": bw / 1e9, "machine_dgemm_gflops": gemm / 1e9,
     }
@@ -201,7 +222,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = ARGS.cases.split(",")
     ad = load_pbmc3k()
-    res: dict = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(), "threads": ARGS.threads, "cpu": _cpu_name()}, "versions": _versions(), "cases": {}}
+    res: dict = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(), "threads": ARGS.threads, "cpu": _cpu_name(), "loadavg_start": os.getloadavg()}, "versions": _versions(), "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         counts_fn = str(Path(tmp) / "pbmc3k_counts.h5ad")
         sc.AnnData(ad.layers["counts"].astype(np.float32), obs=ad.obs[[]], var=ad.var[[]]).write_h5ad(counts_fn)
@@ -241,6 +262,7 @@ def main() -> None:
                     print(f"[{case} rep {rep}] gpuc tol={tol:g} {g['times']} stability {g['stability']}", flush=True)
             res["cases"][case] = _summarise(case, rows, ks)
         res["roofline"] = roofline(ad)
+    res["machine"]["loadavg_end"] = os.getloadavg()
     (out_dir / "nmf_cpu.json").write_text(json.dumps(res, indent=2, default=float))
     md = _markdown(res)
     (out_dir / "nmf_cpu.md").write_text(md)
@@ -264,6 +286,8 @@ def _summarise(case: str, rows: dict, ks: list[int]) -> dict:
             s[tool]["median_error"] = {k: float(np.median([r["median_error"][k] for r in rows[tool]])) for k in ks}
         if rows["cnmf"]:
             s[tool]["speedup"] = s["cnmf"]["times"]["total"] / s[tool]["times"]["total"]
+            s[tool]["speedup_cpu"] = s["cnmf"]["times"]["cpu"] / s[tool]["times"]["cpu"]
+            s[tool]["speedup_per_repeat"] = [c["times"]["total"] / g["times"]["total"] for c, g in zip(rows["cnmf"], rows[tool], strict=False)]
             if case == "k7":
                 c0 = rows["cnmf"][0]
                 gi = {g: i for i, g in enumerate(g0["spectra_genes"])}
@@ -276,19 +300,22 @@ def _summarise(case: str, rows: dict, ks: list[int]) -> dict:
 
 def _markdown(res: dict) -> str:
     m = res["machine"]
-    lines = [f"Machine: {m['cpu']}, {m['cpus']} cores, BLAS threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.", ""]
+    la0, la1 = m["loadavg_start"], m.get("loadavg_end", m["loadavg_start"])
+    lines = [f"Machine: {m['cpu']}, {m['cpus']} cores shared with other jobs (1/5/15-min load average {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f} at start, "
+             f"{la1[0]:.1f}/{la1[1]:.1f}/{la1[2]:.1f} at end), BLAS and numba threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.", ""]
     for case, s in res["cases"].items():
         title = "k=7 x 20 runs + consensus (density 0.5)" if case == "k7" else "k sweep 2..12 x 10 runs"
         lines += [f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats (seeds differ per repeat):", ""]
-        lines += ["| tool | steps (s) | total (s) | speed-up | stability (median; all) |", "| --- | --- | --- | --- | --- |"]
+        lines += ["| tool | steps (s) | total wall (s) | CPU (s) | speed-up wall (per repeat) | speed-up CPU | stability (median; all) |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for tool in s["tools"]:
-            st = ", ".join(f"{k} {v:.2f}" for k, v in s[tool]["times"].items() if k != "total")
-            sp_ = f"{s[tool]['speedup']:.1f}x" if "speedup" in s[tool] else ""
+            st = ", ".join(f"{k} {v:.2f}" for k, v in s[tool]["times"].items() if k not in ("total", "cpu"))
+            sp_ = (f"{s[tool]['speedup']:.1f}x (" + "/".join(f"{v:.1f}" for v in s[tool]["speedup_per_repeat"]) + ")") if "speedup" in s[tool] else ""
+            spc = f"{s[tool]['speedup_cpu']:.1f}x" if "speedup_cpu" in s[tool] else ""
             stab = ""
             if case == "k7":
                 allv = s[tool]["stability_all"][7]
                 stab = f"{s[tool]['stability'][7]:.3f}; " + "/".join(f"{v:.3f}" for v in allv)
-            lines.append(f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {sp_} | {stab} |")
+            lines.append(f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {s[tool]['times']['cpu']:.2f} | {sp_} | {spc} | {stab} |")
         lines.append("")
         if case == "k7":
             for tool in s["tools"]:
@@ -309,10 +336,12 @@ def _markdown(res: dict) -> str:
         lines.append("")
     r = res["roofline"]
     lines.append(
-        f"HALS iteration (k={r['k']} x {r['n_runs']} runs batched, {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']:,}, float32): "
-        f"{r['flops_per_iter'] / 1e6:.0f} MFLOP and >= {r['bytes_per_iter'] / 1e6:.0f} MB per iteration; measured {r['seconds_per_iter'] * 1e3:.1f} ms "
-        f"= {r['gflops']:.2f} GFLOP/s and {r['gbytes_per_s']:.2f} GB/s; this machine: dgemm {r['machine_dgemm_gflops']:.1f} GFLOP/s, "
-        f"triad {r['machine_stream_gbs']:.1f} GB/s."
+        f"HALS iteration (k={r['k']} x {r['n_runs']} runs batched, {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']:,}, float32, one thread): "
+        f"{r['flops_per_iter'] / 1e6:.0f} MFLOP ({r['flops_breakdown']['spmm (V^T W, V H^T)'] / 1e6:.0f} in the two sparse products), "
+        f">= {r['bytes_per_iter'] / 1e6:.0f} MB from memory and {r['gathered_bytes_per_iter'] / 1e6:.0f} MB of factor rows gathered from cache per iteration; "
+        f"measured {r['seconds_per_iter'] * 1e3:.1f} ms wall ({r['cpu_seconds_per_iter'] * 1e3:.1f} ms CPU) = {r['flops_per_iter'] / r['cpu_seconds_per_iter'] / 1e9:.1f} GFLOP/s "
+        f"of CPU time and {r['bytes_per_iter'] / r['cpu_seconds_per_iter'] / 1e9:.2f} GB/s from memory; scipy's two SpMMs alone take {r['scipy_spmm_cpu_seconds'] * 1e3:.1f} ms CPU. "
+        f"This machine: dgemm {r['machine_dgemm_gflops']:.1f} GFLOP/s, triad {r['machine_stream_gbs']:.1f} GB/s."
     )
     return "\n".join(lines) + "\n"
 
