@@ -317,9 +317,7 @@ def run_k(
     from gpuc._utils import derive_seed
 
     seeds = [derive_seed(random_state, k, i) for i in range(n_runs)]
-    import os
-    uf = os.environ.get("GPUC_USAGE_FIRST", "0") == "1"
-    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, progress=progress, usage_first=uf)
+    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, progress=progress)
 
 
 def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:

@@ -223,7 +223,6 @@ def fit_hals(
     check_every: int = 10,
     extrapolate: bool = True,
     inner_sweeps: int = 1,
-    usage_first: bool = False,
     progress: Any = None,
 ) -> HalsResult:
     """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
@@ -277,11 +276,6 @@ def fit_hals(
     prev = np.full(n_runs, np.nan)
     w = out_w.copy()
     ht = out_h.copy()
-    if usage_first:
-        # sklearn's cd (cNMF's solver) updates the usages first: one usage sweep against the random spectra
-        c0 = _as_dense(xp, op.dot(ht.reshape(n, n_runs * k))).reshape(m, n_runs, k)
-        sweep(xp, w, c0, gram(xp, ht), eps)
-        del c0
     # CPU + sparse V + extrapolation: one fused numba pass per half-iteration (product row, sweep, extrapolation and
     # Gram/loss terms together; see _hals_cpu). Same iterates as the generic path up to float rounding.
     fused = None
