@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuc.get._deseq import deseq_results
 from gpuc.get._nmf import nmf_top_genes
 from gpuc.get._transfer import to_cpu, to_gpu
-from gpuc.get._deseq import deseq_results
 
-__all__ = ["nmf_top_genes", "to_cpu", "to_gpu", "deseq_results"]
+__all__ = ["deseq_results", "nmf_top_genes", "to_cpu", "to_gpu"]
