@@ -158,3 +158,22 @@ def test_nmf_consensus_too_few_components(cnmf_matrix):
     # the cached densities let another threshold be applied without refitting
     res = consensus(CPU, op, fits, 3, density_threshold=2.0, density=dens)
     assert res.n_dropped == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dtype):
+    # the numba-fused half-iterations (sparse V, extrapolation) follow the same iterates as the generic xp code
+    pytest.importorskip("numba")
+    import gpuc.nmf._hals_cpu as hals_cpu
+
+    op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=dtype)
+    seeds = [derive_seed(2, 5, r) for r in range(4)]
+    fused = fit_hals(CPU, op, 5, seeds)
+    monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
+    generic = fit_hals(CPU, op, 5, seeds)
+    np.testing.assert_array_equal(fused.n_iter, generic.n_iter)
+    rel = 1e-9 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(fused.losses, generic.losses, rtol=rel)
+    if dtype == np.float64:  # float32 rounding differs (float64 Grams in the kernel), so only the losses are compared
+        np.testing.assert_allclose(fused.spectra_t, generic.spectra_t, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(fused.usages, generic.usages, rtol=1e-5, atol=1e-6)
