@@ -49,19 +49,32 @@ def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype, extr
     assert (w >= 0).all() and (h >= 0).all()
 
 
+@pytest.mark.parametrize("usage_first", [False, True])
 @pytest.mark.parametrize("extrapolate", [True, False])
-def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, extrapolate):
+def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, extrapolate, usage_first):
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
     seeds = [derive_seed(11, 6, r) for r in range(5)]
-    batched = fit_hals(CPU, op, 6, seeds, extrapolate=extrapolate)
+    batched = fit_hals(CPU, op, 6, seeds, extrapolate=extrapolate, usage_first=usage_first)
     # runs stop at different iterations, so the batch shrinks during the fit
     assert len(set(batched.n_iter.tolist())) > 1
     for r, ss in enumerate(seeds):
-        alone = fit_hals(CPU, op, 6, [ss], extrapolate=extrapolate)
+        alone = fit_hals(CPU, op, 6, [ss], extrapolate=extrapolate, usage_first=usage_first)
         assert alone.n_iter[0] == batched.n_iter[r]
         assert alone.losses[0] == pytest.approx(batched.losses[r], rel=1e-10)
         np.testing.assert_allclose(alone.spectra(0), batched.spectra(r), rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(alone.usage(0), batched.usage(r), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("extrapolate", [True, False])
+def test_nmf_usage_first_reaches_sklearn_optimum(cnmf_matrix, extrapolate):
+    # opt-in sklearn 'cd' update order (W first): same optimum, loss expansion still exact
+    op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
+    res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)], extrapolate=extrapolate, usage_first=True)
+    assert res.converged[0]
+    assert abs(res.rel_errors[0] - 0.59046) < 1e-4
+    w, h = res.usage(0), res.spectra(0)
+    assert res.losses[0] == pytest.approx(((cnmf_matrix - w @ h) ** 2).sum(), rel=1e-9)
+    np.testing.assert_allclose(np.linalg.norm(w, axis=0), 1.0, rtol=1e-12)
 
 
 def test_nmf_seeds_depend_only_on_k_and_run(cnmf_matrix):

@@ -223,6 +223,7 @@ def fit_hals(
     check_every: int = 10,
     extrapolate: bool = True,
     inner_sweeps: int = 1,
+    usage_first: bool = False,
     progress: Any = None,
 ) -> HalsResult:
     """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
@@ -254,6 +255,9 @@ def fit_hals(
     inner_sweeps
         Gauss-Seidel sweeps per data product (Gillis & Glineur 2012: the products cost far more than a sweep, so
         repeating the cheap sweep on the same product can pay off).
+    usage_first
+        Start with one plain HALS sweep of the usages against the random spectra, so that the update sequence is
+        W, H, W, H, ... as in scikit-learn's ``solver='cd'`` (cNMF's solver) instead of H, W, H, W, ....
     progress
         Optional callable taking the number of iterations just done (for progress bars).
 
@@ -276,6 +280,17 @@ def fit_hals(
     prev = np.full(n_runs, np.nan)
     w = out_w.copy()
     ht = out_h.copy()
+    if usage_first:  # one usage half-step from the random spectra (sklearn 'cd' order: W first)
+        c0 = _as_dense(xp, op.dot(ht.reshape(n, n_runs * k))).reshape(m, n_runs, k)
+        d0 = gram(xp, ht)
+        for _ in range(inner_sweeps):
+            sweep(xp, w, c0, d0, eps)
+        del c0, d0
+        if not extrapolate:
+            nrm = xp.sqrt((w * w).sum(axis=0))
+            nrm = xp.where(nrm > 0, nrm, 1.0)
+            w /= nrm[None]
+            ht *= nrm[None]
     # CPU + sparse V + extrapolation: one fused numba pass per half-iteration (product row, sweep, extrapolation and
     # Gram/loss terms together; see _hals_cpu). Same iterates as the generic path up to float rounding.
     fused = None
