@@ -11,13 +11,7 @@ from matplotlib.axes import Axes
 
 from gpuc import _keys
 from gpuc.get._deseq import _entry, deseq_results
-
-
-def _finish(ax: Any, show: bool | None) -> Any:
-    if show is None or show:
-        plt.show()
-        return None
-    return ax
+from gpuc.pl._utils import finish
 
 
 def _label_top(ax: Any, x: np.ndarray, y: np.ndarray, names: Any, order: np.ndarray, n_top: int) -> None:
@@ -92,7 +86,7 @@ def volcano(
         str(contrast) if contrast is not None else next(iter(_entry(adata, key, group)["results"])), fontsize=9
     )
     ax.legend(frameon=False, fontsize=8, markerscale=2)
-    return _finish(ax, show)
+    return finish(ax, show)
 
 
 def ma(
@@ -155,7 +149,7 @@ def ma(
     _label_top(ax, bm, y, df.index, order, n_top)
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
-    return _finish(ax, show)
+    return finish(ax, show)
 
 
 def dispersion(
@@ -205,4 +199,4 @@ def dispersion(
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("dispersion")
     ax.legend(frameon=False, fontsize=8, markerscale=2)
-    return _finish(ax, show)
+    return finish(ax, show)

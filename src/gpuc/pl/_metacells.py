@@ -11,6 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from gpuc import _keys
+from gpuc.pl._utils import finish
 
 
 def _uns(adata: AnnData, key: str) -> dict[str, Any]:
@@ -18,20 +19,6 @@ def _uns(adata: AnnData, key: str) -> dict[str, Any]:
         msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
         raise KeyError(msg)
     return adata.uns[key]
-
-
-def _finish(ax_or_fig: Any, show: bool | None, save: str | None = None) -> Any:
-    import matplotlib.pyplot as plt
-
-    fig = ax_or_fig if isinstance(ax_or_fig, Figure) else ax_or_fig.figure
-    if save:
-        fig.savefig(save, dpi=150, bbox_inches="tight")
-    if show is None:
-        show = plt.isinteractive()
-    if show:
-        plt.show()
-        return None
-    return ax_or_fig
 
 
 def _ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
@@ -76,7 +63,7 @@ def metacells(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: when matplotlib is interactive).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
     save
         Path to save the figure to.
 
@@ -125,7 +112,7 @@ def metacells(
     ax.set_xlabel(f"{basis.upper()}1")
     ax.set_ylabel(f"{basis.upper()}2")
     ax.set_title(f"{labels.cat.categories.size} metacells ({key})")
-    return _finish(ax, show, save)
+    return finish(ax, show, save=save)
 
 
 def metacell_sizes(
@@ -150,7 +137,7 @@ def metacell_sizes(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: when matplotlib is interactive).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
     save
         Path to save the figure to.
 
@@ -167,7 +154,7 @@ def metacell_sizes(
     ax.set_ylabel("metacells")
     ax.legend(frameon=False)
     ax.set_title(f"{len(sizes)} metacells, {adata.n_obs} cells")
-    return _finish(ax, show, save)
+    return finish(ax, show, save=save)
 
 
 def metacell_quality(
@@ -192,7 +179,7 @@ def metacell_quality(
     ax
         Unused placeholder for API symmetry (the figure has several panels); must be None.
     show
-        Show the figure (default: when matplotlib is interactive).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
     save
         Path to save the figure to.
 
@@ -221,7 +208,7 @@ def metacell_quality(
         better = "lower is better" if c == "compactness" else "higher is better"
         a.set_title(f"{c}\n({better})", fontsize=10)
     fig.tight_layout()
-    return _finish(fig, show, save)
+    return finish(fig, show, save=save)
 
 
 def metacell_convergence(
@@ -243,7 +230,7 @@ def metacell_convergence(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: when matplotlib is interactive).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
     save
         Path to save the figure to.
 
@@ -262,4 +249,4 @@ def metacell_convergence(
     ax.set_xlabel("iteration (0 = initialisation)")
     ax.set_ylabel("RSS  ||M - MBA||")
     ax.set_title("metacell convergence")
-    return _finish(ax, show, save)
+    return finish(ax, show, save=save)

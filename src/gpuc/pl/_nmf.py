@@ -11,23 +11,11 @@ from anndata import AnnData
 from gpuc import _keys
 from gpuc._validate import check_adata, check_int, check_key
 from gpuc.get._nmf import nmf_top_genes, program_names
+from gpuc.pl._utils import finish
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-
-def _show(show: bool | None) -> bool:
-    return True if show is None else bool(show)
-
-
-def _finish(fig: Any, show: bool | None, ret: Any) -> Any:
-    if _show(show):
-        import matplotlib.pyplot as plt
-
-        plt.show()
-        return None
-    return ret
 
 
 def _uns(adata: AnnData, key: str, what: str) -> dict:
@@ -91,7 +79,7 @@ def nmf_k_sweep(
         a.grid(alpha=0.3)
     fig.suptitle("High stability with error still falling is the sweet spot", fontsize=9, y=1.0)
     fig.tight_layout()
-    return _finish(fig, show, fig)
+    return finish(fig, show)
 
 
 def nmf_density(
@@ -140,7 +128,7 @@ def nmf_density(
     metric = u["params"].get("metric", "")
     ax.set(xlabel=f"local density (mean {metric} distance to {u.get('n_neighbors', '?')} neighbours)", ylabel="components",
            title=f"{n_drop} of {dens.size} dropped")
-    return _finish(ax.figure, show, ax)
+    return finish(ax, show)
 
 
 def nmf_clustergram(
@@ -188,7 +176,7 @@ def nmf_clustergram(
         ax.axvline(b, color="white", lw=0.6)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=f"{u['params'].get('metric', '')} distance")
     ax.set(xticks=[], yticks=[], title=f"{len(order)} components in {len(np.unique(cl[order]))} clusters")
-    return _finish(ax.figure, show, ax)
+    return finish(ax, show)
 
 
 def nmf_programs(
@@ -244,7 +232,7 @@ def nmf_programs(
     for a in axes[k:]:
         a.set_visible(False)
     fig.tight_layout()
-    return _finish(fig, show, fig)
+    return finish(fig, show)
 
 
 def nmf_usage(
@@ -321,4 +309,4 @@ def nmf_usage(
     for a in axes[len(sel):]:
         a.set_visible(False)
     fig.tight_layout()
-    return _finish(fig, show, fig)
+    return finish(fig, show)
