@@ -14,6 +14,19 @@ from gpuc.get._deseq import _entry, deseq_results
 from gpuc.pl._utils import finish
 
 
+def _results_for_plot(
+    adata: AnnData, contrast: Any, key: str, group: Any, alpha: float | None, *, shrunk: bool
+) -> tuple[Any, str, float]:
+    """The results table, the fold-change column to draw (MLE or shrunken) and the significance level."""
+    df = deseq_results(adata, contrast, key=key, group=group)
+    alpha = float(adata.uns[key]["params"]["alpha"]) if alpha is None else alpha
+    col = "log2FoldChange_shrunk" if shrunk else "log2FoldChange"
+    if col not in df:
+        msg = f"{col!r} not in the results; run gpuc.tl.deseq with lfc_shrink=."
+        raise KeyError(msg)
+    return df, col, alpha
+
+
 def _label_top(ax: Any, x: np.ndarray, y: np.ndarray, names: Any, order: np.ndarray, n_top: int) -> None:
     for i in order[:n_top]:
         ax.annotate(str(names[i]), (x[i], y[i]), fontsize=7, xytext=(2, 2), textcoords="offset points")
@@ -59,12 +72,7 @@ def volcano(
     -------
     The Axes when ``show=False``.
     """
-    df = deseq_results(adata, contrast, key=key, group=group)
-    alpha = float(adata.uns[key]["params"]["alpha"]) if alpha is None else alpha
-    col = "log2FoldChange_shrunk" if shrunk else "log2FoldChange"
-    if col not in df:
-        msg = f"{col!r} not in the results; run gpuc.tl.deseq with lfc_shrink=."
-        raise KeyError(msg)
+    df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
     lfc = df[col].to_numpy()
     p = df["pvalue"].to_numpy()
     with np.errstate(divide="ignore"):
@@ -125,12 +133,7 @@ def ma(
     -------
     The Axes when ``show=False``.
     """
-    df = deseq_results(adata, contrast, key=key, group=group)
-    alpha = float(adata.uns[key]["params"]["alpha"]) if alpha is None else alpha
-    col = "log2FoldChange_shrunk" if shrunk else "log2FoldChange"
-    if col not in df:
-        msg = f"{col!r} not in the results; run gpuc.tl.deseq with lfc_shrink=."
-        raise KeyError(msg)
+    df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
     bm, lfc = df["baseMean"].to_numpy(), df[col].to_numpy()
     ok = (bm > 0) & np.isfinite(lfc)
     sig = df["padj"].to_numpy() < alpha
