@@ -162,22 +162,10 @@ class Backend:
         """Return ``x`` as numpy / scipy.sparse (see :func:`to_host`)."""
         return to_host(x)
 
-    def scalar(self, x: Any) -> float:
-        """A 0-d array as a Python float (one device->host transfer of 8 bytes)."""
-        return float(x)
-
     def synchronize(self) -> None:
         """Wait for queued GPU work (for timing); no-op on the CPU."""
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
-
-    # ---- random numbers ------------------------------------------------------------------------------------------
-    def rng(self, seed: int | np.random.SeedSequence) -> Any:
-        """A random generator on this device seeded from ``seed``."""
-        ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
-        if self.is_gpu:
-            return self.xp.random.default_rng(int(ss.generate_state(1, np.uint64)[0] >> 1))
-        return np.random.default_rng(ss)
 
     # ---- linear algebra --------------------------------------------------------------------------------------------
     def solve_batched(self, a: Any, b: Any) -> Any:
@@ -186,15 +174,6 @@ class Backend:
         if b.ndim == a.ndim - 1:
             return xp.linalg.solve(a, b[..., None])[..., 0]
         return xp.linalg.solve(a, b)
-
-    def cholesky_solve_batched(self, a: Any, b: Any) -> Any:
-        """Batched solve for symmetric positive-definite ``a`` through a Cholesky factor."""
-        xp = self.xp
-        chol = xp.linalg.cholesky(a)
-        rhs = b[..., None] if b.ndim == a.ndim - 1 else b
-        y = _tri_solve(xp, chol, rhs, lower=True)
-        x = _tri_solve(xp, xp.swapaxes(chol, -1, -2), y, lower=False)
-        return x[..., 0] if b.ndim == a.ndim - 1 else x
 
     # ---- nearest neighbours --------------------------------------------------------------------------------------
     def knn(
@@ -376,17 +355,6 @@ def _kmeanspp(xp: ModuleType, x: Any, x_sq: Any, k: int, gen: np.random.Generato
         centres.append(nxt)
         closest = xp.minimum(closest, xp.maximum(x_sq - 2.0 * (x @ x[nxt]) + x_sq[nxt], 0))
     return x[xp.asarray(centres)].copy()
-
-
-def _tri_solve(xp: ModuleType, tri: Any, rhs: Any, *, lower: bool) -> Any:
-    """Batched triangular solve by substitution over the (small) matrix dimension."""
-    p = tri.shape[-1]
-    out = xp.zeros_like(rhs)
-    order = range(p) if lower else range(p - 1, -1, -1)
-    for i in order:
-        acc = rhs[..., i, :] - (tri[..., i, :, None] * out).sum(axis=-2)
-        out[..., i, :] = acc / tri[..., i, i, None]
-    return out
 
 
 def _cupyx_from_scipy(cpsparse: ModuleType, x: Any) -> Any:
