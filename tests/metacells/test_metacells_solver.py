@@ -112,6 +112,49 @@ def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cp
     np.testing.assert_allclose(b.toarray(), want_b, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("gradient", ["dense", "restricted"])
+def test_b_update_gradient_paths_give_the_same_picks(mc_ref, mc_ref_kernel, cpu, gradient):
+    """Tracking K B R only on the pattern of K A^T gives the dense path's B exactly (reference A and B)."""
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    a, b0 = sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"])
+    got = update_b(cpu, kmat, a, b0, 50, gradient=gradient).toarray()
+    want = _dense_update_b(kmat.toarray(), mc_ref["A"], mc_ref["B"], 50)
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(got, update_b(cpu, kmat, a, b0, 50, gradient="dense").toarray())
+
+
+def test_restricted_b_update_promotes_columns_without_a_negative_pattern_minimum(mc_ref, mc_ref_kernel, cpu):
+    """Columns whose gradient is >= 0 on the pattern (here exactly 0) and unused archetypes take the exact path."""
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    a = mc_ref["A"].copy()
+    cell = int(np.argmax(a[0]))
+    a[0] = 0.0  # archetype 0 serves only `cell`, and only it: K B R - K A^T is exactly 0 in that column
+    a[:, cell] = 0.0
+    a[0, cell] = 1.0
+    a[1] = 0.0  # archetype 1 is unused: R[:, 1] = 0
+    a[1, a.sum(0) == 0] = 0.0
+    a[2, a.sum(0) == 0] = 1.0
+    a /= a.sum(0)
+    b = mc_ref["B"].copy()
+    b[:, 0] = 0.0
+    b[cell, 0] = 1.0
+    for steps in (1, 2, 30):
+        got = update_b(cpu, kmat, sp.csc_matrix(a), sp.csc_matrix(b), steps, gradient="restricted").toarray()
+        want = update_b(cpu, kmat, sp.csc_matrix(a), sp.csc_matrix(b), steps, gradient="dense").toarray()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, _dense_update_b(kmat.toarray(), a, b, steps), rtol=1e-12, atol=1e-14)
+    assert got[0, 1] > 0  # the unused archetype's column picks row 0, like numpy's argmin of an all-zero column
+
+
+def test_b_update_rejects_unknown_gradient(mc_ref, mc_ref_kernel, cpu):
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    with pytest.raises(ValueError, match="gradient"):
+        update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="sparse")
+    with pytest.raises(ValueError, match="numba"):
+        update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="restricted", accel=False)
+
+
 def test_reduced_rss_equals_direct_norm_on_small_data(cpu):
     rng = np.random.default_rng(3)
     n, k = 60, 5

@@ -106,6 +106,94 @@ def kernels() -> Any:
         return out
 
     @numba.njit(cache=True, nogil=True)
+    def restricted_product(ip: Any, ix: Any, dx: Any, s_ip: Any, s_ix: Any, r: Any, out: Any) -> None:  # pragma: no cover
+        """``out = (X @ R)`` at the stored entries of a CSR pattern ``(s_ip, s_ix)`` only, X an (n, k) CSR matrix.
+
+        Each entry is accumulated over X's stored row entries in their stored order, exactly as scipy's
+        ``X @ R`` (a dense R) accumulates it, so the values are bit-identical to the full product's.
+        """
+        n = s_ip.shape[0] - 1
+        for i in range(n):
+            a0 = s_ip[i]
+            a1 = s_ip[i + 1]
+            for p in range(a0, a1):
+                out[p] = 0.0
+            for q in range(ip[i], ip[i + 1]):
+                m = ix[q]
+                v = dx[q]
+                for p in range(a0, a1):
+                    out[p] += v * r[m, s_ix[p]]
+
+    @numba.njit(cache=True, nogil=True)
+    def fw_b_step_restricted(
+        y: Any, s_ip: Any, s_ix: Any, s_dx: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, k: int
+    ) -> Any:  # pragma: no cover - compiled
+        """:func:`fw_b_step` on the stored entries of ``S = K A^T`` only (``y`` holds K B R on that pattern).
+
+        Returns the column minima of ``y - s`` over the pattern and their rows (first row on ties). Off the
+        pattern the gradient is ``K B R >= 0``, so a negative pattern minimum is the column's true minimum.
+        """
+        n = s_ip.shape[0] - 1
+        best = np.full(k, np.inf)
+        idx = np.zeros(k, dtype=np.int64)
+        width = 0
+        for i in range(n):
+            width = max(width, s_ip[i + 1] - s_ip[i])
+        z = np.zeros(max(width, 1))
+        for i in range(n):
+            a0 = s_ip[i]
+            w = s_ip[i + 1] - a0
+            for p in range(w):
+                z[p] = 0.0
+            for q in range(ip[i], ip[i + 1]):
+                m = ix[q]
+                v = dx[q]
+                for p in range(w):
+                    z[p] += v * r[m, s_ix[a0 + p]]
+            for p in range(w):
+                if first:
+                    yv = z[p]
+                else:
+                    d = z[p] - y[a0 + p]
+                    d = d * gam
+                    yv = y[a0 + p] + d
+                y[a0 + p] = yv
+                g = yv - s_dx[a0 + p]
+                j = s_ix[a0 + p]
+                if g < best[j]:
+                    best[j] = g
+                    idx[j] = i
+        return best, idx
+
+    @numba.njit(cache=True, nogil=True)
+    def dense_columns_step(
+        ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, init: bool
+    ) -> None:  # pragma: no cover - compiled
+        """The dense-path update of a few whole columns of ``K B R`` (same operations as :func:`fw_b_step`).
+
+        ``init`` computes ``X @ R[:, cols]`` (X = K B, stored order); otherwise X = K[:, picks] and the step
+        ``y = z`` (``first``) or ``y += gam (z - y)`` is applied.
+        """
+        n = ip.shape[0] - 1
+        m_cols = cols.shape[0]
+        z = np.zeros(m_cols)
+        for i in range(n):
+            for c in range(m_cols):
+                z[c] = 0.0
+            for q in range(ip[i], ip[i + 1]):
+                m = ix[q]
+                v = dx[q]
+                for c in range(m_cols):
+                    z[c] += v * r[m, cols[c]]
+            for c in range(m_cols):
+                if init or first:
+                    ycols[i, c] = z[c]
+                else:
+                    d = z[c] - ycols[i, c]
+                    d = d * gam
+                    ycols[i, c] = ycols[i, c] + d
+
+    @numba.njit(cache=True, nogil=True)
     def gram_of_columns(indptr: Any, indices: Any, data: Any, k: int) -> Any:  # pragma: no cover - compiled
         """``A A^T`` (dense k x k) of a CSC (k, n) matrix: a sum of per-column outer products."""
         out = np.zeros((k, k))
@@ -137,6 +225,9 @@ def kernels() -> Any:
     ns.fw_a_block = fw_a_block
     ns.col_argmin_diff = col_argmin_diff
     ns.fw_b_step = fw_b_step
+    ns.restricted_product = restricted_product
+    ns.fw_b_step_restricted = fw_b_step_restricted
+    ns.dense_columns_step = dense_columns_step
     ns.gram_of_columns = gram_of_columns
     ns.csr_times_csr_dense = csr_times_csr_dense
     return ns

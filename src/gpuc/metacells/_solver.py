@@ -8,6 +8,8 @@ T argmin vectors. The updates are incremental:
   columns of Q (``Q (A + g(E - A)) = (1-g) Q A + g Q[:, i_t]``), never recomputed.
 * B-update: ``K B R`` (R = A A^T) is updated by ``(1-g) K B R + g K[:, i_t] R`` where ``K[:, i_t]`` are the k
   gathered kernel columns, so each inner step costs O(nnz(K[:, i_t]) k + n k) instead of a full sparse product.
+  On the CPU it is tracked only on the sparsity pattern of ``K A^T`` (off it the gradient is ``K B R >= 0`` and
+  cannot hold a negative minimum), so for large n nothing dense n x k is kept: memory O(nnz(K A^T)).
 * RSS is computed in reduced form ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)`` (K = M^T M): nothing n x n.
 
 All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
@@ -45,6 +47,11 @@ class FitResult:
     convergence_threshold: float
     archetypes: np.ndarray
     seconds_per_iter: list[float] = field(default_factory=list)
+
+
+# above this fill of K A^T the dense-gradient kernel is faster (measured: equal at ~40% fill, 20k cells; 3x slower
+# than the restricted one at 6.5% fill, 100k cells)
+RESTRICTED_MAX_FILL = 0.3
 
 
 def fw_weights(n_steps: int) -> np.ndarray:
@@ -101,8 +108,20 @@ def _fused(backend: Backend, accel: bool | None) -> Any:
     return kernels()
 
 
+def gram(backend: Backend, a: Any, *, accel: bool | None = None) -> Any:
+    """``R = A A^T`` (dense k x k): from a sparse kernel, O(n T^2), when cells use few archetypes relative to k."""
+    xp = backend.xp
+    k, n = a.shape
+    fused = _fused(backend, accel)
+    if fused is not None and k > 4 * a.nnz / max(n, 1):
+        ac = backend.sparse.csc_matrix(a)
+        return fused.gram_of_columns(ac.indptr, ac.indices, ac.data, k)
+    at = _dense(a.T, xp)  # (n, k)
+    return xp.ascontiguousarray(at.T @ at)
+
+
 def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None) -> tuple[Any, Any]:
-    """``R = A A^T`` (dense k x k) and ``S = K A^T`` (dense n x k) for the B-update and the error.
+    """``R = A A^T`` (dense k x k) and ``S = K A^T`` (dense n x k) for the dense-gradient B-update.
 
     With few archetypes per cell relative to k (large k, CPU) both come from sparse kernels, O(n T^2) and
     O(nnz(K) T); otherwise from a dense A^T (BLAS for R, one sparse x dense product for S, which is also how
@@ -111,15 +130,13 @@ def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None
     xp = backend.xp
     k, n = a.shape
     fused = _fused(backend, accel)
+    r = gram(backend, a, accel=accel)
     if fused is not None and k > 4 * a.nnz / max(n, 1):
-        ac = backend.sparse.csc_matrix(a)
-        r = fused.gram_of_columns(ac.indptr, ac.indices, ac.data, k)
         at = backend.sparse.csr_matrix(a.T)
         at.sort_indices()
         s_mat = fused.csr_times_csr_dense(kmat.indptr, kmat.indices, kmat.data, at.indptr, at.indices, at.data, k)
         return r, s_mat
-    at = _dense(a.T, xp)  # (n, k)
-    return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
+    return r, xp.ascontiguousarray(xp.asarray(kmat @ _dense(a.T, xp)))
 
 
 def update_a(
@@ -179,6 +196,56 @@ def update_a(
     return _from_argmins(backend, picks, (k, n))
 
 
+def _picked_kernel_columns(backend: Backend, kmat: Any, picked: Any) -> Any:
+    """``K[:, picked]`` as an (n, k) CSR matrix with sorted rows (K symmetric: the picked rows, transposed)."""
+    ka = backend.sparse.csr_matrix(kmat[picked].T)
+    ka.sort_indices()
+    return ka
+
+
+def _update_b_restricted(
+    backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any
+) -> Any:
+    """The ``gradient="restricted"`` B-update of :func:`update_b` (CPU, numba kernels); ``s_csr`` is K A^T."""
+    sparse = backend.sparse
+    n, k = s_csr.shape
+    kb = sparse.csr_matrix(kmat @ b_prev)
+    y = np.empty(s_csr.nnz)
+    picks = np.empty((n_steps, k), dtype=np.int64)
+    dead = ~np.asarray(r != 0).any(axis=0)  # archetypes no cell uses: K B R = 0 = K A^T in that column, argmin 0
+    promoted = np.empty(0, dtype=np.int64)
+    ycols = np.empty((n, 0))
+    scols = np.empty((n, 0))
+    s_csc = None
+    for t in range(n_steps):
+        x = kb if t == 0 else _picked_kernel_columns(backend, kmat, picks[t - 1])
+        gam = 2.0 / (t + 1.0)
+        # t = 0: y = K B_prev R; t = 1: y = K E R exactly (the first step has g = 1); then y += g (z - y)
+        best, idx = fused.fw_b_step_restricted(
+            y, s_csr.indptr, s_csr.indices, s_csr.data, x.indptr, x.indices, x.data, r, gam, t <= 1, k
+        )
+        if promoted.size:
+            fused.dense_columns_step(ycols, promoted, x.indptr, x.indices, x.data, r, gam, t == 1, t == 0)
+        new = np.flatnonzero((best >= 0) & ~dead)
+        new = new[~np.isin(new, promoted)]
+        if new.size:  # replay these columns densely from the start of the update, then keep them dense
+            cols = np.empty((n, new.size))
+            fused.dense_columns_step(cols, new, kb.indptr, kb.indices, kb.data, r, 0.0, False, True)
+            for u in range(1, t + 1):
+                xu = _picked_kernel_columns(backend, kmat, picks[u - 1])
+                fused.dense_columns_step(cols, new, xu.indptr, xu.indices, xu.data, r, 2.0 / (u + 1.0), u == 1, False)
+            if s_csc is None:
+                s_csc = s_csr.tocsc()
+            promoted = np.concatenate([promoted, new])
+            ycols = np.concatenate([ycols, cols], axis=1)
+            scols = np.concatenate([scols, s_csc[:, new].toarray()], axis=1)
+        idx[dead] = 0
+        if promoted.size:
+            idx[promoted] = np.argmin(ycols - scols, axis=0)
+        picks[t] = idx
+    return _from_argmins(backend, picks, (n, k))
+
+
 def update_b(
     backend: Backend,
     kmat: Any,
@@ -188,19 +255,44 @@ def update_b(
     *,
     block: int = 1024,
     accel: bool | None = None,
+    gradient: str = "auto",
     r: Any = None,
     s_mat: Any = None,
 ) -> Any:
     """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
 
-    The gradient K B R - K A^T (R = A A^T) is updated with the k gathered kernel columns of the cells picked at
-    each step: O(nnz(K[:, picks]) k + n k) per step instead of a sparse product with B. The update of ``K B R`` and
-    the column argmin of the next gradient are fused in one pass over row blocks of ``block`` cells (cache-sized);
-    on the CPU in one numba kernel (same operations) unless ``accel=False``.
+    The gradient is ``K B R - K A^T`` (R = A A^T). Two exact ways to find its column argmins:
+
+    * ``gradient="restricted"`` (CPU with numba): ``K B R`` is tracked only on the stored entries of the sparse
+      ``S = K A^T``. Off that pattern the gradient equals ``K B R >= 0`` (K, B, R are non-negative), so a
+      negative minimum over the pattern is the column's minimum; the rare columns whose pattern minimum is
+      ``>= 0`` are promoted to a dense column, replayed from the start of the update with the same operations.
+      Memory O(nnz(S) + n) instead of three dense (n, k) arrays; same picks as the dense path.
+    * ``gradient="dense"``: ``K B R`` is kept as a dense (n, k) array and updated with the k gathered kernel
+      columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
+      argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
+      ``accel=False``. This is the GPU code.
+
+    ``"auto"`` picks "restricted" when the numba kernels are used and S fills at most ``RESTRICTED_MAX_FILL`` of
+    n x k (large n: k grows with n while the kernel neighbourhoods do not), else "dense". ``r`` (and ``s_mat`` for the
+    dense path) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
     fused = _fused(backend, accel)
     k, n = a.shape
+    if gradient not in ("auto", "dense", "restricted"):
+        msg = f"gradient={gradient!r} is not valid; use 'auto', 'dense' or 'restricted'."
+        raise ValueError(msg)
+    if gradient == "restricted" and fused is None:
+        msg = "gradient='restricted' needs the numba CPU kernels (CPU backend, accel not False)."
+        raise ValueError(msg)
+    if gradient != "dense" and fused is not None and s_mat is None:
+        if r is None:
+            r = gram(backend, a, accel=accel)
+        s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
+        if gradient == "restricted" or s_csr.nnz <= RESTRICTED_MAX_FILL * n * k:
+            return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr)
+        s_mat = s_csr.toarray()  # dense enough that the dense kernel is faster (small n)
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a, accel=accel)  # A A^T (k, k) and K A^T (n, k)
     y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
@@ -208,8 +300,7 @@ def update_b(
     if fused is not None:
         picks[0] = fused.col_argmin_diff(y, s_mat)
         for t in range(1, n_steps):
-            ka = sparse.csr_matrix(kmat[picks[t - 1]].T)
-            ka.sort_indices()
+            ka = _picked_kernel_columns(backend, kmat, picks[t - 1])
             picks[t] = fused.fw_b_step(y, s_mat, ka.indptr, ka.indices, ka.data, r, 2.0 / (t + 1.0), t == 1)
         return _from_argmins(backend, picks, (n, k))
     cols = xp.arange(k)
@@ -285,6 +376,7 @@ def fit(
     convergence_epsilon: float = 1e-3,
     fw_iters: int = 50,
     block: int | None = None,
+    gradient: str = "auto",
     callback: Callable[[int, float], None] | None = None,
 ) -> FitResult:
     """Alternating Frank-Wolfe fit of SEACells from initial archetypes.
@@ -308,6 +400,9 @@ def fit(
         SEACells' loop controls: stop when ``|RSS_{t-1} - RSS_t| < convergence_epsilon * RSS_0`` (after min_iter).
     block
         Cells per block in the A- and B-updates; default: cache-sized on the CPU, large on the GPU.
+    gradient
+        How the B-update tracks its gradient (see :func:`update_b`): "restricted" (CPU; memory O(nnz(K A^T)),
+        nothing dense n x k), "dense" (the GPU code) or "auto". Both give the same picks.
     callback
         Called as ``callback(iteration, rss)`` after each outer iteration.
 
@@ -342,9 +437,8 @@ def fit(
         t0 = time.perf_counter()
         n_iter += 1
         a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
-        r, s_mat = gram_and_s(backend, kmat, a)
-        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, r=r, s_mat=s_mat)
-        del s_mat
+        r = gram(backend, a)
+        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r)
         rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r))
         secs.append(time.perf_counter() - t0)
         if callback is not None:
