@@ -14,7 +14,7 @@ from gpuc.metacells._kernel import build_kernel, compute_knn
 from gpuc.metacells._solver import FitResult, fit
 
 # above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
-DENSE_A0_MAX = 50_000_000
+DENSE_A0_MAX = 10_000_000  # 80 MB of float64; ~27k cells at k = n / 75
 
 
 @dataclass

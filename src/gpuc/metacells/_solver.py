@@ -49,9 +49,10 @@ class FitResult:
     seconds_per_iter: list[float] = field(default_factory=list)
 
 
-# above this fill of K A^T the dense-gradient kernel is faster (measured: equal at ~40% fill, 20k cells; 3x slower
-# than the restricted one at 6.5% fill, 100k cells)
-RESTRICTED_MAX_FILL = 0.3
+# n x k above which the CPU B-update keeps nothing dense n x k (gradient="restricted"). K A^T fills ~80% of n x k
+# at 6,881 cells (k = 92) and ~40% at 20k (k = 267), where the dense kernel is faster or equal; 6.5% at 100k
+# (k = 1,333), where the restricted one is 3x faster. 1e7 is ~27k cells at one metacell per 75.
+DENSE_GRADIENT_MAX = 10_000_000
 
 
 def fw_weights(n_steps: int) -> np.ndarray:
@@ -273,8 +274,8 @@ def update_b(
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
       ``accel=False``. This is the GPU code.
 
-    ``"auto"`` picks "restricted" when the numba kernels are used and S fills at most ``RESTRICTED_MAX_FILL`` of
-    n x k (large n: k grows with n while the kernel neighbourhoods do not), else "dense". ``r`` (and ``s_mat`` for the
+    ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
+    grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
     dense path) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
@@ -286,13 +287,11 @@ def update_b(
     if gradient == "restricted" and fused is None:
         msg = "gradient='restricted' needs the numba CPU kernels (CPU backend, accel not False)."
         raise ValueError(msg)
-    if gradient != "dense" and fused is not None and s_mat is None:
+    if gradient == "restricted" or (gradient == "auto" and fused is not None and n * k > DENSE_GRADIENT_MAX):
         if r is None:
             r = gram(backend, a, accel=accel)
         s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
-        if gradient == "restricted" or s_csr.nnz <= RESTRICTED_MAX_FILL * n * k:
-            return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr)
-        s_mat = s_csr.toarray()  # dense enough that the dense kernel is faster (small n)
+        return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr)
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a, accel=accel)  # A A^T (k, k) and K A^T (n, k)
     y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
@@ -402,7 +401,8 @@ def fit(
         Cells per block in the A- and B-updates; default: cache-sized on the CPU, large on the GPU.
     gradient
         How the B-update tracks its gradient (see :func:`update_b`): "restricted" (CPU; memory O(nnz(K A^T)),
-        nothing dense n x k), "dense" (the GPU code) or "auto". Both give the same picks.
+        nothing dense n x k), "dense" (the GPU code) or "auto" (restricted on the CPU above 1e7 n x k entries).
+        Both give the same picks.
     callback
         Called as ``callback(iteration, rss)`` after each outer iteration.
 

@@ -176,7 +176,8 @@ def metacells(
         Cell positions (or obs names) of the initial archetypes, overriding ``init`` (not with ``groupby``).
     a0
         Initial assignments: ``"random"`` (SEACells: dense uniform random, column-normalised, k x n),
-        ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 5e7).
+        ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 1e7, i.e. up to
+        ~27k cells at one metacell per 75 cells; uniform above).
     knn_method
         ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
     device
