@@ -75,7 +75,7 @@ def build_kernel(
     graph: str = "union",
     knn: KnnResult | None = None,
     dtype: Any = np.float64,
-    chunk: int = 1 << 20,
+    chunk: int | None = None,
 ) -> tuple[Any, Any]:
     """The SEACells kernel ``M`` (n x n sparse CSR on the backend's device) and the bandwidths.
 
@@ -94,7 +94,8 @@ def build_kernel(
     dtype
         Floating type of ``M``.
     chunk
-        Edges per block when computing squared distances.
+        Edges per block when computing squared distances; default: ~32 MB of (edges x d) differences per block on
+        the CPU, ~256 MB on the GPU (three such buffers are alive per block).
 
     Returns
     -------
@@ -130,6 +131,8 @@ def build_kernel(
     coo = pat.tocoo()
     r, c = coo.row, coo.col
     xd = x.astype(dtype) if x.dtype != dtype else x
+    if chunk is None:
+        chunk = max(1024, (1 << (28 if backend.is_gpu else 25)) // (8 * max(1, xd.shape[1])))
     d2 = xp.empty(r.shape[0], dtype=dtype)
     for s in range(0, r.shape[0], chunk):
         diff = xd[r[s : s + chunk]] - xd[c[s : s + chunk]]
