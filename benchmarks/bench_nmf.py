@@ -6,6 +6,13 @@ the HVGs divided by the gene SD, no centring):
 * ``k7``: k=7 x 20 runs + consensus (density threshold 0.5). cNMF: prepare + factorize + combine + consensus
   (no figure); gpuc: ``tl.consensus_nmf(..., metric="euclidean", normalization="sum")`` on the counts layer.
 * ``sweep``: k=2..12 x 10 runs. cNMF: prepare + factorize + combine + k_selection_plot; gpuc: ``tl.nmf_k_sweep``.
+* ``stability`` (not timed; ``--cases stability``): the k=2..12 x 10-run stability over ``--stability-sets`` seed
+  sets. cNMF's factorisations are reproduced by scikit-learn's ``cd`` solver with cNMF's own settings and seed scheme
+  (``np.random.seed(14 + i)``, one ``randint(1, 2**31 - 1)`` per (k, run) in sorted-k order; this reproduces cnmf
+  1.7.1's ``factorize`` exactly) and scored with cNMF's k-selection rule (``KMeans(k, n_init=10, random_state=1)``
+  and the Euclidean silhouette of the unit spectra); gpuc is ``tl.nmf_k_sweep(..., random_state=i)``. Also, for
+  ``--agree-sets`` seed sets: from the *same* random starts, the fraction of runs in which gpuc's HALS and sklearn's
+  ``cd`` end in the same optimum (relative errors within 2e-5).
 
 Stability is the Euclidean silhouette of the pooled unit spectra without density filter (cNMF's k-selection number)
 for both tools. BLAS is pinned to ``--threads`` threads (default 1) for both, and cNMF runs one worker.
@@ -36,6 +43,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--cases", default="k7,sweep")
     p.add_argument("--skip-cnmf", action="store_true")
     p.add_argument("--tols", default="1e-5", help="gpuc HALS tolerances to run (one table row each)")
+    p.add_argument("--stability-sets", type=int, default=8, help="seed sets of the stability case")
+    p.add_argument("--agree-sets", type=int, default=2, help="seed sets of the same-start optimum agreement check")
+    p.add_argument("--stability-ks", default="2-12", help="ranks of the stability case, 'a-b' (cNMF seeds assume 2-12)")
     p.add_argument("--out", default="benchmarks/results")
     return p.parse_args()
 
@@ -151,6 +161,66 @@ def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int,
     }
 
 
+SCHEDULES = {"default": {}, "spectra first, no warm-up": {"update_order": "spectra", "warmup": 0}}
+
+
+def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) -> dict:
+    """Stability over many seed sets: cNMF's solver (sklearn cd, cNMF's seeds and k-selection rule) vs gpuc."""
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import non_negative_factorization
+    from sklearn.metrics import silhouette_score
+
+    from gpuc.nmf._hals import random_init
+    from gpuc.tl._nmf import _prepare_block
+
+    lo, hi = (int(v) for v in ARGS.stability_ks.split("-"))
+    ks, n_runs = list(range(lo, hi + 1)), 10
+    ad = ad.copy()
+    ad.var["highly_variable"] = ad.var_names.isin(genes)
+    block, _ = _prepare_block(ad, "counts", True, "sd")  # cNMF's matrix: HVG counts / SD (ddof=1)
+    x = sp.csr_matrix(block, dtype=np.float64)
+    n2 = float(x.multiply(x).sum())
+
+    def sk_fit(k: int, **kw: object) -> tuple[np.ndarray, float]:
+        w, h, _ = non_negative_factorization(x, n_components=k, solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0, **kw)
+        return h, float(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum()) / n2
+
+    out: dict = {"k": ks, "n_sets": n_sets, "cnmf_solver": {k: [] for k in ks}, **{f"gpuc {n}": {k: [] for k in ks} for n in SCHEDULES}}
+    for i in range(n_sets):
+        # cNMF's scheme (cnmf.prepare: np.random.seed(seed); randint): one seed per (k, run), sorted k
+        seeds = np.random.RandomState(14 + i).randint(1, 2**31 - 1, size=len(ks) * n_runs)
+        t = time.perf_counter()
+        for j, k in enumerate(ks):
+            spectra = np.concatenate([sk_fit(k, init="random", random_state=int(seeds[j * n_runs + r]))[0] for r in range(n_runs)])
+            unit = spectra / np.linalg.norm(spectra, axis=1, keepdims=True)
+            labels = KMeans(n_clusters=k, n_init=10, random_state=1).fit(unit).labels_
+            out["cnmf_solver"][k].append(float(silhouette_score(unit, labels, metric="euclidean")))
+        t_sk = time.perf_counter() - t
+        for name, kw in SCHEDULES.items():
+            b = ad.copy()
+            gpuc.tl.nmf_k_sweep(b, ks, n_runs=n_runs, layer="counts", preprocessing="sd", metric="euclidean", density_threshold=2.0, device="cpu", random_state=i, **kw)
+            tab = b.uns["nmf_k_sweep"]["table"]
+            for k, v in zip(tab.k.astype(int), tab.stability.astype(float), strict=True):
+                out[f"gpuc {name}"][k].append(v)
+        print(f"[stability set {i}] sklearn cd {t_sk:.0f} s; " + "; ".join(f"{n}: " + " ".join(f"{out[n][k][-1]:.3f}" for k in ks) for n in out if n not in ("k", "n_sets")), flush=True)
+    # same starts: does each gpuc run end in the optimum sklearn's cd reaches from the same (W0, H0)?
+    be = get_backend("cpu")
+    op = Operator.build(be, block)
+    agree = {name: {k: [] for k in ks} for name in SCHEDULES}
+    for i in range(n_agree):
+        for k in ks:
+            seeds = [derive_seed(i, k, r) for r in range(n_runs)]
+            w0, h0 = random_init(seeds, op.shape[0], op.shape[1], k, op.mean, np.float64)
+            ref = np.array([sk_fit(k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy())[1] for r in range(n_runs)])
+            for name, kw in SCHEDULES.items():
+                rel = fit_hals(be, op, k, seeds, **kw).rel_errors
+                agree[name][k] += (np.abs(rel - ref) < 2e-5).tolist()
+        print(f"[agreement set {i}] " + "; ".join(f"{n}: {np.mean([v for k in ks for v in agree[n][k]]):.2f}" for n in SCHEDULES), flush=True)
+    out["agreement"] = {name: {k: float(np.mean(v)) if v else float("nan") for k, v in d.items()} for name, d in agree.items()}
+    out["agree_sets"] = n_agree
+    return out
+
+
 def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> dict:
     """Time ``iters`` batched HALS iterations (no early stop) and count FLOPs and bytes per iteration."""
     hv = ad.var["highly_variable"].to_numpy()
@@ -235,7 +305,10 @@ def main() -> None:
         small.var["highly_variable"] = np.asarray(small.layers["counts"].sum(0)).ravel() > 50
         for tol in [float(t) for t in ARGS.tols.split(",")]:
             run_gpuc(small, [3], 2, False, seed=1, tol=tol)
+        genes = None
         for case in cases:
+            if case == "stability":
+                continue
             sweep = case == "sweep"
             ks = list(range(2, 13)) if sweep else [7]
             n_runs = 10 if sweep else 20
@@ -261,7 +334,22 @@ def main() -> None:
                     rows[f"gpuc tol={tol:g}"].append(g)
                     print(f"[{case} rep {rep}] gpuc tol={tol:g} {g['times']} stability {g['stability']}", flush=True)
             res["cases"][case] = _summarise(case, rows, ks)
-        res["roofline"] = roofline(ad)
+        if "stability" in cases:
+            if genes is None:  # cNMF's HVGs (prepare only, untimed)
+                from cnmf import cNMF
+
+                obj = cNMF(output_dir=str(Path(tmp) / "hvg"), name="hvg")
+                obj.prepare(counts_fn=counts_fn, components=[2], n_iter=4, seed=14, num_highvar_genes=2000)
+                genes = open(obj.paths["nmf_genes_list"]).read().split()
+            try:
+                res["stability"] = stability_case(ad, genes, ARGS.stability_sets, ARGS.agree_sets)
+            except Exception as err:  # keep the timed cases' results
+                import traceback
+
+                traceback.print_exc()
+                res["stability_error"] = repr(err)
+        if any(c in cases for c in ("k7", "sweep")):
+            res["roofline"] = roofline(ad)
     res["machine"]["loadavg_end"] = os.getloadavg()
     (out_dir / "nmf_cpu.json").write_text(json.dumps(res, indent=2, default=float))
     md = _markdown(res)
@@ -303,6 +391,8 @@ def _markdown(res: dict) -> str:
     la0, la1 = m["loadavg_start"], m.get("loadavg_end", m["loadavg_start"])
     lines = [f"Machine: {m['cpu']}, {m['cpus']} cores shared with other jobs (1/5/15-min load average {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f} at start, "
              f"{la1[0]:.1f}/{la1[1]:.1f}/{la1[2]:.1f} at end), BLAS and numba threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.", ""]
+    if "stability" in res:
+        lines += _stability_markdown(res["stability"])
     for case, s in res["cases"].items():
         title = "k=7 x 20 runs + consensus (density 0.5)" if case == "k7" else "k sweep 2..12 x 10 runs"
         lines += [f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats (seeds differ per repeat):", ""]
@@ -334,6 +424,8 @@ def _markdown(res: dict) -> str:
                 if tool != "cnmf":
                     lines.append(f"| {tool} median rel. error | " + " | ".join(f"{s[tool]['median_error'][k]:.4f}" for k in s["k"]) + " |")
         lines.append("")
+    if "roofline" not in res:
+        return "\n".join(lines) + "\n"
     r = res["roofline"]
     lines.append(
         f"HALS iteration (k={r['k']} x {r['n_runs']} runs batched, {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']:,}, float32, one thread): "
@@ -344,6 +436,31 @@ def _markdown(res: dict) -> str:
         f"This machine: dgemm {r['machine_dgemm_gflops']:.1f} GFLOP/s, triad {r['machine_stream_gbs']:.1f} GB/s."
     )
     return "\n".join(lines) + "\n"
+
+
+def _stability_markdown(st: dict) -> list[str]:
+    ks = st["k"]
+    tools = [t for t in st if t == "cnmf_solver" or t.startswith("gpuc ")]
+    lines = [f"**Stability, k=2..12 x 10 runs, over {st['n_sets']} seed sets** (mean / median [min-max]; cNMF = sklearn cd with cNMF's seeds and k-selection rule):", ""]
+    lines += ["| k | " + " | ".join("cNMF" if t == "cnmf_solver" else t for t in tools) + " | gpuc default - cNMF (means) |", "| --- |" + " --- |" * (len(tools) + 1)]
+    for k in ks:
+        cells = []
+        for t in tools:
+            v = np.asarray(st[t][k] if k in st[t] else st[t][str(k)])
+            cells.append(f"{v.mean():.3f} / {np.median(v):.3f} [{v.min():.3f}-{v.max():.3f}]")
+        c = np.asarray(st["cnmf_solver"].get(k, st["cnmf_solver"].get(str(k))))
+        g = np.asarray(st["gpuc default"].get(k, st["gpuc default"].get(str(k))))
+        cells.append(f"{g.mean() - c.mean():+.3f}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if st.get("agree_sets"):
+        lines += [f"Same random starts ({st['agree_sets']} seed sets x 10 runs per k): fraction of runs ending in the optimum sklearn's cd reaches:", ""]
+        lines += ["| schedule | " + " | ".join(str(k) for k in ks) + " | all |", "| --- |" + " --- |" * (len(ks) + 1)]
+        for name, d in st["agreement"].items():
+            vals = [d.get(k, d.get(str(k))) for k in ks]
+            lines.append(f"| gpuc {name} | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {np.mean(vals):.2f} |")
+        lines.append("")
+    return lines
 
 
 def _cpu_name() -> str:

@@ -49,32 +49,76 @@ def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype, extr
     assert (w >= 0).all() and (h >= 0).all()
 
 
-@pytest.mark.parametrize("usage_first", [False, True])
-@pytest.mark.parametrize("extrapolate", [True, False])
-def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, extrapolate, usage_first):
-    op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
+SCHEDULES = [
+    {},  # the default: usages first, plain HALS warm-up, then extrapolation
+    {"warmup": 0},
+    {"update_order": "spectra", "warmup": 0},
+    {"update_order": "spectra", "warmup": 7},  # warm-up ending between two checks
+    {"extrapolate": False},
+    {"extrapolate": False, "update_order": "spectra"},
+]
+SCHEDULE_IDS = ["default", "usages-w0", "spectra-w0", "spectra-w7", "plain-usages", "plain-spectra"]
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
+def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, schedule, sparse):
+    v = sp.csr_matrix(cnmf_matrix) if sparse else cnmf_matrix  # sparse: fused numba kernels; dense: generic path
+    op = Operator.build(CPU, v, dtype=np.float64)
     seeds = [derive_seed(11, 6, r) for r in range(5)]
-    batched = fit_hals(CPU, op, 6, seeds, extrapolate=extrapolate, usage_first=usage_first)
+    batched = fit_hals(CPU, op, 6, seeds, **schedule)
     # runs stop at different iterations, so the batch shrinks during the fit
     assert len(set(batched.n_iter.tolist())) > 1
     for r, ss in enumerate(seeds):
-        alone = fit_hals(CPU, op, 6, [ss], extrapolate=extrapolate, usage_first=usage_first)
+        alone = fit_hals(CPU, op, 6, [ss], **schedule)
         assert alone.n_iter[0] == batched.n_iter[r]
         assert alone.losses[0] == pytest.approx(batched.losses[r], rel=1e-10)
         np.testing.assert_allclose(alone.spectra(0), batched.spectra(r), rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(alone.usage(0), batched.usage(r), rtol=1e-7, atol=1e-9)
 
 
-@pytest.mark.parametrize("extrapolate", [True, False])
-def test_nmf_usage_first_reaches_sklearn_optimum(cnmf_matrix, extrapolate):
-    # opt-in sklearn 'cd' update order (W first): same optimum, loss expansion still exact
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)
+def test_nmf_every_schedule_reaches_sklearn_optimum(cnmf_matrix, schedule):
+    # every update order / warm-up: same optimum, loss expansion still exact, unit usage columns
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
-    res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)], extrapolate=extrapolate, usage_first=True)
+    res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)], **schedule)
     assert res.converged[0]
     assert abs(res.rel_errors[0] - 0.59046) < 1e-4
     w, h = res.usage(0), res.spectra(0)
     assert res.losses[0] == pytest.approx(((cnmf_matrix - w @ h) ** 2).sum(), rel=1e-9)
     np.testing.assert_allclose(np.linalg.norm(w, axis=0), 1.0, rtol=1e-12)
+
+
+def test_nmf_default_schedule_follows_sklearn_cd_from_the_same_start(cnmf_matrix):
+    # the default schedule (usages first, plain HALS warm-up, then extrapolation) is meant to pick the same local
+    # optimum as scikit-learn's cd (cNMF's solver) from the same random start, restart by restart
+    from sklearn.decomposition import non_negative_factorization
+
+    from gpuc.nmf._hals import random_init
+
+    op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=np.float64)
+    k = 7
+    seeds = [derive_seed(5, k, r) for r in range(6)]
+    w0, h0 = random_init(seeds, *op.shape, k, op.mean, np.float64)
+    ours = fit_hals(CPU, op, k, seeds).rel_errors
+    for r in range(len(seeds)):
+        w, h, _ = non_negative_factorization(
+            cnmf_matrix, W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy(), n_components=k, init="custom", solver="cd",
+            tol=1e-4, max_iter=1000,
+        )
+        ref = ((cnmf_matrix - w @ h) ** 2).sum() / op.norm2
+        assert ours[r] == pytest.approx(ref, abs=2e-5), r
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"update_order": "genes"}, "update_order="), ({"warmup": -1}, "warmup="), ({"warmup": 2.5}, "warmup="),
+     ({"warmup": True}, "warmup=")],
+)
+def test_nmf_fit_hals_rejects_bad_schedule(cnmf_matrix, kwargs, match):
+    op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix))
+    with pytest.raises(ValueError, match=match):
+        fit_hals(CPU, op, 3, [derive_seed(0, 3, 0)], **kwargs)
 
 
 def test_nmf_seeds_depend_only_on_k_and_run(cnmf_matrix):
@@ -173,17 +217,18 @@ def test_nmf_consensus_too_few_components(cnmf_matrix):
     assert res.n_dropped == 0
 
 
+@pytest.mark.parametrize("schedule", [{}, {"update_order": "spectra", "warmup": 0}, {"extrapolate": False}], ids=["default", "spectra-w0", "plain"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dtype):
+def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dtype, schedule):
     # the numba-fused half-iterations (sparse V, extrapolation) follow the same iterates as the generic xp code
     pytest.importorskip("numba")
     import gpuc.nmf._hals_cpu as hals_cpu
 
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=dtype)
     seeds = [derive_seed(2, 5, r) for r in range(4)]
-    fused = fit_hals(CPU, op, 5, seeds)
+    fused = fit_hals(CPU, op, 5, seeds, **schedule)
     monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
-    generic = fit_hals(CPU, op, 5, seeds)
+    generic = fit_hals(CPU, op, 5, seeds, **schedule)
     np.testing.assert_array_equal(fused.n_iter, generic.n_iter)
     rel = 1e-9 if dtype == np.float64 else 1e-4
     np.testing.assert_allclose(fused.losses, generic.losses, rtol=rel)

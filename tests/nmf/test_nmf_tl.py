@@ -12,6 +12,7 @@ from anndata import AnnData
 
 import gpuc
 from gpuc._backend import gpu_available
+from gpuc.nmf._hals import WARMUP
 
 
 def _snapshot(ad: AnnData) -> dict:
@@ -64,7 +65,8 @@ def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
     assert (ad.varm["nmf_spectra"][~hv] == 0).all()
     assert (ad.obsm["X_nmf"] >= 0).all()
     u = ad.uns["nmf"]
-    assert set(u["params"]) >= {"k", "n_runs", "layer", "preprocessing", "density_threshold", "metric", "random_state"}
+    assert set(u["params"]) >= {"k", "n_runs", "layer", "preprocessing", "density_threshold", "metric", "random_state", "warmup", "update_order"}
+    assert u["params"]["update_order"] == "usages" and u["params"]["warmup"] == WARMUP
     comp = u["components"]
     assert list(comp.columns) == ["run", "component", "cluster", "local_density", "silhouette", "kept"]
     assert len(comp) == 18 and u["run_errors"].shape == (6,)
@@ -83,6 +85,34 @@ def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
     np.testing.assert_allclose(ad2.obsm["X_rerun"], ad.obsm["X_nmf"])
     assert "rerun_spectra" in ad2.varm and "rerun" in ad2.uns
     ad.write_h5ad(tmp_path / "nmf.h5ad")
+
+
+@pytest.mark.parametrize("schedule", [{"update_order": "spectra", "warmup": 0}, {"warmup": 0}, {"extrapolate": False}])
+def test_nmf_schedule_options_reach_the_engine(programs, schedule):
+    # the tl options select the engine's schedule: run errors equal those of fit_hals with the same settings
+    from gpuc._backend import get_backend
+    from gpuc.nmf._consensus import run_k
+    from gpuc.nmf._hals import Operator
+    from gpuc.tl._nmf import _prepare_block
+
+    ad = programs.copy()
+    gpuc.tl.consensus_nmf(ad, 3, n_runs=4, layer="counts", device="cpu", random_state=2, **schedule)
+    block, _ = _prepare_block(ad, "counts", True, "none")
+    cpu = get_backend("cpu")
+    fits = run_k(cpu, Operator.build(cpu, block), 3, 4, 2, **schedule)
+    np.testing.assert_allclose(ad.uns["nmf"]["run_errors"], fits.rel_errors, rtol=1e-12)
+    assert {k: ad.uns["nmf"]["params"][k] for k in schedule} == schedule
+
+
+def test_nmf_tl_schedule_defaults_match_engine():
+    import inspect
+
+    from gpuc.nmf._hals import UPDATE_ORDER, fit_hals
+
+    for fn in (gpuc.tl.consensus_nmf, gpuc.tl.nmf_k_sweep):
+        sig = inspect.signature(fn).parameters
+        assert sig["warmup"].default == WARMUP == inspect.signature(fit_hals).parameters["warmup"].default
+        assert sig["update_order"].default == UPDATE_ORDER == "usages"
 
 
 def test_nmf_copy_returns_copy_and_leaves_input(programs):
@@ -160,6 +190,9 @@ BAD_INPUT = [
     (None, {"layer": "missing"}, "not found"),
     (None, {"dtype": "float16"}, "dtype="),
     (None, {"device": "tpu"}, "device="),
+    (None, {"update_order": "genes"}, "update_order="),
+    (None, {"warmup": -1}, "warmup=-1 is too small"),
+    (None, {"warmup": 1.5}, "warmup must be an integer"),
 ]
 
 

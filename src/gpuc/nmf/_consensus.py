@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpuc._backend import Backend, get_backend
-from gpuc.nmf._hals import HalsResult, Operator, fit_hals, nnls_refit
+from gpuc.nmf._hals import UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
@@ -311,13 +311,18 @@ def run_k(
     tol: float = 1e-5,
     eps: float = 1e-10,
     extrapolate: bool = True,
+    warmup: int = WARMUP,
+    update_order: str = UPDATE_ORDER,
     progress: Any = None,
 ) -> HalsResult:
-    """All restarts of rank ``k``, seeded from ``(random_state, k, run)`` only."""
+    """All restarts of rank ``k``, seeded from ``(random_state, k, run)`` only (HALS options as in :func:`fit_hals`)."""
     from gpuc._utils import derive_seed
 
     seeds = [derive_seed(random_state, k, i) for i in range(n_runs)]
-    return fit_hals(backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, progress=progress)
+    return fit_hals(
+        backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, warmup=warmup,
+        update_order=update_order, progress=progress,
+    )
 
 
 def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:

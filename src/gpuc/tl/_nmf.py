@@ -23,6 +23,7 @@ _PREPROCESSING = ("none", "sd", "sqrt_sd")
 _METRICS = ("cosine", "euclidean")
 _TARGETS = ("spectra", "usage")
 _NORMALIZATIONS = ("sum", "l2")
+_UPDATE_ORDERS = ("usages", "spectra")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -138,11 +139,16 @@ def _prepare_block(adata: AnnData, layer: str | None, use_highly_variable: bool,
     return block, mask
 
 
-def _check_common(n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float, extrapolate: bool = True) -> None:
+def _check_common(
+    n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float,
+    extrapolate: bool = True, warmup: int = 0, update_order: str = "usages",
+) -> None:
     check_int("n_runs", n_runs, minimum=2)
     if not isinstance(extrapolate, bool):
         msg = f"extrapolate must be True or False, got {extrapolate!r}."
         raise TypeError(msg)
+    check_int("warmup", warmup, minimum=0)
+    check_choice("update_order", update_order, _UPDATE_ORDERS)
     check_choice("metric", metric, _METRICS)
     check_choice("target", target, _TARGETS)
     check_choice("normalization", normalization, _NORMALIZATIONS)
@@ -189,6 +195,8 @@ def nmf_k_sweep(
     max_iter: int = 500,
     tol: float = 1e-5,
     extrapolate: bool = True,
+    warmup: int = 10,
+    update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
     dtype: Any = None,
@@ -225,11 +233,18 @@ def nmf_k_sweep(
     target
         Cluster the runs' ``"spectra"`` (gene space, cNMF) or ``"usage"`` columns (cell space).
     max_iter, tol
-        HALS iteration limit and tolerance: a run stops when its loss changes by less than ``tol * ||V||^2`` between
-        checks (every 10 iterations).
+        HALS iteration limit and tolerance: a run stops when its loss changed by less than ``tol * ||V||^2`` over the
+        last 10 iterations (checked every 5).
     extrapolate
-        Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts); fewer iterations and
-        more restarts reaching the best optimum. ``False`` gives plain HALS.
+        Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts) after the ``warmup``
+        iterations: far fewer iterations than plain HALS. ``False`` gives plain HALS throughout.
+    warmup
+        Iterations of plain HALS before the extrapolation starts. Which optimum a random start ends in is decided
+        early; plain HALS there, from the usages first, lands in the same optima as cNMF's solver and gives its
+        restart-to-restart stability, the extrapolation then converges fast. 0 extrapolates from the start.
+    update_order
+        ``"usages"``: the usages are updated first, from the random spectra, as scikit-learn's coordinate descent
+        (cNMF's solver) does; ``"spectra"``: the spectra first (bixverse's order).
     kmeans_n_init
         k-means restarts for the consensus clustering.
     device
@@ -260,7 +275,7 @@ def nmf_k_sweep(
     if len(ks) == 0:
         msg = "k_range is empty."
         raise ValueError(msg)
-    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate)
+    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate, warmup, update_order)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
     block, _ = _prepare_block(adata, layer, use_highly_variable, preprocessing)
@@ -271,7 +286,10 @@ def nmf_k_sweep(
     rows = []
     t0 = time.perf_counter()
     for k in progress(ks, desc="k sweep"):
-        fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate)
+        fits = run_k(
+            backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, warmup=warmup,
+            update_order=update_order,
+        )
         row = sweep_row(
             backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
             kmeans_n_init=kmeans_n_init, random_state=random_state,
@@ -289,7 +307,8 @@ def nmf_k_sweep(
             "k_range": np.asarray(ks, dtype=np.int64), "n_runs": n_runs, "layer": layer,
             "use_highly_variable": use_highly_variable, "preprocessing": preprocessing,
             "density_threshold": float(density_threshold), "metric": metric, "target": target, "max_iter": max_iter,
-            "tol": float(tol), "extrapolate": extrapolate, "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
+            "tol": float(tol), "extrapolate": extrapolate, "warmup": warmup, "update_order": update_order,
+            "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
             "device": backend.name,
         },
         "table": table,
@@ -318,6 +337,8 @@ def consensus_nmf(
     max_iter: int = 500,
     tol: float = 1e-5,
     extrapolate: bool = True,
+    warmup: int = 10,
+    update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
     dtype: Any = None,
@@ -355,7 +376,7 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    max_iter, tol, extrapolate, kmeans_n_init, device, dtype, random_state
+    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, dtype, random_state
         As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``.
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
@@ -379,7 +400,7 @@ def consensus_nmf(
         most 2,000 pooled components).
     """
     check_adata(adata)
-    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate)
+    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
@@ -392,7 +413,10 @@ def consensus_nmf(
     start = logg.info(f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name})")
     t0 = time.perf_counter()
     bar = progress(total=max_iter, desc=f"HALS k={k}")
-    fits = run_k(backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, progress=bar.update)
+    fits = run_k(
+        backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, warmup=warmup,
+        update_order=update_order, progress=bar.update,
+    )
     bar.close()
     try:
         res = consensus(
@@ -416,7 +440,8 @@ def consensus_nmf(
             "k": k, "n_runs": n_runs, "layer": layer, "use_highly_variable": use_highly_variable,
             "preprocessing": preprocessing, "density_threshold": float(density_threshold), "metric": metric,
             "target": target, "normalization": normalization, "neighborhood": float(neighborhood),
-            "max_iter": max_iter, "tol": float(tol), "extrapolate": extrapolate, "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
+            "max_iter": max_iter, "tol": float(tol), "extrapolate": extrapolate, "warmup": warmup, "update_order": update_order,
+            "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
             "random_state": random_state, "device": backend.name,
         },
         "stability": res.stability,
