@@ -14,6 +14,12 @@ the HVGs divided by the gene SD, no centring):
   ``--agree-sets`` seed sets: from the *same* random starts, the fraction of runs in which gpuc's HALS and sklearn's
   ``cd`` end in the same optimum (relative errors within 2e-5).
 
+* ``paired`` (not timed; ``--cases paired``, ``--paired-sets``): paired stability. For each seed set and k, gpuc's
+  10 random starts (``random_init`` with ``derive_seed(i, k, run)``, sklearn's distribution) are fitted by both
+  gpuc's default HALS schedule and scikit-learn's ``cd`` (cNMF's solver and settings, ``init="custom"``); both sets of
+  fits go through the same consensus scoring, so the stability difference is the solver's alone, without the
+  seed-to-seed noise of the unpaired comparison. Written to ``nmf_cpu_paired.{json,md}``.
+
 Stability is the Euclidean silhouette of the pooled unit spectra without density filter (cNMF's k-selection number)
 for both tools. BLAS is pinned to ``--threads`` threads (default 1) for both, and cNMF runs one worker.
 Also measured: time and FLOP/byte counts of a fixed number of batched HALS iterations (the roofline note).
@@ -45,6 +51,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--tols", default="1e-5", help="gpuc HALS tolerances to run (one table row each)")
     p.add_argument("--stability-sets", type=int, default=8, help="seed sets of the stability case")
     p.add_argument("--agree-sets", type=int, default=2, help="seed sets of the same-start optimum agreement check")
+    p.add_argument("--paired-sets", type=int, default=8, help="seed sets of the paired case")
     p.add_argument("--stability-ks", default="2-12", help="ranks of the stability case, 'a-b' (cNMF seeds assume 2-12)")
     p.add_argument("--out", default="benchmarks/results")
     return p.parse_args()
@@ -221,6 +228,60 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
     return out
 
 
+def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
+    """Stability of gpuc's default HALS and sklearn cd fitted from the same random starts, scored identically."""
+    from sklearn.decomposition import non_negative_factorization
+
+    from gpuc.nmf._consensus import sweep_row
+    from gpuc.nmf._hals import HalsResult, random_init
+    from gpuc.tl._nmf import _backend_and_op, _prepare_block
+
+    lo, hi = (int(v) for v in ARGS.stability_ks.split("-"))
+    ks, n_runs = list(range(lo, hi + 1)), 10
+    ad = ad.copy()
+    ad.var["highly_variable"] = ad.var_names.isin(genes)
+    block, _ = _prepare_block(ad, "counts", True, "sd")
+    be, op = _backend_and_op(block, "cpu", None)  # what tl.nmf_k_sweep fits (float32)
+    x = sp.csr_matrix(block, dtype=np.float64)
+    n2 = float(x.multiply(x).sum())
+    score = {"target": "spectra", "metric": "euclidean", "density_threshold": 2.0, "kmeans_n_init": 10, "random_state": 0}
+    out: dict = {"k": ks, "n_sets": n_sets, "sklearn": {k: [] for k in ks}, "gpuc": {k: [] for k in ks}, "same_optimum": {k: [] for k in ks}}
+    for i in range(n_sets):
+        t = time.perf_counter()
+        for k in ks:
+            seeds = [derive_seed(i, k, r) for r in range(n_runs)]
+            w0, h0 = random_init(seeds, op.shape[0], op.shape[1], k, op.mean, np.float64)
+            ws, hs, losses = [], [], []
+            for r in range(n_runs):
+                w, h, _ = non_negative_factorization(x, n_components=k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy(), solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0)
+                nrm = np.linalg.norm(w, axis=0)
+                nrm[nrm == 0] = 1.0
+                w, h = w / nrm, h * nrm[:, None]
+                ws.append(w)
+                hs.append(h.T)
+                losses.append(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum())
+            skf = HalsResult(np.stack(ws, 1).astype(np.float32), np.stack(hs, 1).astype(np.float32), np.asarray(losses), np.zeros(n_runs, int), np.ones(n_runs, bool), n2)
+            gf = fit_hals(be, op, k, seeds)
+            out["sklearn"][k].append(float(sweep_row(be, op, skf, k, **score).stability))
+            out["gpuc"][k].append(float(sweep_row(be, op, gf, k, **score).stability))
+            out["same_optimum"][k].append(float(np.mean(np.abs(np.asarray(gf.rel_errors) - np.asarray(skf.rel_errors)) < 2e-5)))
+        print(f"[paired set {i}] {time.perf_counter() - t:.0f} s; gpuc - sklearn: " + " ".join(f"{k}:{out['gpuc'][k][-1] - out['sklearn'][k][-1]:+.3f}" for k in ks), flush=True)
+    return out
+
+
+def _paired_markdown(pr: dict, machine: str) -> str:
+    ks = pr["k"]
+    lines = [machine, "", f"**Paired stability, k={ks[0]}..{ks[-1]} x 10 runs, {pr['n_sets']} seed sets: gpuc default HALS and sklearn cd (cNMF's solver) from the same random starts, same consensus scoring**", ""]
+    lines += ["| k | sklearn cd (mean) | gpuc (mean) | gpuc - sklearn: mean [min, max] over sets | sets with gpuc >= sklearn - 0.005 | runs in the same optimum |", "| --- | --- | --- | --- | --- | --- |"]
+    for k in ks:
+        a = np.asarray(pr["sklearn"].get(k, pr["sklearn"].get(str(k))))
+        g = np.asarray(pr["gpuc"].get(k, pr["gpuc"].get(str(k))))
+        same = np.asarray(pr["same_optimum"].get(k, pr["same_optimum"].get(str(k))))
+        d = g - a
+        lines.append(f"| {k} | {a.mean():.3f} | {g.mean():.3f} | {d.mean():+.3f} [{d.min():+.3f}, {d.max():+.3f}] | {(d >= -0.005).sum()}/{len(d)} | {same.mean():.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> dict:
     """Time ``iters`` batched HALS iterations (no early stop) and count FLOPs and bytes per iteration."""
     hv = ad.var["highly_variable"].to_numpy()
@@ -307,7 +368,7 @@ def main() -> None:
             run_gpuc(small, [3], 2, False, seed=1, tol=tol)
         genes = None
         for case in cases:
-            if case == "stability":
+            if case in ("stability", "paired"):
                 continue
             sweep = case == "sweep"
             ks = list(range(2, 13)) if sweep else [7]
@@ -334,13 +395,21 @@ def main() -> None:
                     rows[f"gpuc tol={tol:g}"].append(g)
                     print(f"[{case} rep {rep}] gpuc tol={tol:g} {g['times']} stability {g['stability']}", flush=True)
             res["cases"][case] = _summarise(case, rows, ks)
-        if "stability" in cases:
-            if genes is None:  # cNMF's HVGs (prepare only, untimed)
-                from cnmf import cNMF
+        if ("stability" in cases or "paired" in cases) and genes is None:  # cNMF's HVGs (prepare only, untimed)
+            from cnmf import cNMF
 
-                obj = cNMF(output_dir=str(Path(tmp) / "hvg"), name="hvg")
-                obj.prepare(counts_fn=counts_fn, components=[2], n_iter=4, seed=14, num_highvar_genes=2000)
-                genes = open(obj.paths["nmf_genes_list"]).read().split()
+            obj = cNMF(output_dir=str(Path(tmp) / "hvg"), name="hvg")
+            obj.prepare(counts_fn=counts_fn, components=[2], n_iter=4, seed=14, num_highvar_genes=2000)
+            genes = open(obj.paths["nmf_genes_list"]).read().split()
+        if "paired" in cases:
+            pr = paired_case(ad, genes, ARGS.paired_sets)
+            machine = f"Machine: {res['machine']['cpu']}, {res['machine']['cpus']} cores, threads {ARGS.threads}; {res['versions']}."
+            (out_dir / "nmf_cpu_paired.json").write_text(json.dumps({"machine": res["machine"], "versions": res["versions"], "paired": pr}, indent=2, default=float))
+            (out_dir / "nmf_cpu_paired.md").write_text(_paired_markdown(pr, machine))
+            print(_paired_markdown(pr, machine))
+            if set(cases) == {"paired"}:
+                return
+        if "stability" in cases:
             try:
                 res["stability"] = stability_case(ad, genes, ARGS.stability_sets, ARGS.agree_sets)
             except Exception as err:  # keep the timed cases' results
