@@ -21,6 +21,13 @@ def kernels() -> Any:
     except ImportError:  # pragma: no cover - scanpy depends on numba
         return None
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def fw_blend(y: float, z: float, gam: float) -> float:  # pragma: no cover - compiled
+        """``y + g (z - y)`` in the reference's operation order (every B-update kernel must round alike)."""
+        d = z - y
+        d = d * gam
+        return y + d
+
     @numba.njit(cache=True, nogil=True)
     def fw_a_block(q: Any, p: Any, qa: Any, picks: Any, s0: int) -> None:  # pragma: no cover - compiled
         """T Frank-Wolfe steps of the A-update for the cells of one block (rows of ``qa``/``p``), one cell at a time."""
@@ -85,12 +92,7 @@ def kernels() -> Any:
                     for j in range(k):
                         z[j] += v * r[m, j]
                 for j in range(k):
-                    if first:
-                        yv = z[j]
-                    else:
-                        d = z[j] - y[i, j]
-                        d = d * gam
-                        yv = y[i, j] + d
+                    yv = z[j] if first else fw_blend(y[i, j], z[j], gam)
                     y[i, j] = yv
                     g = yv - s[i, j]
                     if g < best[c, j]:
@@ -104,25 +106,6 @@ def kernels() -> Any:
                     val[j] = best[c, j]
                     out[j] = idx[c, j]
         return out
-
-    @numba.njit(cache=True, nogil=True)
-    def restricted_product(ip: Any, ix: Any, dx: Any, s_ip: Any, s_ix: Any, r: Any, out: Any) -> None:  # pragma: no cover
-        """``out = (X @ R)`` at the stored entries of a CSR pattern ``(s_ip, s_ix)`` only, X an (n, k) CSR matrix.
-
-        Each entry is accumulated over X's stored row entries in their stored order, exactly as scipy's
-        ``X @ R`` (a dense R) accumulates it, so the values are bit-identical to the full product's.
-        """
-        n = s_ip.shape[0] - 1
-        for i in range(n):
-            a0 = s_ip[i]
-            a1 = s_ip[i + 1]
-            for p in range(a0, a1):
-                out[p] = 0.0
-            for q in range(ip[i], ip[i + 1]):
-                m = ix[q]
-                v = dx[q]
-                for p in range(a0, a1):
-                    out[p] += v * r[m, s_ix[p]]
 
     @numba.njit(cache=True, nogil=True)
     def fw_b_step_restricted(
@@ -151,12 +134,7 @@ def kernels() -> Any:
                 for p in range(w):
                     z[p] += v * r[m, s_ix[a0 + p]]
             for p in range(w):
-                if first:
-                    yv = z[p]
-                else:
-                    d = z[p] - y[a0 + p]
-                    d = d * gam
-                    yv = y[a0 + p] + d
+                yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
                 y[a0 + p] = yv
                 g = yv - s_dx[a0 + p]
                 j = s_ix[a0 + p]
@@ -167,12 +145,12 @@ def kernels() -> Any:
 
     @numba.njit(cache=True, nogil=True)
     def dense_columns_step(
-        ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, init: bool
+        ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, replace: bool
     ) -> None:  # pragma: no cover - compiled
         """The dense-path update of a few whole columns of ``K B R`` (same operations as :func:`fw_b_step`).
 
-        ``init`` computes ``X @ R[:, cols]`` (X = K B, stored order); otherwise X = K[:, picks] and the step
-        ``y = z`` (``first``) or ``y += gam (z - y)`` is applied.
+        With ``z = X @ R[:, cols]`` (X an (n, k) CSR, accumulated in stored order): ``y = z`` when ``replace``
+        (X = K B_prev at the start of the update, or the first step, whose g is 1), else ``y += gam (z - y)``.
         """
         n = ip.shape[0] - 1
         m_cols = cols.shape[0]
@@ -186,12 +164,7 @@ def kernels() -> Any:
                 for c in range(m_cols):
                     z[c] += v * r[m, cols[c]]
             for c in range(m_cols):
-                if init or first:
-                    ycols[i, c] = z[c]
-                else:
-                    d = z[c] - ycols[i, c]
-                    d = d * gam
-                    ycols[i, c] = ycols[i, c] + d
+                ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
 
     @numba.njit(cache=True, nogil=True)
     def gram_of_columns(indptr: Any, indices: Any, data: Any, k: int) -> Any:  # pragma: no cover - compiled
@@ -225,7 +198,6 @@ def kernels() -> Any:
     ns.fw_a_block = fw_a_block
     ns.col_argmin_diff = col_argmin_diff
     ns.fw_b_step = fw_b_step
-    ns.restricted_product = restricted_product
     ns.fw_b_step_restricted = fw_b_step_restricted
     ns.dense_columns_step = dense_columns_step
     ns.gram_of_columns = gram_of_columns

@@ -226,15 +226,15 @@ def _update_b_restricted(
             y, s_csr.indptr, s_csr.indices, s_csr.data, x.indptr, x.indices, x.data, r, gam, t <= 1, k
         )
         if promoted.size:
-            fused.dense_columns_step(ycols, promoted, x.indptr, x.indices, x.data, r, gam, t == 1, t == 0)
+            fused.dense_columns_step(ycols, promoted, x.indptr, x.indices, x.data, r, gam, t <= 1)
         new = np.flatnonzero((best >= 0) & ~dead)
         new = new[~np.isin(new, promoted)]
         if new.size:  # replay these columns densely from the start of the update, then keep them dense
             cols = np.empty((n, new.size))
-            fused.dense_columns_step(cols, new, kb.indptr, kb.indices, kb.data, r, 0.0, False, True)
+            fused.dense_columns_step(cols, new, kb.indptr, kb.indices, kb.data, r, 0.0, True)
             for u in range(1, t + 1):
                 xu = _picked_kernel_columns(backend, kmat, picks[u - 1])
-                fused.dense_columns_step(cols, new, xu.indptr, xu.indices, xu.data, r, 2.0 / (u + 1.0), u == 1, False)
+                fused.dense_columns_step(cols, new, xu.indptr, xu.indices, xu.data, r, 2.0 / (u + 1.0), u == 1)
             if s_csc is None:
                 s_csc = s_csr.tocsc()
             promoted = np.concatenate([promoted, new])
@@ -307,7 +307,7 @@ def update_b(
     gbuf = xp.empty((min(block, n), k), dtype=y.dtype)
     for t in range(1, n_steps):
         # K[:, picks] as an (n, k) CSR (K symmetric: the picked rows, transposed); multiplied by R block by block
-        ka = sparse.csr_matrix(kmat[picks[t - 1]].T)
+        ka = _picked_kernel_columns(backend, kmat, picks[t - 1])
         gam = 2.0 / (t + 1.0)  # step size of step t - 1
         best_val = xp.full(k, xp.inf, dtype=y.dtype)
         best_idx = xp.zeros(k, dtype=xp.int64)
