@@ -217,6 +217,17 @@ def _run_losses(xp: Any, norm2: float, w: Any, c: Any, d: Any) -> Any:
     return norm2 - 2.0 * cross + quad
 
 
+def _adapt_step(xp: Any, rise: Any, e: Any, e_prev: Any, beta: Any, beta_bar: Any) -> tuple[Any, Any, Any]:
+    """Ang & Gillis (2019) step rule per run: ``beta`` grows by 1.05 (capped by ``beta_bar``, which grows by 1.01 up
+    to 1) while the error falls; on a rise it is divided by 1.5, ``beta_bar`` drops to the old ``beta`` and the
+    reference error is kept. Returns ``(beta, beta_bar, e_prev)`` in ``beta``'s dtype (errors in theirs).
+    """
+    dt = beta.dtype
+    beta_new = xp.where(rise, beta / 1.5, xp.minimum(beta_bar, beta * 1.05))
+    beta_bar = xp.where(rise, beta, xp.minimum(1.0, beta_bar * 1.01)).astype(dt)
+    return beta_new.astype(dt), beta_bar, xp.where(rise, e_prev, e)
+
+
 def fit_hals(
     backend: Backend,
     op: Operator,
@@ -354,10 +365,7 @@ def fit_hals(
                     w_hat[:, rise, :] = w[:, rise, :]
                     h_hat[:, rise, :] = ht[:, rise, :]
                     g_what[rise] = g_new[rise]
-                beta_new = xp.where(rise, beta / 1.5, xp.minimum(beta_bar, beta * 1.05))
-                beta_bar = xp.where(rise, beta, xp.minimum(1.0, beta_bar * 1.01)).astype(dt)
-                beta = beta_new.astype(dt)
-                e_prev = xp.where(rise, e_prev, e)
+                beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
             if check:
                 cur = np.asarray(e, dtype=np.float64)
         else:
@@ -384,10 +392,7 @@ def fit_hals(
                 r3 = rise[None, :, None]
                 w_hat = xp.where(r3, w_new, w_new + bt * (w_new - w))
                 h_hat = xp.where(r3, ht, h_hat)
-                beta_new = xp.where(rise, beta / 1.5, xp.minimum(beta_bar, beta * 1.05))
-                beta_bar = xp.where(rise, beta, xp.minimum(1.0, beta_bar * 1.01)).astype(dt)
-                beta = beta_new.astype(dt)
-                e_prev = xp.where(rise, e_prev, e)
+                beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
             w = w_new
             if check:
                 cur = np.asarray(backend.to_host(e), dtype=np.float64)
