@@ -131,13 +131,13 @@ def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None
     xp = backend.xp
     k, n = a.shape
     fused = _fused(backend, accel)
-    r = gram(backend, a, accel=accel)
     if fused is not None and k > 4 * a.nnz / max(n, 1):
         at = backend.sparse.csr_matrix(a.T)
         at.sort_indices()
         s_mat = fused.csr_times_csr_dense(kmat.indptr, kmat.indices, kmat.data, at.indptr, at.indices, at.data, k)
-        return r, s_mat
-    return r, xp.ascontiguousarray(xp.asarray(kmat @ _dense(a.T, xp)))
+        return gram(backend, a, accel=accel), s_mat
+    at = _dense(a.T, xp)  # (n, k), shared by R and S
+    return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
 
 
 def update_a(
@@ -247,6 +247,11 @@ def _update_b_restricted(
     return _from_argmins(backend, picks, (n, k))
 
 
+def _restricted_gradient(gradient: str, fused: Any, n: int, k: int) -> bool:
+    """Whether the B-update uses the restricted gradient (see :func:`update_b`'s ``gradient``)."""
+    return gradient == "restricted" or (gradient == "auto" and fused is not None and n * k > DENSE_GRADIENT_MAX)
+
+
 def update_b(
     backend: Backend,
     kmat: Any,
@@ -287,7 +292,7 @@ def update_b(
     if gradient == "restricted" and fused is None:
         msg = "gradient='restricted' needs the numba CPU kernels (CPU backend, accel not False)."
         raise ValueError(msg)
-    if gradient == "restricted" or (gradient == "auto" and fused is not None and n * k > DENSE_GRADIENT_MAX):
+    if _restricted_gradient(gradient, fused, n, k):
         if r is None:
             r = gram(backend, a, accel=accel)
         s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
@@ -437,8 +442,12 @@ def fit(
         t0 = time.perf_counter()
         n_iter += 1
         a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
-        r = gram(backend, a)
-        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r)
+        if _restricted_gradient(gradient, _fused(backend, None), n, k):
+            r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
+        else:
+            r, s_mat = gram_and_s(backend, kmat, a)
+        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat)
+        del s_mat
         rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r))
         secs.append(time.perf_counter() - t0)
         if callback is not None:
