@@ -171,10 +171,17 @@ def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int,
 SCHEDULES = {"default": {}, "spectra first, no warm-up": {"update_order": "spectra", "warmup": 0}}
 
 
+def sklearn_cd(x: sp.csr_matrix, n2: float, k: int, **kw: object) -> tuple[np.ndarray, np.ndarray, float]:
+    """One scikit-learn ``cd`` fit with cNMF 1.7.1's settings: ``(W, H, relative error)``."""
+    from sklearn.decomposition import non_negative_factorization
+
+    w, h, _ = non_negative_factorization(x, n_components=k, solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0, **kw)
+    return w, h, float(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum()) / n2
+
+
 def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) -> dict:
     """Stability over many seed sets: cNMF's solver (sklearn cd, cNMF's seeds and k-selection rule) vs gpuc."""
     from sklearn.cluster import KMeans
-    from sklearn.decomposition import non_negative_factorization
     from sklearn.metrics import silhouette_score
 
     from gpuc.nmf._hals import random_init
@@ -189,8 +196,8 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
     n2 = float(x.multiply(x).sum())
 
     def sk_fit(k: int, **kw: object) -> tuple[np.ndarray, float]:
-        w, h, _ = non_negative_factorization(x, n_components=k, solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0, **kw)
-        return h, float(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum()) / n2
+        _, h, rel = sklearn_cd(x, n2, k, **kw)
+        return h, rel
 
     out: dict = {"k": ks, "n_sets": n_sets, "cnmf_solver": {k: [] for k in ks}, **{f"gpuc {n}": {k: [] for k in ks} for n in SCHEDULES}}
     for i in range(n_sets):
@@ -230,7 +237,6 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
 
 def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
     """Stability of gpuc's default HALS and sklearn cd fitted from the same random starts, scored identically."""
-    from sklearn.decomposition import non_negative_factorization
 
     from gpuc.nmf._consensus import sweep_row
     from gpuc.nmf._hals import HalsResult, random_init
@@ -253,13 +259,13 @@ def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
             w0, h0 = random_init(seeds, op.shape[0], op.shape[1], k, op.mean, np.float64)
             ws, hs, losses = [], [], []
             for r in range(n_runs):
-                w, h, _ = non_negative_factorization(x, n_components=k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy(), solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0)
+                w, h, rel = sklearn_cd(x, n2, k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy())
                 nrm = np.linalg.norm(w, axis=0)
                 nrm[nrm == 0] = 1.0
                 w, h = w / nrm, h * nrm[:, None]
                 ws.append(w)
                 hs.append(h.T)
-                losses.append(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum())
+                losses.append(rel * n2)
             skf = HalsResult(np.stack(ws, 1).astype(np.float32), np.stack(hs, 1).astype(np.float32), np.asarray(losses), np.zeros(n_runs, int), np.ones(n_runs, bool), n2)
             gf = fit_hals(be, op, k, seeds)
             out["sklearn"][k].append(float(sweep_row(be, op, skf, k, **score).stability))
