@@ -18,7 +18,7 @@ from gpuc.nmf._consensus import (
     run_k,
     silhouette,
 )
-from gpuc.nmf._hals import Operator, fit_hals, nnls_refit
+from gpuc.nmf._hals import Operator, fit_hals, fit_hals_groups, nnls_refit
 
 CPU = get_backend("cpu")
 
@@ -75,6 +75,43 @@ def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, schedule, sparse):
         assert alone.losses[0] == pytest.approx(batched.losses[r], rel=1e-10)
         np.testing.assert_allclose(alone.spectra(0), batched.spectra(r), rtol=1e-7, atol=1e-9)
         np.testing.assert_allclose(alone.usage(0), batched.usage(r), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("path", ["fused", "generic-sparse", "dense"])
+@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=["default", "spectra-w0", "plain-usages"])
+def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, monkeypatch):
+    # a k sweep fits all ranks in the same products; every run must be bit-identical to its rank fitted alone,
+    # including after other ranks' runs have left the batch (columns shift, arrays are compacted)
+    if path == "generic-sparse":
+        import gpuc.nmf._hals_cpu as hals_cpu
+
+        monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
+    v = cnmf_matrix[:300, :200].astype(np.float32)
+    op = Operator.build(CPU, v if path == "dense" else sp.csr_matrix(v))
+    groups = [(k, [derive_seed(5, k, r) for r in range(3)]) for k in (4, 2, 3)]
+    together = fit_hals_groups(CPU, op, groups, **schedule)
+    ends = np.concatenate([r.n_iter for r in together])
+    assert len(set(ends.tolist())) > 1  # runs leave the batch at different iterations
+    for (k, seeds), res in zip(groups, together, strict=True):
+        alone = fit_hals(CPU, op, k, seeds, **schedule)
+        assert res.usages.shape == (300, 3, k) and res.spectra_t.shape == (200, 3, k)
+        np.testing.assert_array_equal(alone.n_iter, res.n_iter)
+        np.testing.assert_array_equal(alone.losses, res.losses)
+        np.testing.assert_array_equal(alone.usages, res.usages)
+        np.testing.assert_array_equal(alone.spectra_t, res.spectra_t)
+
+
+def test_nmf_sweep_batches_respect_the_memory_budget():
+    from gpuc.nmf._consensus import sweep_batches
+
+    ks = list(range(2, 13))
+    assert sweep_batches(ks, 10, (2638, 2000), 4) == [ks]  # pbmc3k: one batch
+    per_column = 6 * (1000 + 500) * 4
+    batches = sweep_batches(ks, 10, (1000, 500), 4, budget_bytes=200 * per_column)
+    assert [k for b in batches for k in b] == ks
+    assert all(sum(b) * 10 <= 200 or len(b) == 1 for b in batches)
+    assert len(batches) > 1
+    assert sweep_batches([50], 10, (10**6, 2000), 4) == [[50]]  # a rank alone always runs
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=SCHEDULE_IDS)

@@ -107,11 +107,13 @@ def test_nmf_schedule_options_reach_the_engine(programs, schedule):
 def test_nmf_tl_schedule_defaults_match_engine():
     import inspect
 
-    from gpuc.nmf._hals import UPDATE_ORDER, fit_hals
+    from gpuc.nmf._hals import UPDATE_ORDER, fit_hals_groups
 
+    engine = inspect.signature(fit_hals_groups).parameters
     for fn in (gpuc.tl.consensus_nmf, gpuc.tl.nmf_k_sweep):
         sig = inspect.signature(fn).parameters
-        assert sig["warmup"].default == WARMUP == inspect.signature(fit_hals).parameters["warmup"].default
+        assert sig["warmup"].default == WARMUP == engine["warmup"].default
+        assert sig["tol"].default == engine["tol"].default
         assert sig["update_order"].default == UPDATE_ORDER == "usages"
 
 

@@ -8,13 +8,14 @@ backend device.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from gpuc._backend import Backend, get_backend
-from gpuc.nmf._hals import UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals, nnls_refit
+from gpuc.nmf._hals import UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
@@ -300,10 +301,36 @@ class KSweepRow:
     n_converged: int
 
 
-def run_k(
+SWEEP_BATCH_BYTES = 1 << 30  # factor state of one batch of a k sweep (see sweep_batches)
+
+
+def sweep_batches(ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsize: int,
+                  budget_bytes: int = SWEEP_BATCH_BYTES) -> list[list[int]]:
+    """Split the ranks of a sweep into batches fitted together, each holding at most ``budget_bytes`` of factors.
+
+    A batch of ranks holds ``C = n_runs * sum(k)`` factor columns of ``m + n`` rows in about six arrays (current,
+    extrapolated and output factors); ranks are packed in order until the next one would exceed the budget (a rank
+    alone is always allowed). On pbmc3k the whole 2..12 sweep is one batch (~90 MB); at a million cells each rank
+    is its own batch.
+    """
+    per_column = 6 * (shape[0] + shape[1]) * itemsize
+    batches: list[list[int]] = []
+    cols = 0
+    for k in ks:
+        c = int(k) * n_runs
+        if batches and batches[-1] and (cols + c) * per_column <= budget_bytes:
+            batches[-1].append(int(k))
+            cols += c
+        else:
+            batches.append([int(k)])
+            cols = c
+    return batches
+
+
+def run_ks(
     backend: Backend,
     op: Operator,
-    k: int,
+    ks: Sequence[int],
     n_runs: int,
     random_state: int,
     *,
@@ -314,15 +341,24 @@ def run_k(
     warmup: int = WARMUP,
     update_order: str = UPDATE_ORDER,
     progress: Any = None,
-) -> HalsResult:
-    """All restarts of rank ``k``, seeded from ``(random_state, k, run)`` only (HALS options as in :func:`fit_hals`)."""
+) -> list[HalsResult]:
+    """All restarts of the ranks ``ks``, fitted in one batch (HALS options as in :func:`fit_hals_groups`).
+
+    Run ``i`` of rank ``k`` is seeded from ``(random_state, k, i)`` only, and every run's iterates are independent
+    of the others in the batch, so a k's result does not depend on which other ranks are fitted with it.
+    """
     from gpuc._utils import derive_seed
 
-    seeds = [derive_seed(random_state, k, i) for i in range(n_runs)]
-    return fit_hals(
-        backend, op, k, seeds, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, warmup=warmup,
+    groups = [(int(k), [derive_seed(random_state, int(k), i) for i in range(n_runs)]) for k in ks]
+    return fit_hals_groups(
+        backend, op, groups, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, warmup=warmup,
         update_order=update_order, progress=progress,
     )
+
+
+def run_k(backend: Backend, op: Operator, k: int, n_runs: int, random_state: int, **options: Any) -> HalsResult:
+    """All restarts of rank ``k`` (:func:`run_ks` with one rank)."""
+    return run_ks(backend, op, [k], n_runs, random_state, **options)[0]
 
 
 def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:

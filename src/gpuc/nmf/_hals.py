@@ -228,11 +228,75 @@ def _adapt_step(xp: Any, rise: Any, e: Any, e_prev: Any, beta: Any, beta_bar: An
     return beta_new.astype(dt), beta_bar, xp.where(rise, e_prev, e)
 
 
+@dataclass
+class _Layout:
+    """Column layout of the active runs in the flat ``(rows, C)`` factor arrays.
+
+    Active run ``p`` (position in the active list) has rank ``ks[p]`` and owns columns ``offsets[p]:offsets[p] +
+    ks[p]``; consecutive runs of one fit group (same rank) form a block ``(k, r0, nr, c0)`` whose columns, reshaped
+    to ``(rows, nr, k)``, are that group's stacked factors.
+    """
+
+    ks: np.ndarray
+    offsets: np.ndarray
+    blocks: list[tuple[int, int, int, int]]
+    col_run: np.ndarray  # (C,) active position of each column's run
+
+    @classmethod
+    def of(cls, ks: np.ndarray, gids: np.ndarray) -> _Layout:
+        offsets = np.concatenate([[0], np.cumsum(ks)[:-1]]).astype(np.int64)
+        blocks = []
+        p = 0
+        while p < len(ks):
+            q = p
+            while q + 1 < len(ks) and gids[q + 1] == gids[p]:
+                q += 1
+            blocks.append((int(ks[p]), p, q - p + 1, int(offsets[p])))
+            p = q + 1
+        return cls(ks, offsets, blocks, np.repeat(np.arange(len(ks)), ks))
+
+    def columns(self, positions: np.ndarray) -> np.ndarray:
+        """Flat column indices of the runs at ``positions`` (in order)."""
+        if len(positions) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.offsets[p] + np.arange(self.ks[p]) for p in positions])
+
+    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(gk, gr0, gnr, gc0)`` int64 arrays for the fused CPU kernels."""
+        b = np.asarray(self.blocks, dtype=np.int64).reshape(-1, 4)
+        return b[:, 0].copy(), b[:, 1].copy(), b[:, 2].copy(), b[:, 3].copy()
+
+
+def _block(x: Any, k: int, nr: int, c0: int) -> Any:
+    """Columns ``c0:c0 + nr*k`` of a flat ``(rows, C)`` array as ``(rows, nr, k)`` (a view for numpy and CuPy)."""
+    return x[:, c0:c0 + nr * k].reshape(x.shape[0], nr, k)
+
+
+def _sweep_blocks(xp: Any, x: Any, q: Any, grams: list[Any], layout: _Layout, eps: float, inner_sweeps: int) -> None:
+    """:func:`sweep` of every block of the flat ``x`` against its block of the product ``q`` and its Gram, in place."""
+    for (k, _, nr, c0), g in zip(layout.blocks, grams, strict=True):
+        xb = _block(x, k, nr, c0)
+        qb = _block(q, k, nr, c0)
+        for _ in range(inner_sweeps):
+            sweep(xp, xb, qb, g, eps)
+        x[:, c0:c0 + nr * k] = xb.reshape(x.shape[0], nr * k)  # no-op for a view; writes back if reshape copied
+
+
 def fit_hals(
     backend: Backend,
     op: Operator,
     k: int,
     seeds: Sequence[np.random.SeedSequence],
+    **options: Any,
+) -> HalsResult:
+    """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once (:func:`fit_hals_groups` with one group)."""
+    return fit_hals_groups(backend, op, [(k, seeds)], **options)[0]
+
+
+def fit_hals_groups(
+    backend: Backend,
+    op: Operator,
+    groups: Sequence[tuple[int, Sequence[np.random.SeedSequence]]],
     *,
     max_iter: int = 500,
     tol: float = 1e-5,
@@ -243,8 +307,13 @@ def fit_hals(
     update_order: str = UPDATE_ORDER,
     inner_sweeps: int = 1,
     progress: Any = None,
-) -> HalsResult:
-    """Fit ``len(seeds)`` random restarts of rank ``k`` to ``op`` at once.
+) -> list[HalsResult]:
+    """Fit groups of random restarts, each group ``(k, seeds)`` of one rank, all in the same data products.
+
+    The factors of every run of every group sit side by side in flat ``(rows, C)`` arrays, ``C = sum k * runs``, so
+    one product with ``V`` and one with ``V^T`` per iteration serve all of them (a k sweep in one pass over ``V``
+    instead of one per k; on the CPU the pass over ``V``'s non-zeros costs as much as 30-60 factor columns). Every
+    sum is per run, so each run's iterates are those of a fit of that run alone.
 
     One outer iteration for all active runs: ``A^T = V^T W`` (one product), per-run Grams ``W^T W``, Gauss-Seidel
     sweep of the spectra; ``C = V H^T`` (one product), Grams ``H H^T``, sweep of the usages (with ``update_order=
@@ -259,10 +328,8 @@ def fit_hals(
         Device backend.
     op
         The data, from :meth:`Operator.build`.
-    k
-        Rank.
-    seeds
-        One :class:`numpy.random.SeedSequence` per restart.
+    groups
+        ``(k, seeds)`` pairs: rank and one :class:`numpy.random.SeedSequence` per restart.
     max_iter, tol, eps, check_every
         Iteration limit, relative-change tolerance (over 10 iterations), floor of every factor entry, iterations
         between loss checks (5: a converged run leaves the batch up to 5 iterations sooner than with checks every 10,
@@ -277,9 +344,9 @@ def fit_hals(
         Iterations of plain HALS before the extrapolation is switched on (ignored when ``extrapolate`` is False).
         Which local optimum a random start ends in is decided in the first iterations. Plain HALS there, from the
         usages first, follows scikit-learn's ``cd`` (cNMF's solver): on cNMF's pbmc3k matrix (k = 2..12) the
-        default schedule ends in the optimum ``cd`` reaches from the same start in ~94% of runs, against ~50% when
+        default schedule ends in the optimum ``cd`` reaches from the same start in ~90% of runs, against ~50% when
         extrapolating from the first iteration, so the restart-to-restart stability is cNMF's. Once the basin is
-        chosen the extrapolation converges fast (10 warm-up iterations cost ~9% more work than none).
+        chosen the extrapolation converges fast.
     update_order
         ``"usages"``: the usages are updated first, from the random spectra (W, H, W, H, ...; scikit-learn's
         ``solver='cd'``, cNMF's solver); ``"spectra"``: the spectra first (H, W, H, W, ...; bixverse).
@@ -291,7 +358,7 @@ def fit_hals(
 
     Returns
     -------
-    :class:`HalsResult`.
+    One :class:`HalsResult` per group, in order.
     """
     if update_order not in UPDATE_ORDERS:
         msg = f"update_order={update_order!r} must be one of {UPDATE_ORDERS}."
@@ -299,30 +366,39 @@ def fit_hals(
     if isinstance(warmup, bool) or not isinstance(warmup, int | np.integer) or warmup < 0:
         msg = f"warmup={warmup!r} must be a non-negative integer (iterations of plain HALS before extrapolating)."
         raise ValueError(msg)
+    if len(groups) == 0 or any(len(seeds) == 0 for _, seeds in groups):
+        msg = "fit_hals_groups needs at least one group and one seed per group."
+        raise ValueError(msg)
     xp = backend.xp
     m, n = op.shape
-    n_runs = len(seeds)
     dt = op.dtype
+    ks_run = np.concatenate([np.full(len(seeds), int(k), dtype=np.int64) for k, seeds in groups])
+    gid_run = np.concatenate([np.full(len(seeds), g, dtype=np.int64) for g, (_, seeds) in enumerate(groups)])
+    idx_run = np.concatenate([np.arange(len(seeds)) for _, seeds in groups])
+    n_runs = len(ks_run)
+    kmax = int(ks_run.max())
     # plain HALS is the extrapolated scheme with the step held at zero for the whole fit
     n_plain = int(warmup) if extrapolate else max_iter
-    w0, h0 = random_init(seeds, m, n, k, op.mean, dt)
-    # outputs; finished runs are written back into these full-size arrays
-    out_w = backend.asarray(w0)
-    out_h = backend.asarray(h0)
+    # outputs, one (rows, R_g, k_g) pair per group; finished runs are written back into them
+    out_w, out_h = [], []
+    for k, seeds in groups:
+        w0, h0 = random_init(seeds, m, n, int(k), op.mean, dt)
+        out_w.append(backend.asarray(w0))
+        out_h.append(backend.asarray(h0))
     losses = np.full(n_runs, np.nan)
     n_iter = np.zeros(n_runs, dtype=np.int64)
     converged = np.zeros(n_runs, dtype=bool)
     active = np.arange(n_runs)
+    layout = _Layout.of(ks_run, gid_run)
     # the stopping rule compares each run's loss with its loss TOL_WINDOW iterations earlier (lag checks back)
     lag = max(1, TOL_WINDOW // check_every)
     prev = np.full((n_runs, lag), np.nan)  # losses at the last `lag` checks, oldest first
-    w = out_w.copy()
-    ht = out_h.copy()
+    w = xp.concatenate([x.reshape(m, -1) for x in out_w], axis=1)
+    ht = xp.concatenate([x.reshape(n, -1) for x in out_h], axis=1)
     if update_order == "usages":  # one usage half-step from the random spectra (sklearn 'cd' order: W first)
-        c0 = _as_dense(xp, op.dot(ht.reshape(n, n_runs * k))).reshape(m, n_runs, k)
-        d0 = gram(xp, ht)
-        for _ in range(inner_sweeps):
-            sweep(xp, w, c0, d0, eps)
+        c0 = _product(xp, op.dot, ht, layout, op.sparse)
+        d0 = [gram(xp, _block(ht, k, nr, c)) for k, _, nr, c in layout.blocks]
+        _sweep_blocks(xp, w, c0, d0, layout, eps, inner_sweeps)
         del c0, d0
     # CPU + sparse V: one fused numba pass per half-iteration (product row, sweep, extrapolation and Gram/loss terms
     # together; see _hals_cpu). Same iterates as the generic path up to float rounding.
@@ -340,7 +416,7 @@ def fit_hals(
     beta_bar = xp.ones((n_runs,), dtype=dt)
     e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
     if fused is not None:
-        g_what = gram(xp, w_hat).astype(np.float64)  # Gram of the current w_hat (float64)
+        g_what = _padded_grams(xp, w_hat, layout, kmax)  # Gram of the current w_hat (float64, (R, kmax, kmax))
     it = 0
     for it in range(1, max_iter + 1):
         ra = len(active)
@@ -349,49 +425,51 @@ def fit_hals(
         if fused is not None:
             spectra_half, usage_half = fused
             vt, v = op.vt, op.v
+            blocks = layout.kernel_args()
             b_use = np.zeros(ra, dtype=dt) if plain else beta
-            d64 = spectra_half(vt.indptr, vt.indices, vt.data, w_hat.reshape(m, ra * k), g_what.astype(dt),
-                               ht.reshape(n, ra * k), h_hat.reshape(n, ra * k), b_use, not (check or plain), eps, ra,
-                               k, inner_sweeps)
-            cross, g_new, g_what = usage_half(v.indptr, v.indices, v.data, h_hat.reshape(n, ra * k), d64.astype(dt),
-                                              w.reshape(m, ra * k), w_hat.reshape(m, ra * k), b_use, eps, ra, k,
-                                              inner_sweeps)
-            e = op.norm2 - 2.0 * cross + (g_new * d64).sum(axis=(1, 2))
+            d64 = spectra_half(vt.indptr, vt.indices, vt.data, w_hat, g_what.astype(dt), ht, h_hat, b_use,
+                               not (check or plain), eps, *blocks, inner_sweeps)
+            cross, g_new, g_what = usage_half(v.indptr, v.indices, v.data, h_hat, d64.astype(dt), w, w_hat, b_use,
+                                              eps, *blocks, inner_sweeps)
+            e = op.norm2 - 2.0 * cross + _quad_terms(g_new, d64, layout)
             if plain:
                 e_prev = e
             else:
                 rise = e > e_prev
                 if rise.any():  # drop the extrapolation of the runs whose error rose
-                    w_hat[:, rise, :] = w[:, rise, :]
-                    h_hat[:, rise, :] = ht[:, rise, :]
+                    cols = layout.columns(np.flatnonzero(rise))
+                    w_hat[:, cols] = w[:, cols]
+                    h_hat[:, cols] = ht[:, cols]
                     g_what[rise] = g_new[rise]
                 beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
             if check:
                 cur = np.asarray(e, dtype=np.float64)
         else:
-            at = _as_dense(xp, op.tdot(w_hat.reshape(m, ra * k))).reshape(n, ra, k)
+            col_run = xp.asarray(layout.col_run)
+            at = _product(xp, op.tdot, w_hat, layout, op.sparse)
             h_new = h_hat.copy()
-            b = gram(xp, w_hat)
-            for _ in range(inner_sweeps):
-                sweep(xp, h_new, at, b, eps)
+            _sweep_blocks(xp, h_new, at, [gram(xp, _block(w_hat, k, nr, c)) for k, _, nr, c in layout.blocks],
+                          layout, eps, inner_sweeps)
             # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
-            bt = beta[None, :, None]
+            bt = xp.take(beta, col_run)[None, :]
             h_hat = h_new if (check or plain) else h_new + bt * (h_new - ht)
             ht = h_new
-            c = _as_dense(xp, op.dot(h_hat.reshape(n, ra * k))).reshape(m, ra, k)
-            d = gram(xp, h_hat)
+            c = _product(xp, op.dot, h_hat, layout, op.sparse)
+            d = [gram(xp, _block(h_hat, k, nr, c0)) for k, _, nr, c0 in layout.blocks]
             w_new = w_hat.copy()
-            for _ in range(inner_sweeps):
-                sweep(xp, w_new, c, d, eps)
-            e = _run_losses(xp, op.norm2, w_new, c, d)
+            _sweep_blocks(xp, w_new, c, d, layout, eps, inner_sweeps)
+            e = xp.concatenate([
+                _run_losses(xp, op.norm2, _block(w_new, k, nr, c0), _block(c, k, nr, c0), db)
+                for (k, _, nr, c0), db in zip(layout.blocks, d, strict=True)
+            ])
             if plain:
                 w_hat = w_new
                 e_prev = e
             else:
                 rise = e > e_prev
-                r3 = rise[None, :, None]
-                w_hat = xp.where(r3, w_new, w_new + bt * (w_new - w))
-                h_hat = xp.where(r3, ht, h_hat)
+                rc = xp.take(rise, col_run)[None, :]
+                w_hat = xp.where(rc, w_new, w_new + bt * (w_new - w))
+                h_hat = xp.where(rc, ht, h_hat)
                 beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
             w = w_new
             if check:
@@ -411,27 +489,69 @@ def fit_hals(
         converged[active[done]] = True
         if it == max_iter:
             done[:] = True
-        if done.any():
-            idx = xp.asarray(active[done])
-            sel = xp.asarray(np.flatnonzero(done))
-            wd, hd = w[:, sel, :], ht[:, sel, :]
+        if not done.any():
+            continue
+        for k, r0, nr, c0 in layout.blocks:  # finished runs of each block -> their group's outputs
+            local = np.flatnonzero(done[r0:r0 + nr])
+            if len(local) == 0:
+                continue
+            g = int(gid_run[active[r0]])
+            sel = xp.asarray(local)
+            wd, hd = _block(w, k, nr, c0)[:, sel, :], _block(ht, k, nr, c0)[:, sel, :]
             # usage columns to unit norm at the end (no rescaling during the iterations; W H unchanged)
             nrm = xp.sqrt((wd * wd).sum(axis=0))
             nrm = xp.where(nrm > 0, nrm, 1.0)
-            out_w[:, idx, :] = wd / nrm[None]
-            out_h[:, idx, :] = hd * nrm[None]
-            keep = xp.asarray(np.flatnonzero(~done))
-            active = active[~done]
-            if len(active) == 0:
-                break
-            w = xp.ascontiguousarray(w[:, keep, :])
-            ht = xp.ascontiguousarray(ht[:, keep, :])
-            w_hat = xp.ascontiguousarray(w_hat[:, keep, :])
-            h_hat = xp.ascontiguousarray(h_hat[:, keep, :])
-            beta, beta_bar, e_prev = beta[keep], beta_bar[keep], e_prev[keep]
-            if fused is not None:
-                g_what = np.ascontiguousarray(g_what[keep])
-    return HalsResult(out_w, out_h, losses, n_iter, converged, op.norm2)
+            dest = xp.asarray(idx_run[active[r0 + local]])
+            out_w[g][:, dest, :] = wd / nrm[None]
+            out_h[g][:, dest, :] = hd * nrm[None]
+        keep_pos = np.flatnonzero(~done)
+        active = active[keep_pos]
+        if len(active) == 0:
+            break
+        keep = xp.asarray(layout.columns(keep_pos))
+        # fancy indexing along axis 1 returns a column-major result: back to C order (row-wise kernels, sums)
+        w, ht = xp.ascontiguousarray(w[:, keep]), xp.ascontiguousarray(ht[:, keep])
+        w_hat, h_hat = xp.ascontiguousarray(w_hat[:, keep]), xp.ascontiguousarray(h_hat[:, keep])
+        kp = xp.asarray(keep_pos)
+        beta, beta_bar, e_prev = beta[kp], beta_bar[kp], e_prev[kp]
+        if fused is not None:
+            g_what = np.ascontiguousarray(g_what[keep_pos])
+        layout = _Layout.of(ks_run[active], gid_run[active])
+    results = []
+    for g in range(len(groups)):
+        sel = gid_run == g
+        results.append(HalsResult(out_w[g], out_h[g], losses[sel], n_iter[sel], converged[sel], op.norm2))
+    return results
+
+
+def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
+    """``dot(x)`` for the flat factor ``x``: one product for sparse ``V`` (each output column is accumulated in the
+    same order whatever the width), one per block for dense ``V`` (BLAS may round a column differently depending on
+    the matrix width, and a run's iterates must not depend on the other ranks in the batch)."""
+    if sparse:
+        return _as_dense(xp, dot(x))
+    return xp.concatenate([_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0:c0 + nr * k])))
+                           for k, _, nr, c0 in layout.blocks], axis=1)
+
+
+def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
+    """Per-run ``<W^T W, H H^T>`` from padded ``(R, kmax, kmax)`` Grams, summed over each run's own ``k x k`` block
+    exactly as an unpadded fit of that rank sums it (so the loss, hence every stop and restart decision, is
+    bit-identical whatever the batch)."""
+    out = np.empty(len(layout.ks))
+    for k, r0, nr, _ in layout.blocks:
+        a = np.ascontiguousarray(g_new[r0:r0 + nr, :k, :k])
+        b = np.ascontiguousarray(d64[r0:r0 + nr, :k, :k])
+        out[r0:r0 + nr] = (a * b).sum(axis=(1, 2))
+    return out
+
+
+def _padded_grams(xp: Any, x: Any, layout: _Layout, kmax: int) -> Any:
+    """Per-run Grams of the flat ``x`` as float64 ``(R, kmax, kmax)``, zero-padded past each run's rank."""
+    out = xp.zeros((len(layout.ks), kmax, kmax), dtype=xp.float64)
+    for k, r0, nr, c0 in layout.blocks:
+        out[r0:r0 + nr, :k, :k] = gram(xp, _block(x, k, nr, c0)).astype(xp.float64)
+    return out
 
 
 def nnls_refit(

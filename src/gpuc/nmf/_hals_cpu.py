@@ -2,14 +2,18 @@
 
 The generic ``xp`` code does a half-iteration as separate passes: one SpMM (``V^T W`` or ``V H^T``, all runs at
 once), a Gram product, the Gauss-Seidel sweep, the extrapolation and the loss terms, each reading or writing the
-``rows x (R*k)`` factor blocks. On the CPU these passes are memory- and dispatch-bound. Here one compiled pass per
+``rows x C`` factor blocks. On the CPU these passes are memory- and dispatch-bound. Here one compiled pass per
 half-iteration walks the CSR rows of ``V`` (or of ``V^T``) and, for each row, forms that row of the product in a
-``R*k`` buffer, runs the HALS sweep of the row for every run, applies the extrapolation, and accumulates in float64
-what the next step needs (the new factor's Gram, the loss cross term). The product matrix is never stored.
+``C``-float buffer, runs the HALS sweep of the row for every run, applies the extrapolation, and accumulates in
+float64 what the next step needs (the new factor's Gram, the loss cross term). The product matrix is never stored.
 
-Rows are split into a fixed number of chunks (not the thread count), each chunk accumulates its own partial Grams
-and the partials are added in chunk order, so results do not depend on the number of threads, nor (every sum is per
-run) on which runs share the batch. ``numba`` runs the chunks in parallel over ``NUMBA_NUM_THREADS`` threads.
+The ``C`` columns hold groups of runs, each group of one rank (a k sweep fits all its ranks in one pass over ``V``):
+walking a CSR row costs about as much as 30-60 factor columns, so a wider row amortises it (measured on pbmc3k:
+~130 us per column-iteration at 20 columns, ~65 at 140 or more).
+
+Rows are split into a fixed number of chunks, each chunk accumulates its own partial Grams and the partials are added
+in chunk order, so results do not depend on which runs or groups share the batch (every sum is per run). The kernels
+are serial: on the shared 2-core benchmark machine two threads were slower than one (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -80,137 +84,165 @@ def kernels() -> Any:
             p += 1
 
     @numba.njit(cache=True, inline="always")
-    def _to_t(src, dst, n_runs, k):  # pragma: no cover - compiled
-        # (R*k,) run-major row -> (k, R) component-major scratch, so the per-run work below is SIMD across runs
+    def _to_t(src, off, dst, n_runs, k):  # pragma: no cover - compiled
+        # (R*k,) run-major row block starting at src[off] -> (k, R) component-major scratch, so the per-run work
+        # below is SIMD across runs
         for r in range(n_runs):
             for c in range(k):
-                dst[c, r] = src[r * k + c]
+                dst[c, r] = src[off + r * k + c]
 
     @numba.njit(cache=True, inline="always")
-    def _row_sweep(xt, qt, gt, acc, eps, n_runs, k):  # pragma: no cover - compiled
-        # Gauss-Seidel over components, all runs side by side: same arithmetic per run as the generic sweep
+    def _row_sweep(xt, qt, gt, q, acc, eps, n_runs, k):  # pragma: no cover - compiled
+        # Gauss-Seidel over components, all runs side by side: same arithmetic per run as the generic sweep.
+        # (Group q's Grams are indexed in place: a view per row and group costs a reference-count round trip.)
         for c in range(k):
             for r in range(n_runs):
                 acc[r] = 0.0
             for j in range(k):
                 for r in range(n_runs):
-                    acc[r] += xt[j, r] * gt[c, j, r]
+                    acc[r] += xt[j, r] * gt[q, c, j, r]
             for r in range(n_runs):
-                d = gt[c, c, r]
+                d = gt[q, c, c, r]
                 if d > 0:
                     v = xt[c, r] + (qt[c, r] - acc[r]) / d
                     xt[c, r] = v if v > eps else eps
 
     @numba.njit(cache=True, inline="always")
-    def _gram_add(acc, xt, n_runs, k):  # pragma: no cover - compiled
-        # upper triangle of each run's x x^T, float64, (k, k, R)
+    def _gram_add(acc, ch, q, xt, n_runs, k):  # pragma: no cover - compiled
+        # upper triangle of each run's x x^T into chunk ch, group q of the float64 (nch, G, kmax, kmax, Rmax) partials
         for a in range(k):
             for b in range(a, k):
                 for r in range(n_runs):
-                    acc[a, b, r] += np.float64(xt[a, r]) * xt[b, r]
+                    acc[ch, q, a, b, r] += np.float64(xt[a, r]) * xt[b, r]
 
     @numba.njit(cache=True)
-    def _finish_gram(part, n_runs, k):  # pragma: no cover - compiled
-        out = np.zeros((n_runs, k, k))
+    def _group_grams(g, gk, gr0, gnr, dtype_of):  # pragma: no cover - compiled
+        # padded per-run Grams (R, kmax, kmax) -> per-group (G, kmax, kmax, Rmax) scratch, transposed for the sweep
+        n_groups = gk.shape[0]
+        gt = np.zeros((n_groups, g.shape[1], g.shape[1], max(gnr.max(), 1)), dtype=dtype_of.dtype)
+        for q in range(n_groups):
+            for r in range(gnr[q]):
+                for a in range(gk[q]):
+                    for b in range(gk[q]):
+                        gt[q, b, a, r] = g[gr0[q] + r, a, b]
+        return gt
+
+    @numba.njit(cache=True)
+    def _finish_gram(part, gk, gr0, gnr, n_runs):  # pragma: no cover - compiled
+        # chunk partials (nch, G, kmax, kmax, Rmax), upper triangles -> full padded per-run Grams (R, kmax, kmax)
+        kmax = part.shape[2]
+        out = np.zeros((n_runs, kmax, kmax))
         for ch in range(part.shape[0]):
-            for a in range(k):
-                for b in range(a, k):
-                    for r in range(n_runs):
-                        out[r, a, b] += part[ch, a, b, r]
+            for q in range(gk.shape[0]):
+                for a in range(gk[q]):
+                    for b in range(a, gk[q]):
+                        for r in range(gnr[q]):
+                            out[gr0[q] + r, a, b] += part[ch, q, a, b, r]
         for r in range(n_runs):
-            for a in range(k):
-                for b in range(a + 1, k):
+            for a in range(kmax):
+                for b in range(a + 1, kmax):
                     out[r, b, a] = out[r, a, b]
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, n_runs, k, n_inner):  # pragma: no cover
+    def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, gc0, n_inner):  # pragma: no cover
         """Spectra half-iteration on the rows (genes) of ``V^T``: ``h_new = sweep(h_hat; V^T w_hat, W^T W)``;
         ``h_hat <- h_new + beta (h_new - ht)`` (or ``h_new`` when not ``extrap``); ``ht <- h_new``.
-        ``w_hat``, ``ht``, ``h_hat`` are ``(rows, R*k)``. Returns the float64 Gram of the new ``h_hat``, ``(R, k, k)``.
+        ``w_hat``, ``ht``, ``h_hat`` are ``(rows, C)``: group ``q`` (``gnr[q]`` runs of rank ``gk[q]``, runs from
+        ``gr0[q]``) holds columns ``gc0[q]:gc0[q] + gnr[q] * gk[q]``, run-major. ``g_w`` is the padded per-run Gram
+        ``(R, kmax, kmax)``. Returns the float64 Gram of the new ``h_hat``, padded ``(R, kmax, kmax)``.
         """
         n = ht.shape[0]
-        rk = n_runs * k
+        n_cols = ht.shape[1]
+        n_runs = beta.shape[0]
+        n_groups = gk.shape[0]
+        kmax = g_w.shape[1]
+        rmax = max(gnr.max(), 1)
         nch = min(N_CHUNKS, n)
-        gt = np.empty((k, k, n_runs), dtype=ht.dtype)
-        for r in range(n_runs):
-            for a in range(k):
-                for b in range(k):
-                    gt[b, a, r] = g_w[r, a, b]
-        part = np.zeros((nch, k, k, n_runs))
+        gt = _group_grams(g_w, gk, gr0, gnr, ht)
+        part = np.zeros((nch, n_groups, kmax, kmax, rmax))
         for ch in range(nch):
-            buf = np.empty(rk, dtype=ht.dtype)
-            qt = np.empty((k, n_runs), dtype=ht.dtype)
-            xt = np.empty((k, n_runs), dtype=ht.dtype)
-            acc = np.empty(n_runs)
+            buf = np.empty(n_cols, dtype=ht.dtype)
+            qt = np.empty((kmax, rmax), dtype=ht.dtype)
+            xt = np.empty((kmax, rmax), dtype=ht.dtype)
+            acc = np.empty(rmax)
             for j in range(ch * n // nch, (ch + 1) * n // nch):
                 _row_product(indptr, indices, data, w_hat, j, buf)
                 hh = h_hat[j]
                 hc = ht[j]
-                _to_t(buf, qt, n_runs, k)
-                _to_t(hh, xt, n_runs, k)
-                for _ in range(n_inner):
-                    _row_sweep(xt, qt, gt, acc, eps, n_runs, k)
-                for r in range(n_runs):
-                    b = beta[r] if extrap else 0.0
-                    for c in range(k):
-                        xv = xt[c, r]
-                        t = r * k + c
-                        xh = xv + b * (xv - hc[t]) if extrap else xv
-                        hh[t] = xh
-                        hc[t] = xv
-                        xt[c, r] = xh
-                _gram_add(part[ch], xt, n_runs, k)
-        return _finish_gram(part, n_runs, k)
+                for q in range(n_groups):
+                    k = gk[q]
+                    nr = gnr[q]
+                    c0 = gc0[q]
+                    _to_t(buf, c0, qt, nr, k)
+                    _to_t(hh, c0, xt, nr, k)
+                    for _ in range(n_inner):
+                        _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+                    for r in range(nr):
+                        b = beta[gr0[q] + r] if extrap else 0.0
+                        for c in range(k):
+                            xv = xt[c, r]
+                            t = c0 + r * k + c
+                            xh = xv + b * (xv - hc[t]) if extrap else xv
+                            hh[t] = xh
+                            hc[t] = xv
+                            xt[c, r] = xh
+                    _gram_add(part, ch, q, xt, nr, k)
+        return _finish_gram(part, gk, gr0, gnr, n_runs)
 
     @numba.njit(cache=True, nogil=True)
-    def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, n_runs, k, n_inner):  # pragma: no cover
+    def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, gc0, n_inner):  # pragma: no cover
         """Usage half-iteration on the rows (cells) of ``V``: ``w_new = sweep(w_hat; V h_hat, H H^T)``; then
-        ``w_hat <- w_new + beta (w_new - w)`` and ``w <- w_new``. Returns float64 ``cross (R,) = <w_new, V h_hat>``,
-        ``gram_new = w_new^T w_new`` and ``gram_hat = w_hat^T w_hat`` (``(R, k, k)`` each).
+        ``w_hat <- w_new + beta (w_new - w)`` and ``w <- w_new``. Layout as in ``spectra_half``. Returns float64
+        ``cross (R,) = <w_new, V h_hat>``, ``gram_new = w_new^T w_new`` and ``gram_hat = w_hat^T w_hat`` (padded
+        ``(R, kmax, kmax)`` each).
         """
         m = w.shape[0]
-        rk = n_runs * k
+        n_cols = w.shape[1]
+        n_runs = beta.shape[0]
+        n_groups = gk.shape[0]
+        kmax = g_h.shape[1]
+        rmax = max(gnr.max(), 1)
         nch = min(N_CHUNKS, m)
-        gt = np.empty((k, k, n_runs), dtype=w.dtype)
-        for r in range(n_runs):
-            for a in range(k):
-                for b in range(k):
-                    gt[b, a, r] = g_h[r, a, b]
+        gt = _group_grams(g_h, gk, gr0, gnr, w)
         p_cross = np.zeros((nch, n_runs))
-        p_new = np.zeros((nch, k, k, n_runs))
-        p_hat = np.zeros((nch, k, k, n_runs))
+        p_new = np.zeros((nch, n_groups, kmax, kmax, rmax))
+        p_hat = np.zeros((nch, n_groups, kmax, kmax, rmax))
         for ch in range(nch):
-            buf = np.empty(rk, dtype=w.dtype)
-            qt = np.empty((k, n_runs), dtype=w.dtype)
-            xt = np.empty((k, n_runs), dtype=w.dtype)
-            xh = np.empty((k, n_runs), dtype=w.dtype)
-            acc = np.empty(n_runs)
+            buf = np.empty(n_cols, dtype=w.dtype)
+            qt = np.empty((kmax, rmax), dtype=w.dtype)
+            xt = np.empty((kmax, rmax), dtype=w.dtype)
+            xh = np.empty((kmax, rmax), dtype=w.dtype)
+            acc = np.empty(rmax)
             for i in range(ch * m // nch, (ch + 1) * m // nch):
                 _row_product(indptr, indices, data, h_hat, i, buf)
                 wh = w_hat[i]
                 wc = w[i]
-                _to_t(buf, qt, n_runs, k)
-                _to_t(wh, xt, n_runs, k)
-                for _ in range(n_inner):
-                    _row_sweep(xt, qt, gt, acc, eps, n_runs, k)
-                for r in range(n_runs):
-                    b = beta[r]
-                    s = 0.0
-                    for c in range(k):
-                        xv = xt[c, r]
-                        t = r * k + c
-                        s += np.float64(xv) * qt[c, r]
-                        xv_h = xv + b * (xv - wc[t])
-                        wh[t] = xv_h
-                        wc[t] = xv
-                        xh[c, r] = xv_h
-                    p_cross[ch, r] += s
-                _gram_add(p_new[ch], xt, n_runs, k)
-                _gram_add(p_hat[ch], xh, n_runs, k)
+                for q in range(n_groups):
+                    k = gk[q]
+                    nr = gnr[q]
+                    c0 = gc0[q]
+                    _to_t(buf, c0, qt, nr, k)
+                    _to_t(wh, c0, xt, nr, k)
+                    for _ in range(n_inner):
+                        _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+                    for r in range(nr):
+                        b = beta[gr0[q] + r]
+                        s = 0.0
+                        for c in range(k):
+                            xv = xt[c, r]
+                            t = c0 + r * k + c
+                            s += np.float64(xv) * qt[c, r]
+                            xv_h = xv + b * (xv - wc[t])
+                            wh[t] = xv_h
+                            wc[t] = xv
+                            xh[c, r] = xv_h
+                        p_cross[ch, gr0[q] + r] += s
+                    _gram_add(p_new, ch, q, xt, nr, k)
+                    _gram_add(p_hat, ch, q, xh, nr, k)
         cross = np.zeros(n_runs)
         for ch in range(nch):
             cross += p_cross[ch]
-        return cross, _finish_gram(p_new, n_runs, k), _finish_gram(p_hat, n_runs, k)
+        return cross, _finish_gram(p_new, gk, gr0, gnr, n_runs), _finish_gram(p_hat, gk, gr0, gnr, n_runs)
 
     return spectra_half, usage_half

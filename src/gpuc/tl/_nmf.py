@@ -15,7 +15,7 @@ from gpuc import _keys
 from gpuc._backend import Backend, Device, get_backend, is_cupy_array, is_sparse, to_host
 from gpuc._utils import progress
 from gpuc._validate import check_adata, check_choice, check_int, get_matrix
-from gpuc.nmf._consensus import ConsensusError, consensus, run_k, sweep_row
+from gpuc.nmf._consensus import ConsensusError, consensus, run_k, run_ks, sweep_batches, sweep_row
 from gpuc.nmf._hals import Operator
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
@@ -206,9 +206,11 @@ def nmf_k_sweep(
 ) -> AnnData | None:
     """Consensus NMF stability and reconstruction error across ranks, to choose ``k``.
 
-    For every ``k`` the ``n_runs`` random HALS restarts are fitted together (one data product per half-iteration for
-    all runs), pooled and clustered exactly as in :func:`consensus_nmf`, but only the diagnostics are kept. Each run's
-    seed comes from ``(random_state, k, run)``, so a k's row does not depend on which other ks are in the sweep.
+    The ``n_runs`` random HALS restarts of every ``k`` are fitted together, all ranks in the same data products (one
+    pass over the matrix per half-iteration for the whole sweep, in memory-bounded batches of ranks), then each k's
+    runs are pooled and clustered exactly as in :func:`consensus_nmf`, but only the diagnostics are kept. Each run's
+    seed comes from ``(random_state, k, run)`` and its iterates do not depend on the other runs of the batch, so a
+    k's row does not depend on which other ks are in the sweep.
     Pick the last k before stability falls away while the error is still falling (error always falls).
 
     Parameters
@@ -288,16 +290,22 @@ def nmf_k_sweep(
     start = logg.info(f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name})")
     rows = []
     t0 = time.perf_counter()
-    for k in progress(ks, desc="k sweep"):
-        fits = run_k(
-            backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, warmup=warmup,
-            update_order=update_order,
+    # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
+    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
+    bar = progress(total=len(ks), desc="k sweep")
+    for batch in batches:
+        fits_of = run_ks(
+            backend, op, batch, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate,
+            warmup=warmup, update_order=update_order,
         )
-        row = sweep_row(
-            backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
-            kmeans_n_init=kmeans_n_init, random_state=random_state,
-        )
-        rows.append(vars(row))
+        for k, fits in zip(batch, fits_of, strict=True):
+            row = sweep_row(
+                backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
+                kmeans_n_init=kmeans_n_init, random_state=random_state,
+            )
+            rows.append(vars(row))
+            bar.update(1)
+    bar.close()
     table = pd.DataFrame(rows)
     if table["consensus_failed"].any():
         logg.warning(f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)")
