@@ -527,7 +527,8 @@ def fit_hals_groups(
 def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
     """``dot(x)`` for the flat factor ``x``: one product for sparse ``V`` (each output column is accumulated in the
     same order whatever the width), one per block for dense ``V`` (BLAS may round a column differently depending on
-    the matrix width, and a run's iterates must not depend on the other ranks in the batch)."""
+    the matrix width, and a run's iterates must not depend on the other ranks in the batch).
+    """
     if sparse:
         return _as_dense(xp, dot(x))
     return xp.concatenate([_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0:c0 + nr * k])))
@@ -537,7 +538,8 @@ def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
 def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
     """Per-run ``<W^T W, H H^T>`` from padded ``(R, kmax, kmax)`` Grams, summed over each run's own ``k x k`` block
     exactly as an unpadded fit of that rank sums it (so the loss, hence every stop and restart decision, is
-    bit-identical whatever the batch)."""
+    bit-identical whatever the batch).
+    """
     out = np.empty(len(layout.ks))
     for k, r0, nr, _ in layout.blocks:
         a = np.ascontiguousarray(g_new[r0:r0 + nr, :k, :k])
