@@ -27,6 +27,7 @@ UPDATE_ORDER = "usages"  # default: scikit-learn cd's order (cNMF); see fit_hals
 TOL_WINDOW = 10  # iterations over which the loss change is compared with tol
 WARMUP = 10  # default plain-HALS iterations before the extrapolation starts; see fit_hals
 BETA0 = 0.5  # initial extrapolation step (Ang & Gillis 2019)
+LANE_MERGE = 2.0  # see _Layout.kernel_args
 
 
 @dataclass
@@ -261,10 +262,24 @@ class _Layout:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self.offsets[p] + np.arange(self.ks[p]) for p in positions])
 
-    def kernel_args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(gk, gr0, gnr, gc0)`` int64 arrays for the fused CPU kernels."""
-        b = np.asarray(self.blocks, dtype=np.int64).reshape(-1, 4)
-        return b[:, 0].copy(), b[:, 1].copy(), b[:, 2].copy(), b[:, 3].copy()
+    def kernel_args(self) -> tuple[np.ndarray, ...]:
+        """``(gk, gr0, gnr, rk, roff)`` int64 arrays for the fused CPU kernels.
+
+        Consecutive blocks are merged into one lane group, zero-padded to its largest rank, while the padded sweep
+        work ``kpad^2 * runs`` stays within ``LANE_MERGE`` times the unpadded ``sum k^2 * runs``: the kernels' per-row
+        loops run SIMD across the runs of a group, and 10 runs per rank leave most of the vector width idle.
+        """
+        groups: list[list[int]] = []  # [kpad, r0, nr, unpadded work]
+        for k, r0, nr, _ in self.blocks:
+            if groups:
+                kp, g0, gn, work = groups[-1]
+                kpad = max(kp, k)
+                if kpad * kpad * (gn + nr) <= LANE_MERGE * (work + k * k * nr):
+                    groups[-1] = [kpad, g0, gn + nr, work + k * k * nr]
+                    continue
+            groups.append([k, r0, nr, k * k * nr])
+        g = np.asarray(groups, dtype=np.int64).reshape(-1, 4)
+        return g[:, 0].copy(), g[:, 1].copy(), g[:, 2].copy(), self.ks.astype(np.int64), self.offsets.astype(np.int64)
 
 
 def _block(x: Any, k: int, nr: int, c0: int) -> Any:

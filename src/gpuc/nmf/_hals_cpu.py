@@ -84,12 +84,16 @@ def kernels() -> Any:
             p += 1
 
     @numba.njit(cache=True, inline="always")
-    def _to_t(src, off, dst, n_runs, k):  # pragma: no cover - compiled
-        # (R*k,) run-major row block starting at src[off] -> (k, R) component-major scratch, so the per-run work
-        # below is SIMD across runs
+    def _to_t(src, roff, rk, r0, dst, n_runs, k):  # pragma: no cover - compiled
+        # the row's columns of runs r0 .. r0 + n_runs (run r at src[roff[r]:roff[r] + rk[r]]) -> (k, R)
+        # component-major scratch, zero past each run's own rank, so the per-run work below is SIMD across runs
         for r in range(n_runs):
-            for c in range(k):
-                dst[c, r] = src[off + r * k + c]
+            o = roff[r0 + r]
+            kr = rk[r0 + r]
+            for c in range(kr):
+                dst[c, r] = src[o + c]
+            for c in range(kr, k):
+                dst[c, r] = 0
 
     @numba.njit(cache=True, inline="always")
     def _row_sweep(xt, qt, gt, q, acc, eps, n_runs, k):  # pragma: no cover - compiled
@@ -145,11 +149,13 @@ def kernels() -> Any:
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, gc0, n_inner):  # pragma: no cover
+    def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner):  # pragma: no cover
         """Spectra half-iteration on the rows (genes) of ``V^T``: ``h_new = sweep(h_hat; V^T w_hat, W^T W)``;
         ``h_hat <- h_new + beta (h_new - ht)`` (or ``h_new`` when not ``extrap``); ``ht <- h_new``.
-        ``w_hat``, ``ht``, ``h_hat`` are ``(rows, C)``: group ``q`` (``gnr[q]`` runs of rank ``gk[q]``, runs from
-        ``gr0[q]``) holds columns ``gc0[q]:gc0[q] + gnr[q] * gk[q]``, run-major. ``g_w`` is the padded per-run Gram
+        ``w_hat``, ``ht``, ``h_hat`` are ``(rows, C)``; run ``r`` owns columns ``roff[r]:roff[r] + rk[r]``. Runs are
+        processed in lane groups: group ``q`` is runs ``gr0[q]:gr0[q] + gnr[q]`` swept side by side at rank ``gk[q]``
+        (the largest of its runs'; smaller ranks are zero-padded, which adds exact zeros). ``g_w`` is the padded per-run
+        Gram
         ``(R, kmax, kmax)``. Returns the float64 Gram of the new ``h_hat``, padded ``(R, kmax, kmax)``.
         """
         n = ht.shape[0]
@@ -173,16 +179,17 @@ def kernels() -> Any:
                 for q in range(n_groups):
                     k = gk[q]
                     nr = gnr[q]
-                    c0 = gc0[q]
-                    _to_t(buf, c0, qt, nr, k)
-                    _to_t(hh, c0, xt, nr, k)
+                    r0 = gr0[q]
+                    _to_t(buf, roff, rk, r0, qt, nr, k)
+                    _to_t(hh, roff, rk, r0, xt, nr, k)
                     for _ in range(n_inner):
                         _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
                     for r in range(nr):
-                        b = beta[gr0[q] + r] if extrap else 0.0
-                        for c in range(k):
+                        b = beta[r0 + r] if extrap else 0.0
+                        o = roff[r0 + r]
+                        for c in range(rk[r0 + r]):
                             xv = xt[c, r]
-                            t = c0 + r * k + c
+                            t = o + c
                             xh = xv + b * (xv - hc[t]) if extrap else xv
                             hh[t] = xh
                             hc[t] = xv
@@ -191,7 +198,7 @@ def kernels() -> Any:
         return _finish_gram(part, gk, gr0, gnr, n_runs)
 
     @numba.njit(cache=True, nogil=True)
-    def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, gc0, n_inner):  # pragma: no cover
+    def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, rk, roff, n_inner):  # pragma: no cover
         """Usage half-iteration on the rows (cells) of ``V``: ``w_new = sweep(w_hat; V h_hat, H H^T)``; then
         ``w_hat <- w_new + beta (w_new - w)`` and ``w <- w_new``. Layout as in ``spectra_half``. Returns float64
         ``cross (R,) = <w_new, V h_hat>``, ``gram_new = w_new^T w_new`` and ``gram_hat = w_hat^T w_hat`` (padded
@@ -221,23 +228,27 @@ def kernels() -> Any:
                 for q in range(n_groups):
                     k = gk[q]
                     nr = gnr[q]
-                    c0 = gc0[q]
-                    _to_t(buf, c0, qt, nr, k)
-                    _to_t(wh, c0, xt, nr, k)
+                    r0 = gr0[q]
+                    _to_t(buf, roff, rk, r0, qt, nr, k)
+                    _to_t(wh, roff, rk, r0, xt, nr, k)
                     for _ in range(n_inner):
                         _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
                     for r in range(nr):
-                        b = beta[gr0[q] + r]
+                        b = beta[r0 + r]
+                        o = roff[r0 + r]
+                        kr = rk[r0 + r]
                         s = 0.0
-                        for c in range(k):
+                        for c in range(kr):
                             xv = xt[c, r]
-                            t = c0 + r * k + c
+                            t = o + c
                             s += np.float64(xv) * qt[c, r]
                             xv_h = xv + b * (xv - wc[t])
                             wh[t] = xv_h
                             wc[t] = xv
                             xh[c, r] = xv_h
-                        p_cross[ch, gr0[q] + r] += s
+                        for c in range(kr, k):
+                            xh[c, r] = 0
+                        p_cross[ch, r0 + r] += s
                     _gram_add(p_new, ch, q, xt, nr, k)
                     _gram_add(p_hat, ch, q, xh, nr, k)
         cross = np.zeros(n_runs)
