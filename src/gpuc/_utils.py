@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,3 +25,21 @@ def progress(iterable: Any = None, **kwargs: Any) -> tqdm:
     kwargs.setdefault("disable", not settings.progress)
     kwargs.setdefault("leave", False)
     return tqdm(iterable, **kwargs)
+
+
+def numba_kernels(build: Callable[[Any], Any]) -> Callable[[], Any]:
+    """Decorator for a builder of numba-compiled CPU kernels: ``build(numba)`` runs once, on the first call of the
+    returned loader (numba compiles lazily and caches on disk with ``cache=True``); the loader returns ``None`` when
+    numba cannot be imported, and callers then use their array code (the code the GPU runs).
+    """
+
+    @functools.cache
+    @functools.wraps(build)
+    def load() -> Any:
+        try:
+            import numba
+        except ImportError:  # pragma: no cover - numba comes with scanpy
+            return None
+        return build(numba)
+
+    return load

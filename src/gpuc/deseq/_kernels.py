@@ -17,19 +17,16 @@ same function.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
+
+from gpuc._utils import numba_kernels
 
 _K = 64  # integer counts below this use the recurrences (per-gene tables)
 
 
-@functools.cache
-def nb_logpost_kernel() -> Any:
+@numba_kernels
+def nb_logpost_kernel(numba: Any) -> Any:
     """The compiled per-gene NB terms (see :func:`_dispersion._logpost`), or None when numba is not importable."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba comes with scanpy
-        return None
     import math
 
     import numpy as np
@@ -207,13 +204,9 @@ def nb_logpost_kernel() -> Any:
     return kern
 
 
-@functools.cache
-def irls_kernel() -> Any:
+@numba_kernels
+def irls_kernel(numba: Any) -> Any:
     """The compiled per-gene IRLS loop of ``_glm._fit_nb_glm`` (same steps and stopping rules), or None."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba comes with scanpy
-        return None
     import math
 
     import numpy as np
@@ -352,15 +345,11 @@ def irls_kernel() -> Any:
     return kern
 
 
-@functools.cache
-def nb_const_kernel() -> Any:
+@numba_kernels
+def nb_const_kernel(numba: Any) -> Any:
     """Compiled per-gene sum over samples of lgamma(y + r) - lgamma(r) - lgamma(y + 1), r = 1/alpha (the mu-free
     part of the NB log-likelihood), or None without numba.
     """
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba comes with scanpy
-        return None
     import math
 
     import numpy as np

@@ -7,19 +7,16 @@ numpy needs. When numba cannot be imported the solver uses its array code (the s
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
+from gpuc._utils import numba_kernels
 
-@functools.cache
-def kernels() -> Any:
+
+@numba_kernels
+def kernels(numba: Any) -> Any:
     """The compiled kernels as a namespace, or None when numba is unavailable."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - scanpy depends on numba
-        return None
 
     @numba.njit(cache=True, nogil=True, inline="always")
     def fw_blend(y: float, z: float, gam: float) -> float:  # pragma: no cover - compiled

@@ -13,7 +13,6 @@ device during a fit.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend, is_sparse
+from gpuc._utils import numba_kernels
 
 UPDATE_ORDERS = ("usages", "spectra")
 UPDATE_ORDER = "usages"  # default: scikit-learn cd's order (cNMF); see fit_hals
@@ -164,13 +164,9 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None
         x[:, :, r] = xp.where(ok[None, :, r], new, x[:, :, r])
 
 
-@functools.cache
-def _numba_sweep() -> Any:
+@numba_kernels
+def _numba_sweep(numba: Any) -> Any:
     """The CPU twin of :func:`sweep` compiled with numba, or ``None`` when numba is unavailable."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba comes with scanpy
-        return None
 
     @numba.njit(cache=True, nogil=True)
     def kern(x, q, g, eps):  # pragma: no cover - compiled

@@ -18,19 +18,16 @@ are serial: on the shared 2-core benchmark machine two threads were slower than 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
+
+from gpuc._utils import numba_kernels
 
 N_CHUNKS = 16
 
 
-@functools.cache
-def kernels() -> Any:
+@numba_kernels
+def kernels(numba: Any) -> Any:
     """``(spectra_half, usage_half)`` compiled with numba, or ``None`` when numba is unavailable."""
-    try:
-        import numba
-    except ImportError:  # pragma: no cover - numba comes with scanpy
-        return None
     import numpy as np
 
     @numba.njit(cache=True, inline="always")
