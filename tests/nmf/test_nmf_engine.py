@@ -266,7 +266,10 @@ def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dty
     fused = fit_hals(CPU, op, 5, seeds, **schedule)
     monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
     generic = fit_hals(CPU, op, 5, seeds, **schedule)
-    np.testing.assert_array_equal(fused.n_iter, generic.n_iter)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(fused.n_iter, generic.n_iter)
+    else:  # float32 losses differ by rounding (~1e-7 relative, tol is 1e-6): a run may stop one check earlier or later
+        assert np.abs(fused.n_iter - generic.n_iter).max() <= 5
     rel = 1e-9 if dtype == np.float64 else 1e-4
     np.testing.assert_allclose(fused.losses, generic.losses, rtol=rel)
     if dtype == np.float64:  # float32 rounding differs (float64 Grams in the kernel), so only the losses are compared

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpuc._backend import Backend, get_backend
-from gpuc.nmf._hals import UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
+from gpuc.nmf._hals import TOL, UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
@@ -335,7 +335,7 @@ def run_ks(
     random_state: int,
     *,
     max_iter: int = 500,
-    tol: float = 1e-5,
+    tol: float = TOL,
     eps: float = 1e-10,
     extrapolate: bool = True,
     warmup: int = WARMUP,

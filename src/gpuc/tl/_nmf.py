@@ -193,9 +193,9 @@ def nmf_k_sweep(
     metric: Literal["cosine", "euclidean"] = "cosine",
     target: Literal["spectra", "usage"] = "spectra",
     max_iter: int = 500,
-    tol: float = 1e-5,
+    tol: float = 1e-6,
     extrapolate: bool = True,
-    warmup: int = 10,
+    warmup: int = 5,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
@@ -237,9 +237,9 @@ def nmf_k_sweep(
     max_iter, tol
         HALS iteration limit and tolerance: a run stops when its loss changed by less than ``tol * ||V||^2`` over the
         last 10 iterations (checked every 5).
-        On cNMF's pbmc3k matrix, from identical random starts, ``tol=1e-6, warmup=5`` gives the restart-to-restart
-        stability of cNMF's solver (within 0.006 at every k = 2..12) for ~15% more work; the default is ~0.006 lower
-        on average (docs/benchmarks.md).
+        On cNMF's pbmc3k matrix, from identical random starts, the defaults (``tol=1e-6, warmup=5``) give the
+        restart-to-restart stability of cNMF's solver (mean over k = 2..12 +0.001, every k within one standard error);
+        ``tol=1e-5`` takes ~15% less work and is ~0.006 less stable on average (docs/benchmarks.md).
     extrapolate
         Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts) after the ``warmup``
         iterations: far fewer iterations than plain HALS. ``False`` gives plain HALS throughout.
@@ -346,9 +346,9 @@ def consensus_nmf(
     normalization: Literal["sum", "l2"] = "sum",
     neighborhood: float = 0.3,
     max_iter: int = 500,
-    tol: float = 1e-5,
+    tol: float = 1e-6,
     extrapolate: bool = True,
-    warmup: int = 10,
+    warmup: int = 5,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
