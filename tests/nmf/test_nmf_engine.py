@@ -77,24 +77,34 @@ def test_nmf_batched_equals_one_at_a_time(cnmf_matrix, schedule, sparse):
         np.testing.assert_allclose(alone.usage(0), batched.usage(r), rtol=1e-7, atol=1e-9)
 
 
+# (rank, runs) groups: three ranks merged into one zero-padded lane group of the fused kernels, and two that are not
+RANK_GROUPS = {"merged": [(4, 3), (2, 3), (3, 3)], "unmerged": [(2, 6), (6, 1)]}
+
+
 @pytest.mark.parametrize("path", ["fused", "generic-sparse", "dense"])
 @pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=["default", "spectra-w0", "plain-usages"])
-def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, monkeypatch):
+@pytest.mark.parametrize("layout", list(RANK_GROUPS))
+def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout, monkeypatch):
     # a k sweep fits all ranks in the same products; every run must be bit-identical to its rank fitted alone,
     # including after other ranks' runs have left the batch (columns shift, arrays are compacted)
+    from gpuc.nmf._hals import _Layout
+
+    ranks = np.concatenate([np.full(n, k) for k, n in RANK_GROUPS[layout]])
+    n_lane_groups = len(_Layout.of(ranks, np.repeat(np.arange(len(RANK_GROUPS[layout])), [n for _, n in RANK_GROUPS[layout]])).kernel_args()[0])
+    assert n_lane_groups == (1 if layout == "merged" else 2)
     if path == "generic-sparse":
         import gpuc.nmf._hals_cpu as hals_cpu
 
         monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
     v = cnmf_matrix[:300, :200].astype(np.float32)
     op = Operator.build(CPU, v if path == "dense" else sp.csr_matrix(v))
-    groups = [(k, [derive_seed(5, k, r) for r in range(3)]) for k in (4, 2, 3)]
+    groups = [(k, [derive_seed(5, k, r) for r in range(n)]) for k, n in RANK_GROUPS[layout]]
     together = fit_hals_groups(CPU, op, groups, **schedule)
     ends = np.concatenate([r.n_iter for r in together])
     assert len(set(ends.tolist())) > 1  # runs leave the batch at different iterations
     for (k, seeds), res in zip(groups, together, strict=True):
         alone = fit_hals(CPU, op, k, seeds, **schedule)
-        assert res.usages.shape == (300, 3, k) and res.spectra_t.shape == (200, 3, k)
+        assert res.usages.shape == (300, len(seeds), k) and res.spectra_t.shape == (200, len(seeds), k)
         np.testing.assert_array_equal(alone.n_iter, res.n_iter)
         np.testing.assert_array_equal(alone.losses, res.losses)
         np.testing.assert_array_equal(alone.usages, res.usages)
