@@ -294,9 +294,16 @@ def nmf_k_sweep(
     batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
     bar = progress(total=len(ks), desc="k sweep")
     for batch in batches:
+        ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
+        hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
         fits_of = run_ks(
             backend, op, batch, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate,
-            warmup=warmup, update_order=update_order,
+            warmup=warmup, update_order=update_order, progress=hals_bar.update,
+        )
+        hals_bar.close()
+        logg.debug(
+            f"    HALS {ranks}: {len(batch) * n_runs} runs fitted together, "
+            f"{max(int(f.n_iter.max()) for f in fits_of)} iterations"
         )
         for k, fits in zip(batch, fits_of, strict=True):
             row = sweep_row(
