@@ -109,6 +109,14 @@ def kernels(numba: Any) -> Any:
                     xt[c, r] = v if v > eps else eps
 
     @numba.njit(cache=True, inline="always")
+    def _group_sweep(buf, x_row, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner):  # pragma: no cover - compiled
+        # lane group q of one row: product and current factor into (k, R) scratch, then n_inner Gauss-Seidel sweeps
+        _to_t(buf, roff, rk, r0, qt, nr, k)
+        _to_t(x_row, roff, rk, r0, xt, nr, k)
+        for _ in range(n_inner):
+            _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+
+    @numba.njit(cache=True, inline="always")
     def _gram_add(acc, ch, q, xt, n_runs, k):  # pragma: no cover - compiled
         # upper triangle of each run's x x^T into chunk ch, group q of the float64 (nch, G, kmax, kmax, Rmax) partials
         for a in range(k):
@@ -177,10 +185,7 @@ def kernels(numba: Any) -> Any:
                     k = gk[q]
                     nr = gnr[q]
                     r0 = gr0[q]
-                    _to_t(buf, roff, rk, r0, qt, nr, k)
-                    _to_t(hh, roff, rk, r0, xt, nr, k)
-                    for _ in range(n_inner):
-                        _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+                    _group_sweep(buf, hh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
                     for r in range(nr):
                         b = beta[r0 + r] if extrap else 0.0
                         o = roff[r0 + r]
@@ -226,10 +231,7 @@ def kernels(numba: Any) -> Any:
                     k = gk[q]
                     nr = gnr[q]
                     r0 = gr0[q]
-                    _to_t(buf, roff, rk, r0, qt, nr, k)
-                    _to_t(wh, roff, rk, r0, xt, nr, k)
-                    for _ in range(n_inner):
-                        _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+                    _group_sweep(buf, wh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
                     for r in range(nr):
                         b = beta[r0 + r]
                         o = roff[r0 + r]
