@@ -254,3 +254,14 @@ def test_nmf_gpu_matches_cpu(cnmf_counts):
     assert gpu.uns["nmf"]["rel_error"] == pytest.approx(cpu.uns["nmf"]["rel_error"], abs=1e-6)
     g32 = gpuc.tl.consensus_nmf(cnmf_counts, 7, n_runs=10, preprocessing="sd", device="gpu", copy=True)
     assert g32.uns["nmf"]["rel_error"] == pytest.approx(cpu.uns["nmf"]["rel_error"], abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_nmf_k_sweep_gpu_matches_cpu(cnmf_counts):
+    # the sweep fits all ranks in one batch on both devices (one SpMM per half-iteration on the GPU)
+    assert gpu_available()
+    kw = dict(k_range=range(2, 7), n_runs=4, preprocessing="sd", dtype="float64", copy=True)
+    cpu = gpuc.tl.nmf_k_sweep(cnmf_counts, device="cpu", **kw).uns["nmf_k_sweep"]["table"]
+    gpu = gpuc.tl.nmf_k_sweep(cnmf_counts, device="gpu", **kw).uns["nmf_k_sweep"]["table"]
+    np.testing.assert_allclose(gpu["best_error"], cpu["best_error"], atol=1e-5)
+    np.testing.assert_allclose(gpu["stability"], cpu["stability"], atol=0.05)
