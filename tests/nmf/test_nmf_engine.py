@@ -90,7 +90,7 @@ def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout
     from gpuc.nmf._hals import _Layout
 
     ranks = np.concatenate([np.full(n, k) for k, n in RANK_GROUPS[layout]])
-    n_lane_groups = len(_Layout.of(ranks, np.repeat(np.arange(len(RANK_GROUPS[layout])), [n for _, n in RANK_GROUPS[layout]])).kernel_args()[0])
+    n_lane_groups = len(_Layout.of(ranks, np.repeat(np.arange(len(RANK_GROUPS[layout])), [n for _, n in RANK_GROUPS[layout]])).kernel_args[0])
     assert n_lane_groups == (1 if layout == "merged" else 2)
     if path == "generic-sparse":
         import gpuc.nmf._hals_cpu as hals_cpu

@@ -13,6 +13,7 @@ device during a fit.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -259,6 +260,7 @@ class _Layout:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self.offsets[p] + np.arange(self.ks[p]) for p in positions])
 
+    @functools.cached_property
     def kernel_args(self) -> tuple[np.ndarray, ...]:
         """``(gk, gr0, gnr, rk, roff)`` int64 arrays for the fused CPU kernels.
 
@@ -402,6 +404,7 @@ def fit_hals_groups(
     converged = np.zeros(n_runs, dtype=bool)
     active = np.arange(n_runs)
     layout = _Layout.of(ks_run, gid_run)
+    col_run = xp.asarray(layout.col_run)  # (C,) on the device, for per-run steps of the generic path
     # the stopping rule compares each run's loss with its loss TOL_WINDOW iterations earlier (lag checks back)
     lag = max(1, TOL_WINDOW // check_every)
     prev = np.full((n_runs, lag), np.nan)  # losses at the last `lag` checks, oldest first
@@ -437,12 +440,11 @@ def fit_hals_groups(
         if fused is not None:
             spectra_half, usage_half = fused
             vt, v = op.vt, op.v
-            blocks = layout.kernel_args()
             b_use = np.zeros(ra, dtype=dt) if plain else beta
             d64 = spectra_half(vt.indptr, vt.indices, vt.data, w_hat, g_what.astype(dt), ht, h_hat, b_use,
-                               not (check or plain), eps, *blocks, inner_sweeps)
+                               not (check or plain), eps, *layout.kernel_args, inner_sweeps)
             cross, g_new, g_what = usage_half(v.indptr, v.indices, v.data, h_hat, d64.astype(dt), w, w_hat, b_use,
-                                              eps, *blocks, inner_sweeps)
+                                              eps, *layout.kernel_args, inner_sweeps)
             e = op.norm2 - 2.0 * cross + _quad_terms(g_new, d64, layout)
             if plain:
                 e_prev = e
@@ -457,7 +459,6 @@ def fit_hals_groups(
             if check:
                 cur = np.asarray(e, dtype=np.float64)
         else:
-            col_run = xp.asarray(layout.col_run)
             at = _product(xp, op.tdot, w_hat, layout, op.sparse)
             h_new = h_hat.copy()
             _sweep_blocks(xp, h_new, at, [gram(xp, _block(w_hat, k, nr, c)) for k, _, nr, c in layout.blocks],
@@ -529,6 +530,7 @@ def fit_hals_groups(
         if fused is not None:
             g_what = np.ascontiguousarray(g_what[keep_pos])
         layout = _Layout.of(ks_run[active], gid_run[active])
+        col_run = xp.asarray(layout.col_run)
     results = []
     for g in range(len(groups)):
         sel = gid_run == g

@@ -1,4 +1,4 @@
-"""Fused CPU kernels (numba) for the extrapolated batched HALS of :func:`gpuc.nmf._hals.fit_hals` on sparse ``V``.
+"""Fused CPU kernels (numba) for the extrapolated batched HALS of :func:`gpuc.nmf._hals.fit_hals_groups` on sparse ``V``.
 
 The generic ``xp`` code does a half-iteration as separate passes: one SpMM (``V^T W`` or ``V H^T``, all runs at
 once), a Gram product, the Gauss-Seidel sweep, the extrapolation and the loss terms, each reading or writing the
@@ -95,7 +95,7 @@ def kernels(numba: Any) -> Any:
     @numba.njit(cache=True, inline="always")
     def _row_sweep(xt, qt, gt, q, acc, eps, n_runs, k):  # pragma: no cover - compiled
         # Gauss-Seidel over components, all runs side by side: same arithmetic per run as the generic sweep.
-        # (Group q's Grams are indexed in place: a view per row and group costs a reference-count round trip.)
+        # Group q's Grams are indexed in place in the (G, kmax, kmax, Rpad) scratch.
         for c in range(k):
             for r in range(n_runs):
                 acc[r] = 0.0

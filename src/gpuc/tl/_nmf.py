@@ -16,14 +16,13 @@ from gpuc._backend import Backend, Device, get_backend, is_cupy_array, is_sparse
 from gpuc._utils import progress
 from gpuc._validate import check_adata, check_choice, check_int, get_matrix
 from gpuc.nmf._consensus import ConsensusError, consensus, run_k, run_ks, sweep_batches, sweep_row
-from gpuc.nmf._hals import Operator
+from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, Operator
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
 _PREPROCESSING = ("none", "sd", "sqrt_sd")
 _METRICS = ("cosine", "euclidean")
 _TARGETS = ("spectra", "usage")
 _NORMALIZATIONS = ("sum", "l2")
-_UPDATE_ORDERS = ("usages", "spectra")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -148,7 +147,7 @@ def _check_common(
         msg = f"extrapolate must be True or False, got {extrapolate!r}."
         raise TypeError(msg)
     check_int("warmup", warmup, minimum=0)
-    check_choice("update_order", update_order, _UPDATE_ORDERS)
+    check_choice("update_order", update_order, UPDATE_ORDERS)
     check_choice("metric", metric, _METRICS)
     check_choice("target", target, _TARGETS)
     check_choice("normalization", normalization, _NORMALIZATIONS)
@@ -193,9 +192,9 @@ def nmf_k_sweep(
     metric: Literal["cosine", "euclidean"] = "cosine",
     target: Literal["spectra", "usage"] = "spectra",
     max_iter: int = 500,
-    tol: float = 1e-6,
+    tol: float = TOL,
     extrapolate: bool = True,
-    warmup: int = 5,
+    warmup: int = WARMUP,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
@@ -353,9 +352,9 @@ def consensus_nmf(
     normalization: Literal["sum", "l2"] = "sum",
     neighborhood: float = 0.3,
     max_iter: int = 500,
-    tol: float = 1e-6,
+    tol: float = TOL,
     extrapolate: bool = True,
-    warmup: int = 5,
+    warmup: int = WARMUP,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = "auto",
