@@ -42,3 +42,68 @@ def _quiet_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuc._settings import settings
 
     monkeypatch.setattr(settings, "progress", False)
+
+
+# ---- one deep AnnData comparison for every test: "unchanged on error" and "survives write_h5ad" ---------------------
+def assert_same(got: object, want: object, path: str = "adata") -> None:
+    """Recursive equality of AnnData contents: frames, dense/sparse arrays, mappings, sequences and scalars.
+
+    A sequence read back from h5ad may come back as an array, so sequences are compared as arrays; NaN equals NaN.
+    """
+    import numpy as np
+    import pandas as pd
+    import scipy.sparse as sp
+    from anndata import AnnData
+
+    if isinstance(want, AnnData):
+        assert isinstance(got, AnnData), f"{path}: {type(got).__name__} is not an AnnData"
+        assert got.shape == want.shape, f"{path}: shape {got.shape} != {want.shape}"
+        for slot in ("X", "obs", "var", "layers", "obsm", "varm", "obsp", "varp", "uns"):
+            assert_same(getattr(got, slot), getattr(want, slot), f"{path}.{slot}")
+        return
+    if isinstance(want, pd.DataFrame):
+        pd.testing.assert_frame_equal(got, want, obj=path)
+        return
+    if hasattr(want, "keys") and not isinstance(want, pd.Series):
+        assert set(got.keys()) == set(want.keys()), f"{path}: keys {sorted(got.keys())} != {sorted(want.keys())}"
+        for k in want.keys():
+            assert_same(got[k], want[k], f"{path}[{k!r}]")
+        return
+    if sp.issparse(want):
+        assert sp.issparse(got), f"{path}: not sparse"
+        assert got.shape == want.shape and (got != want).nnz == 0, f"{path}: sparse contents differ"
+        return
+    if want is None:
+        assert got is None, f"{path}: {got!r} is not None"
+        return
+    if isinstance(want, str | bytes):
+        assert got == want, f"{path}: {got!r} != {want!r}"
+        return
+    if isinstance(want, pd.Series | pd.Index):
+        want, got = np.asarray(want), np.asarray(got)
+    w, g = np.asarray(want), np.asarray(got)
+    assert g.shape == w.shape, f"{path}: shape {g.shape} != {w.shape}"
+    if w.dtype.kind in "fc":
+        np.testing.assert_array_equal(g, w, err_msg=path)
+    else:
+        assert (g == w).all(), f"{path}: {got!r} != {want!r}"
+
+
+@pytest.fixture
+def unchanged():
+    """Context manager: ``with unchanged(adata), pytest.raises(...):`` asserts the call left ``adata`` as it was."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def check(adata):
+        before = adata.copy()
+        yield
+        assert_same(adata, before)
+
+    return check
+
+
+@pytest.fixture
+def same():
+    """:func:`assert_same` as a fixture, for tests that compare AnnData contents (e.g. after a round trip)."""
+    return assert_same

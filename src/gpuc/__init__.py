@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from gpuc import datasets, get, pl, tl
+from gpuc._errors import ConvergenceWarning, GpucWarning, InsufficientMemoryError
 from gpuc._settings import settings
 
 try:
@@ -12,4 +13,14 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
-__all__ = ["__version__", "datasets", "get", "pl", "settings", "tl"]
+__all__ = [
+    "ConvergenceWarning",
+    "GpucWarning",
+    "InsufficientMemoryError",
+    "__version__",
+    "datasets",
+    "get",
+    "pl",
+    "settings",
+    "tl",
+]

@@ -162,6 +162,15 @@ class Backend:
         """Return ``x`` as numpy / scipy.sparse (see :func:`to_host`)."""
         return to_host(x)
 
+    def free_memory(self) -> int | None:
+        """Bytes this device can still allocate: the GPU's free memory plus CuPy's cached blocks, or the host's
+        available memory (psutil when installed, else ``MemAvailable`` from ``/proc/meminfo``); ``None`` if unknown.
+        """
+        if self.is_gpu:
+            free, _ = self.xp.cuda.runtime.memGetInfo()
+            return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
+        return host_free_memory()
+
     def synchronize(self) -> None:
         """Wait for queued GPU work (for timing); no-op on the CPU."""
         if self.is_gpu:
@@ -390,6 +399,22 @@ def _import_faiss(*, gpu: bool, required: bool) -> ModuleType | None:
             raise ImportError(msg)
         return None
     return faiss
+
+
+def host_free_memory() -> int | None:
+    """Bytes of host memory available to new allocations (psutil, else ``/proc/meminfo``), ``None`` if unknown."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+    return int(psutil.virtual_memory().available)
 
 
 def to_host(x: Any) -> Any:

@@ -6,6 +6,37 @@ renames all of a tool's outputs consistently.
 
 from __future__ import annotations
 
+from typing import Any
+
+# ---- names that come from the data ---------------------------------------------------------------------------------
+# Group names and contrast levels become keys of ``uns`` dicts. HDF5 and zarr read a "/" in a key as a nested group,
+# so such names are stored percent-encoded ("%" -> "%25" first, then "/" -> "%2F"): the encoding is reversible and
+# two different names never share a key ("T/NK" -> "T%2FNK", "T_NK" stays, a literal "T%2FNK" -> "T%252FNK").
+
+
+def encode_name(name: Any) -> str:
+    """The ``uns`` key under which a data-derived name (group, contrast) is stored; reversed by :func:`decode_name`."""
+    return str(name).replace("%", "%25").replace("/", "%2F")
+
+
+def decode_name(key: str) -> str:
+    """The original name of a key written by :func:`encode_name`."""
+    return key.replace("%2F", "/").replace("%25", "%")
+
+
+def drop_outputs(adata: Any, outputs: dict[str, list[str]]) -> None:
+    """Delete the entries ``{slot: [names]}`` that exist in ``adata`` (``obs``/``var`` columns, ``obsm``, ``varm``,
+    ``obsp``, ``layers``, ``uns`` keys), so that a rerun under the same key leaves nothing from the previous fit.
+    """
+    for slot, names in outputs.items():
+        container = getattr(adata, slot)
+        for name in names:
+            if slot in ("obs", "var"):
+                if name in container.columns:
+                    del container[name]
+            elif name in container:
+                del container[name]
+
 # ---- metacells (gpuc.tl.metacells) ---------------------------------------------------------------------------------
 METACELL = "metacell"  # obs[key] labels, uns[key] diagnostics
 
@@ -30,6 +61,16 @@ def metacell_quality(key: str) -> str:
     return f"{key}_quality"
 
 
+def metacell_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.metacells` writes under ``key``, and the default quality table derived from it."""
+    return {
+        "obs": [key],
+        "obsm": [metacell_weights(key), metacell_archetypes(key)],
+        "obsp": [metacell_kernel(key)],
+        "uns": [key, metacell_quality(key)],
+    }
+
+
 # ---- consensus NMF (gpuc.tl.nmf_k_sweep / consensus_nmf) -----------------------------------------------------------
 NMF_K_SWEEP = "nmf_k_sweep"  # uns[key]
 NMF = "nmf"  # uns[key]
@@ -43,6 +84,11 @@ def nmf_usages(key: str) -> str:
 def nmf_spectra(key: str) -> str:
     """``varm`` key of the genes x k programmes."""
     return f"{key}_spectra"
+
+
+def nmf_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.consensus_nmf` writes under ``key``."""
+    return {"obsm": [nmf_usages(key)], "varm": [nmf_spectra(key)], "uns": [key]}
 
 
 # ---- DESeq2 (gpuc.tl.deseq) ------------------------------------------------------------------------------------------
@@ -62,3 +108,53 @@ def deseq_var(key: str, field: str) -> str:
 def deseq_coef(key: str) -> str:
     """``varm`` key of the genes x coefficients matrix (natural-log scale is never stored; log2 like R)."""
     return f"{key}_coef"
+
+
+def deseq_coef_cov(key: str) -> str:
+    """``varm`` key of the coefficients' covariance (log2 scale, flattened p x p per gene)."""
+    return f"{key}_coef_cov"
+
+
+def deseq_cooks(key: str) -> str:
+    """``layers`` key of the Cook's distances."""
+    return f"{key}_cooks"
+
+
+# per-gene fit fields written to ``var`` (one column each) or, with groupby, to each group's ``genes`` table
+DESEQ_GENE_FIELDS = (
+    "baseMean",
+    "baseVar",
+    "allZero",
+    "dispGeneEst",
+    "dispGeneConv",
+    "dispFit",
+    "dispMAP",
+    "dispMAPConv",
+    "dispOutlier",
+    "dispersion",
+    "betaConv",
+    "betaIter",
+    "deviance",
+    "maxCooks",
+    "replace",
+    "refitted",
+)
+
+
+def deseq_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.deseq` writes under ``key`` (with or without groupby)."""
+    return {
+        "obs": [deseq_size_factors(key)],
+        "var": [deseq_var(key, f) for f in DESEQ_GENE_FIELDS],
+        "varm": [deseq_coef(key), deseq_coef_cov(key)],
+        "layers": [deseq_cooks(key)],
+        "uns": [key],
+    }
+
+
+VST = "vst"  # layers[key] and uns[key] of gpuc.tl.vst
+
+
+def vst_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.vst` writes under ``key``."""
+    return {"layers": [key], "uns": [key]}

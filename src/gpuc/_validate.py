@@ -8,15 +8,77 @@ from typing import Any
 import numpy as np
 from anndata import AnnData
 
-from gpuc._backend import is_cupy_array, is_sparse
+from gpuc._backend import Backend, is_cupy_array, is_sparse
+from gpuc._errors import InsufficientMemoryError
+
+_GIB = float(1 << 30)
 
 
 def check_adata(adata: Any) -> AnnData:
-    """Raise a :class:`TypeError` unless ``adata`` is an AnnData."""
+    """Raise a :class:`TypeError` unless ``adata`` is an AnnData (matrices are checked by :func:`get_matrix`)."""
     if not isinstance(adata, AnnData):
         msg = f"Expected an AnnData object as first argument, got {type(adata).__name__}."
         raise TypeError(msg)
     return adata
+
+
+def check_key_added(key_added: Any, name: str = "key_added") -> str:
+    """Return ``key_added`` if it can name AnnData entries that survive ``write_h5ad``; raise otherwise.
+
+    A non-string raises :class:`TypeError`; an empty string or one containing ``/`` (which HDF5 and zarr read as a
+    nested group) raises :class:`ValueError`. Every tool applies this same check.
+    """
+    if not isinstance(key_added, str):
+        msg = f"{name} must be a string, got {key_added!r}."
+        raise TypeError(msg)
+    if not key_added or "/" in key_added:
+        msg = (
+            f"{name}={key_added!r} cannot be used as an AnnData key: it must be non-empty and must not contain '/' "
+            "(write_h5ad would store it as a nested group). Use e.g. '_' instead."
+        )
+        raise ValueError(msg)
+    return key_added
+
+
+def check_in_memory(x: Any, where: str) -> Any:
+    """Raise a :class:`TypeError` naming ``where`` unless ``x`` is an in-memory array gpuc can compute on.
+
+    Lazily read matrices (``anndata.experimental.read_lazy`` / ``read_elem_lazy``: dask arrays, h5py or zarr
+    datasets, anndata's on-disk sparse datasets) and float16 data (which cannot hold counts above 2,048 exactly and
+    overflows in sums) are refused with a message that says what to do.
+    """
+    mod = type(x).__module__
+    if mod.startswith(("dask", "h5py", "zarr", "anndata")):
+        msg = (
+            f"{where} is not in memory (a {type(x).__module__}.{type(x).__name__}: the AnnData was read in backed mode, "
+            "read_h5ad(..., backed='r'), or lazily); gpuc needs it loaded: adata = adata.to_memory(), after "
+            "subsetting to the cells and genes you need."
+        )
+        raise TypeError(msg)
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and np.dtype(dtype) == np.float16:
+        msg = (
+            f"{where} is float16, which keeps about 3 significant digits (counts above 2,048 are not exact) and "
+            "overflows above 65,504 in sums; convert it first, e.g. adata.X = adata.X.astype(np.float32)."
+        )
+        raise TypeError(msg)
+    return x
+
+
+def check_memory(backend: Backend, need_bytes: float, what: str, reduce: str) -> None:
+    """Refuse, before anything is allocated, work whose estimated peak exceeds the device's free memory.
+
+    Raises :class:`~gpuc.InsufficientMemoryError` saying how much ``what`` needs, how much is free and how to reduce
+    it (``reduce``). Nothing is checked when the free memory cannot be read.
+    """
+    free = backend.free_memory()
+    if free is None or need_bytes <= free:
+        return
+    msg = (
+        f"{what} needs about {need_bytes / _GIB:.1f} GiB of {'GPU' if backend.is_gpu else 'host'} memory but only "
+        f"{free / _GIB:.1f} GiB is free; nothing was computed. {reduce}"
+    )
+    raise InsufficientMemoryError(msg)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
@@ -66,14 +128,14 @@ def get_matrix(adata: AnnData, *, layer: str | None = None, use_rep: str | None 
         raise ValueError(msg)
     if use_rep is not None:
         check_key(adata.obsm, use_rep, "adata.obsm", "Compute it first, e.g. sc.pp.pca(adata) for 'X_pca'.")
-        return adata.obsm[use_rep]
+        return check_in_memory(adata.obsm[use_rep], f"adata.obsm[{use_rep!r}]")
     if layer is not None:
         check_key(adata.layers, layer, "adata.layers")
-        return adata.layers[layer]
+        return check_in_memory(adata.layers[layer], f"adata.layers[{layer!r}]")
     if adata.X is None:
         msg = "adata.X is empty; pass layer= naming the matrix to use."
         raise ValueError(msg)
-    return adata.X
+    return check_in_memory(adata.X, "adata.X")
 
 
 def _xp_of(x: Any) -> Any:

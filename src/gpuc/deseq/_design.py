@@ -63,6 +63,15 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
             else:
                 levels = sorted(map(str, pd.unique(col)))
             factors[v] = levels
+    single = {v: lv for v, lv in factors.items() if len(lv) < 2}
+    if single:
+        names = ", ".join(f"{v!r} (only {lv[0]!r})" for v, lv in single.items())
+        msg = (
+            f"design {design!r}: factor {names} has a single level in these samples, so it cannot be estimated and "
+            "the test would silently be of another coefficient. A factor needs at least 2 levels (R: 'contrasts can "
+            "be applied only to factors with 2 or more levels'); remove it from the design."
+        )
+        raise ValueError(msg)
     d = Design(mat, [str(c) for c in dm.columns], design, fc, factors, variables, obs)
     check_full_rank(d)
     return d
@@ -126,6 +135,12 @@ def contrast_vector(design: Design, contrast: Any) -> tuple[np.ndarray, str]:
     """
     p = len(design.columns)
     if contrast is None:
+        if p == 1:
+            msg = (
+                f"the design has only the column {design.columns[0]!r}, so there is no effect to test; add the "
+                "variable to compare to the design (e.g. '~condition') and name it in contrast=."
+            )
+            raise ValueError(msg)
         v = np.zeros(p)
         v[-1] = 1.0
         return v, _pretty(design.columns[-1])

@@ -202,10 +202,12 @@ def _fit_nb_glm(
         start = xp.clip(xp.where(xp.isfinite(beta[ridx]), beta[ridx], 0.0), -large, large)
         start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], sf, x), start)
         start = xp.clip(start, -large, large)
-        b = fit_nb_glm_bounded(
-            bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2
+        b, b_conv = fit_nb_glm_bounded(
+            bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2,
+            maxit=2 * maxit,
         )
         beta[ridx] = b
+        converged[ridx] = b_conv
     cov, hat, mu_unfloored, mu_fl = glm_covariance(
         bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False
     )
@@ -267,11 +269,13 @@ def fit_nb_glm_bounded(
     bound: float = 30.0 * LN2,
     maxit: int = 200,
     tol: float = 1e-10,
-) -> Any:
+) -> tuple[Any, Any]:
     """Maximise the ridge-penalised NB log-likelihood with |beta| <= ``bound`` for every gene at once.
 
     Fisher scoring steps with step halving (the penalised likelihood must not decrease) and projection on the box;
-    this plays the role of R's ``optim`` refit of unstable or non-converged rows.
+    this plays the role of R's ``optim`` refit of unstable or non-converged rows. Returns the coefficients and, per
+    gene, whether the refit converged (its steps or likelihood gains fell below the tolerances, or no ascent step
+    remained, before ``maxit``), which becomes the gene's ``betaConv`` as R's optim convergence code does.
     """
     xp = bk.xp
     G = y.shape[0]
@@ -317,4 +321,6 @@ def fit_nb_glm_bounded(
         f[idx] = fn
         done = (delta < 1e-9) | ~accepted | (xp.abs(fn - fa) <= tol * (xp.abs(fa) + 0.1))
         idx = idx[~done]
-    return beta
+    converged = xp.ones(G, dtype=bool)
+    converged[idx] = False
+    return beta, converged

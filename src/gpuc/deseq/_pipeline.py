@@ -128,11 +128,13 @@ def run_deseq(
     min_disp: float = 1e-8,
     reduced: np.ndarray | None = None,
     control_genes: Any = None,
+    max_iter: int = 100,
 ) -> DeseqFit:
     """Run the DESeq2 fit on samples x genes ``counts`` with model matrix ``x`` (n x p).
 
     ``reduced`` (n x q model matrix) adds a likelihood-ratio test of the full against the reduced model, with the
-    full model's dispersions, as R's ``nbinomLRT``.
+    full model's dispersions, as R's ``nbinomLRT``. ``max_iter`` bounds the IRLS iterations of the final GLM fits
+    (R's ``maxit``); genes that reach it keep ``betaConv`` False.
     """
     xp = bk.xp
     messages: list[str] = []
@@ -196,7 +198,7 @@ def run_deseq(
     )
 
     # ---- GLM
-    fit = fit_nb_glm(bk, y, sf, xd, disp, min_mu=min_mu)
+    fit = fit_nb_glm(bk, y, sf, xd, disp, min_mu=min_mu, maxit=max_iter)
     beta, cov, mu, dev = fit.beta, fit.cov, fit.mu, fit.deviance
     beta_conv, beta_iter = fit.converged, fit.iters
 
@@ -245,7 +247,7 @@ def run_deseq(
                     max_disp=max_disp,
                     state=gw_state_r,
                 )
-                fit_r = fit_nb_glm(bk, yr, sf, xd, disp_r, min_mu=min_mu)
+                fit_r = fit_nb_glm(bk, yr, sf, xd, disp_r, min_mu=min_mu, maxit=max_iter)
                 gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = (
                     gw_r,
                     gwc_r,
@@ -279,7 +281,7 @@ def run_deseq(
         if lrt_df <= 0:
             msg = f"the reduced design must have fewer coefficients than the full one ({reduced.shape[1]} vs {p})."
             raise ValueError(msg)
-        fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu)
+        fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu, maxit=max_iter)
         ll_full = nb_loglik_sum(bk, y_fit, mu, disp)
         ll_red = nb_loglik_sum(bk, y_fit, fr.mu, disp)
         st, pv = lrt(np.asarray(bk.to_host(-2 * ll_red)), np.asarray(bk.to_host(-2 * ll_full)), lrt_df)

@@ -16,11 +16,15 @@ def _entry(adata: AnnData, key: str, group: str | None) -> dict:
     check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first.")
     uns = adata.uns[key]
     if "groups" in uns:
+        names = [_keys.decode_name(g) for g in uns["groups"]]
         if group is None:
-            msg = f"uns[{key!r}] holds per-group results (groups {list(uns['groups'])}); pass group=."
+            msg = f"uns[{key!r}] holds per-group results (groups {names}); pass group=."
             raise ValueError(msg)
-        check_key(uns["groups"], str(group), f"adata.uns[{key!r}]['groups']")
-        return uns["groups"][str(group)]
+        stored = _keys.encode_name(group)
+        if stored not in uns["groups"]:
+            msg = f"group {group!r} not found in adata.uns[{key!r}]['groups'] (groups: {names})."
+            raise KeyError(msg)
+        return uns["groups"][stored]
     if group is not None:
         msg = f"uns[{key!r}] was computed without groupby; do not pass group=."
         raise ValueError(msg)
@@ -28,18 +32,20 @@ def _entry(adata: AnnData, key: str, group: str | None) -> dict:
 
 
 def _contrast_name(entry: dict, contrast: Any) -> str:
-    names = list(entry["results"])
+    """The stored (percent-encoded) results key of ``contrast``."""
+    stored = list(entry["results"])
+    names = [_keys.decode_name(n) for n in stored]
     if contrast is None:
-        return names[0]
+        return stored[0]
     if isinstance(contrast, str):
         if contrast in names:
-            return contrast
+            return _keys.encode_name(contrast)
         msg = f"no results named {contrast!r}; available: {names}."
         raise KeyError(msg)
     if isinstance(contrast, (list, tuple)) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
         name = f"{contrast[0]}_{contrast[1]}_vs_{contrast[2]}"
         if name in names:
-            return name
+            return _keys.encode_name(name)
         msg = (
             f"contrast {list(contrast)} was not computed; available: {names}. Pass it to gpuc.tl.deseq(contrast=[...])."
         )

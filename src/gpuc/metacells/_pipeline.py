@@ -11,7 +11,7 @@ import numpy as np
 from gpuc._backend import Backend
 from gpuc.metacells._init import initial_archetypes
 from gpuc.metacells._kernel import build_kernel, compute_knn
-from gpuc.metacells._solver import FitResult, fit
+from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit
 
 # above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
 DENSE_A0_MAX = 10_000_000  # 80 MB of float64; ~27k cells at k = n / 75
@@ -26,6 +26,21 @@ class MetacellResult:
     archetypes: np.ndarray
     a0: str
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int = 50, gpu: bool = False) -> float:
+    """Estimated peak memory of :func:`run_metacells` on ``n`` cells and ``k`` metacells.
+
+    Dense parts: the random A0 (k x n float64, when used), the dense B-update's gradient, kernel products and work
+    array (three n x k float64 arrays on the GPU, and on the CPU while n k <= ``DENSE_GRADIENT_MAX``). Sparse parts
+    (12 bytes per stored entry): the kernel and its square (~``4 * n_neighbors`` entries per cell after the union
+    symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
+    ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell).
+    """
+    nk = float(n) * float(k)
+    dense = (8.0 * nk if nk <= DENSE_A0_MAX else 0.0) + (24.0 * nk if gpu or nk <= DENSE_GRADIENT_MAX else 0.0)
+    per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + (0 if gpu else min(k, 2 * n_neighbors * fw_iters))
+    return dense + 12.0 * n * per_cell
 
 
 def run_metacells(

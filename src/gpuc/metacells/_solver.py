@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc._errors import ConvergenceWarning
 
 
-class MetacellConvergenceWarning(RuntimeWarning):
+class MetacellConvergenceWarning(ConvergenceWarning):
     """The alternating fit stopped at ``max_iter`` before the RSS change fell below the threshold."""
 
 

@@ -327,6 +327,23 @@ def sweep_batches(ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsi
     return batches
 
 
+def fit_peak_bytes(k_cols: int, shape: tuple[int, int], itemsize: int) -> float:
+    """Estimated memory of a batch of HALS fits with ``k_cols = n_runs * sum(k)`` factor columns (see
+    :func:`sweep_batches`: about six ``(m + n) x k_cols`` factor arrays).
+    """
+    return 6.0 * (shape[0] + shape[1]) * itemsize * k_cols
+
+
+def consensus_peak_bytes(k: int, n_runs: int, shape: tuple[int, int], target: Target = "spectra") -> float:
+    """Estimated peak memory of :func:`consensus` for one rank: the pooled components and their unit rows
+    (``n_runs * k`` rows of the clustered dimension, float64) and about four dense ``(n_runs * k)^2`` float64
+    matrices (similarities, distances, the live block and the silhouette's work).
+    """
+    pool = float(n_runs) * k
+    dim = shape[1] if target == "spectra" else shape[0]
+    return 16.0 * pool * dim + 32.0 * pool * pool
+
+
 def run_ks(
     backend: Backend,
     op: Operator,

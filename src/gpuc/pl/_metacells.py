@@ -240,7 +240,7 @@ def metacell_convergence(
     """
     info = _uns(adata, key)
     ax = _ax(ax, (4.5, 3.5))
-    traces = {g: v["rss"] for g, v in info["groups"].items()} if "groups" in info else {"": info["rss"]}
+    traces = {v.get("group", g): v["rss"] for g, v in info["groups"].items()} if "groups" in info else {"": info["rss"]}
     for g, r in traces.items():
         r = np.asarray(r)
         ax.plot(np.arange(r.size), r, marker="o", ms=3, label=g or None)

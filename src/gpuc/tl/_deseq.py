@@ -14,26 +14,18 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Device, get_backend, is_cupy_array, is_sparse, to_host
-from gpuc._validate import check_adata, check_choice, check_int, check_key, get_matrix
-
-_GENE_FIELDS = (
-    "baseMean",
-    "baseVar",
-    "allZero",
-    "dispGeneEst",
-    "dispGeneConv",
-    "dispFit",
-    "dispMAP",
-    "dispMAPConv",
-    "dispOutlier",
-    "dispersion",
-    "betaConv",
-    "betaIter",
-    "deviance",
-    "maxCooks",
-    "replace",
-    "refitted",
+from gpuc._errors import ConvergenceWarning, GpucWarning
+from gpuc._validate import (
+    check_adata,
+    check_choice,
+    check_int,
+    check_key,
+    check_key_added,
+    check_memory,
+    get_matrix,
 )
+
+_GENE_FIELDS = _keys.DESEQ_GENE_FIELDS
 _RESULT_COLUMNS = ["baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"]
 
 
@@ -113,6 +105,7 @@ def deseq(
     lfc_threshold: float = 0.0,
     alt_hypothesis: Literal["greaterAbs", "lessAbs", "greater", "less"] = "greaterAbs",
     min_replicates: int = 7,
+    max_iter: int = 100,
     groupby: str | None = None,
     device: Device | None = "auto",
     key_added: str = _keys.DESEQ,
@@ -164,8 +157,16 @@ def deseq(
         1.34-1.42), ``"lessAbs"``, ``"greater"``, ``"less"``.
     min_replicates
         Minimum samples per design cell for outlier replacement.
+    max_iter
+        Iteration limit of the IRLS fit of the negative-binomial GLM per gene (R's ``maxit``, 100). Genes that
+        reach it, or whose coefficients run away, are refitted by a bounded likelihood maximisation (R's ``optim``
+        step; here up to ``2 * max_iter`` iterations); genes that do not converge there either keep ``betaConv``
+        False and are reported by a warning, as R reports them.
     groupby
-        Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately.
+        Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately. Group
+        names are stored as ``uns`` keys percent-encoded (``"T/NK"`` as ``"T%2FNK"``) so they survive
+        ``write_h5ad``; each group's entry keeps its original name under ``"group"``, and
+        :func:`gpuc.get.deseq_results` takes the original name.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``.
     key_added
@@ -194,15 +195,29 @@ def deseq(
         ``results`` (name -> DataFrame with baseMean, log2FoldChange, lfcSE, stat, pvalue, padj, and
         ``log2FoldChange_shrunk``/``lfcSE_shrunk`` with ``lfc_shrink``); ``filtering`` (name -> independent
         filtering threshold and theta); ``messages``. With ``groupby`` the fit and results sit under
-        ``uns[key]["groups"][group]``.
+        ``uns[key]["groups"][group]``. Contrast names in ``contrasts``/``results``/``filtering`` are
+        percent-encoded the same way.
+
+    Every output of an earlier run under the same ``key_added`` is removed first, so nothing from that fit remains
+    (e.g. the per-gene ``var`` columns after a rerun with ``groupby``).
+
+    Warns
+    -----
+    ConvergenceWarning
+        When the GLM of some genes stopped at ``max_iter`` (their ``betaConv`` is False; once per call, with counts).
+    GpucWarning
+        For R's fallbacks (a parametric trend that failed, poscounts size factors) and skipped groups.
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
     from gpuc.deseq import build_design, contrast_vector
     from gpuc.deseq._pipeline import run_deseq
 
     check_adata(adata)
-    if not isinstance(key_added, str) or not key_added:
-        msg = "key_added must be a non-empty string."
-        raise ValueError(msg)
+    check_key_added(key_added)
     check_choice("test", test, ("wald", "lrt"))
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
     check_choice("lfc_shrink", lfc_shrink, (None, "normal", "apeglm"))
@@ -230,6 +245,7 @@ def deseq(
         msg = f"lfc_threshold={lfc_threshold!r} must be a non-negative number."
         raise ValueError(msg)
     check_int("min_replicates", min_replicates, minimum=1)
+    max_iter = check_int("max_iter", max_iter, minimum=1)
     if test == "lrt" and reduced is None:
         msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
         raise ValueError(msg)
@@ -245,6 +261,13 @@ def deseq(
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
     backend = get_backend(device, counts)
+    check_memory(
+        backend,
+        deseq_peak_bytes(adata.n_obs if groupby is None else int(adata.obs[groupby].value_counts().max()), adata.n_vars),
+        f"DESeq2 on {adata.n_obs} samples x {adata.n_vars} genes",
+        "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group), or fit subsets "
+        "of genes separately.",
+    )
 
     groups = [None] if groupby is None else [g for g in pd.unique(adata.obs[groupby].astype(str))]
     outputs = []
@@ -301,10 +324,11 @@ def deseq(
             fit_type=fit_type,
             refit_cooks=refit_cooks,
             min_replicates=min_replicates,
+            max_iter=max_iter,
             reduced=None if red is None else red.matrix,
         )
         for m in fit.messages:
-            warnings.warn(m, UserWarning, stacklevel=2)
+            warnings.warn(m if g is None else f"group {g!r}: {m}", GpucWarning, stacklevel=2)
         tables, filt = {}, {}
         for name, vec, zg in cons:
             tables[name], filt[name] = _results_table(
@@ -334,7 +358,8 @@ def deseq(
             msg = f"no group of {groupby!r} could be tested: " + "; ".join(skipped.values())
             raise ValueError(msg)
         for g, why in skipped.items():
-            warnings.warn(f"group {g!r} skipped: {why}", UserWarning, stacklevel=2)
+            warnings.warn(f"group {g!r} skipped: {why}", GpucWarning, stacklevel=2)
+    _warn_not_converged(outputs, max_iter)
 
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
@@ -364,9 +389,11 @@ def deseq(
         "lfc_threshold": float(lfc_threshold),
         "alt_hypothesis": alt_hypothesis,
         "min_replicates": int(min_replicates),
+        "max_iter": int(max_iter),
         "groupby": groupby,
         "device": backend.name,
     }
+    _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
     for g, mask, *_ in outputs:
         sf_col[mask] = outputs[[o[0] for o in outputs].index(g)][3].size_factors
@@ -378,8 +405,8 @@ def deseq(
         for f in _GENE_FIELDS:
             adata.var[_keys.deseq_var(key, f)] = fit.genes[f]
         adata.varm[_keys.deseq_coef(key)] = fit.beta / np.log(2)
-        adata.varm[f"{_keys.deseq_coef(key)}_cov"] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
-        adata.layers[f"{key}_cooks"] = fit.cooks.T.copy()
+        adata.varm[_keys.deseq_coef_cov(key)] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
+        adata.layers[_keys.deseq_cooks(key)] = fit.cooks.T.copy()
         uns.update(_fit_uns(dsg, fit, tables, filt, cons))
     else:
         uns["groups"] = {}
@@ -387,11 +414,38 @@ def deseq(
             entry = _fit_uns(dsg, fit, tables, filt, cons)
             entry["genes"] = pd.DataFrame({f: fit.genes[f] for f in _GENE_FIELDS}, index=adata.var_names)
             entry["n_samples"] = int(mask.sum())
-            uns["groups"][g] = entry
+            entry["group"] = g
+            uns["groups"][_keys.encode_name(g)] = entry
         if skipped:
-            uns["skipped_groups"] = dict(skipped)
+            uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in skipped.items()}
     adata.uns[key] = uns
     return adata if copy else None
+
+
+def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
+    """Estimated peak memory of one DESeq2 fit, beyond the input counts.
+
+    About 14 float64 genes x samples arrays are alive at once (counts, normalised counts, means, IRLS weights and
+    work arrays, Cook's distances) plus ~100 float64 values per gene (per-gene fields, coefficient covariances);
+    tracemalloc peaks of 10-21 x ``8 * n_samples * n_genes`` bytes were seen from 20 to 200 samples.
+    """
+    return (14.0 * n_samples + 100.0) * 8.0 * n_genes
+
+
+def _warn_not_converged(outputs: list, max_iter: int) -> None:
+    """One :class:`ConvergenceWarning` for the genes whose GLM stopped at ``max_iter`` (all groups together)."""
+    parts = []
+    for g, _, _, fit, *_ in outputs:
+        n_bad = int((~np.asarray(fit.genes["betaConv"], dtype=bool) & ~np.asarray(fit.genes["allZero"], dtype=bool)).sum())
+        if n_bad:
+            parts.append(f"{n_bad}" + ("" if g is None else f" in group {g!r}"))
+    if parts:
+        msg = (
+            f"{', '.join(parts)} gene(s) did not converge in beta (IRLS with max_iter={max_iter}, then the bounded "
+            "refit; flagged False in betaConv). Their fold changes may be unreliable: pass a larger max_iter, and "
+            "check the counts are raw integers, not scaled or normalised values."
+        )
+        warnings.warn(msg, ConvergenceWarning, stacklevel=3)
 
 
 def _fit_uns(dsg: Any, fit: Any, tables: dict, filt: dict, cons: list) -> dict:
@@ -403,9 +457,9 @@ def _fit_uns(dsg: Any, fit: Any, tables: dict, filt: dict, cons: list) -> dict:
         "var_log_disp_ests": float(fit.var_log_disp),
         "size_factor_type": fit.size_factor_type,
         "cooks_cutoff": float(fit.cooks_cutoff),
-        "contrasts": {name: np.asarray(vec) for name, vec, _ in cons},
-        "results": tables,
-        "filtering": filt,
+        "contrasts": {_keys.encode_name(name): np.asarray(vec) for name, vec, _ in cons},
+        "results": {_keys.encode_name(name): t for name, t in tables.items()},
+        "filtering": {_keys.encode_name(name): f for name, f in filt.items()},
         "messages": list(fit.messages),
     } | ({"lrt_df": int(fit.lrt_df)} if fit.lrt_df is not None else {})
 
@@ -458,11 +512,8 @@ def pseudobulk(
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
     check_int("min_cells", min_cells, minimum=1)
-    if layer is not None and layer not in adata.layers:
-        if layer == "counts":
-            layer = None
-        else:
-            check_key(adata.layers, layer, "adata.layers")
+    if layer == "counts" and layer not in adata.layers:
+        layer = None
     x = get_matrix(adata, layer=layer)
     _check_counts_nonneg(x, f"adata.layers[{layer!r}]" if layer else "adata.X")
     x = to_host(x)
@@ -527,7 +578,7 @@ def vst(
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     deseq_key: str = _keys.DESEQ,
     device: Device | None = "auto",
-    key_added: str = "vst",
+    key_added: str = _keys.VST,
     copy: bool = False,
 ) -> AnnData | None:
     """Variance-stabilising transformation of counts (R ``varianceStabilizingTransformation``).
@@ -562,6 +613,7 @@ def vst(
     from gpuc.deseq._vst import vst_fit, vst_transform
 
     check_adata(adata)
+    check_key_added(key_added)
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
     if not isinstance(blind, (bool, np.bool_)) or not isinstance(copy, (bool, np.bool_)):
         msg = "blind and copy must be True or False."
@@ -596,6 +648,7 @@ def vst(
         )
     out = np.asarray(backend.to_host(vst_transform(backend, y, sf, trend))).T.copy()
     adata = adata.copy() if copy else adata
+    _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
     adata.layers[key_added] = out
     params = {
         "layer": layer,

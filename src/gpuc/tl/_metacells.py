@@ -15,15 +15,29 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Device, get_backend, is_sparse, to_host
+from gpuc._errors import GpucWarning
 from gpuc._utils import progress
-from gpuc._validate import check_adata, check_choice, check_finite, check_int, check_key
-from gpuc.metacells._pipeline import run_metacells
+from gpuc._validate import (
+    check_adata,
+    check_choice,
+    check_finite,
+    check_in_memory,
+    check_int,
+    check_key,
+    check_key_added,
+    check_memory,
+    get_matrix,
+)
+from gpuc.metacells._pipeline import metacells_peak_bytes, run_metacells
 from gpuc.metacells._quality import compactness, diffusion_space, purity, separation
 
 _GRAPHS = ("union", "intersection")
 _INITS = ("waypoint", "greedy", "random")
 _A0 = ("auto", "random", "uniform")
 CELLS_PER_METACELL = 75
+# below this many cells per metacell on average the fit is pathological: each metacell holds a handful of cells and
+# the cost grows as cells x metacells, so the call warns
+MIN_CELLS_PER_METACELL = 5
 
 
 def _label(group: Any, j: int) -> str:
@@ -35,7 +49,7 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
         msg = f"use_rep must be the name of an adata.obsm entry, got {use_rep!r}."
         raise TypeError(msg)
     check_key(adata.obsm, use_rep, "adata.obsm", "Compute it first, e.g. sc.pp.pca(adata) for 'X_pca'.")
-    x = adata.obsm[use_rep]
+    x = check_in_memory(adata.obsm[use_rep], f"adata.obsm[{use_rep!r}]")
     if isinstance(x, pd.DataFrame):
         x = x.to_numpy()
     if is_sparse(x):
@@ -111,6 +125,18 @@ def _plan_groups(
             hint += f" Pass n_metacells={{group: n}} or drop these groups from adata.obs[{groupby!r}]."
         msg = "Cannot build metacells for: " + "; ".join(too_small) + ". " + hint
         raise ValueError(msg)
+    crowded = [
+        f"{'all cells' if g is None else repr(g)}: {idx.size} cells, n_metacells={n_g}"
+        for g, idx, n_g in out
+        if idx.size < MIN_CELLS_PER_METACELL * n_g
+    ]
+    if crowded:
+        msg = (
+            f"fewer than {MIN_CELLS_PER_METACELL} cells per metacell ({'; '.join(crowded)}): metacells of a few cells "
+            f"average little noise away and the fit's cost grows with cells x metacells, so it can take very long. "
+            f"SEACells recommends about one metacell per {CELLS_PER_METACELL} cells (the default n_metacells)."
+        )
+        warnings.warn(msg, GpucWarning, stacklevel=3)
     return out
 
 
@@ -207,12 +233,24 @@ def metacells(
         ``params``; ``rss`` (trace of the unsquared ``||M - M B A||_F``, RSS_0 first; one per group under
         ``groups``), ``n_iter``, ``converged``, ``convergence_threshold``, ``device``, ``seconds``, and
         ``metacells``: a table with one row per column of the weights (label, group, ``center`` = the obs name
-        with the largest weight in B, ``initial_archetype``, ``size`` = number of cells labelled).
+        with the largest weight in B, ``initial_archetype``, ``size`` = number of cells labelled). With
+        ``groupby``, ``groups`` is keyed by the group names percent-encoded (``"T/NK"`` as ``"T%2FNK"``, so they
+        survive ``write_h5ad``), each entry holding its original name under ``group``.
+
+    Outputs of an earlier run under the same ``key_added`` are removed first, including the quality table
+    ``uns[key_added + "_quality"]`` that :func:`metacell_quality` derived from it.
 
     Warns
     -----
     MetacellConvergenceWarning
         When ``max_iter`` is reached before convergence; the result is written all the same.
+    GpucWarning
+        When a fit has fewer than 5 cells per metacell on average (pathologically slow, little averaging).
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
     check_adata(adata)
     x = _embedding(adata, use_rep)
@@ -240,9 +278,7 @@ def metacells(
     check_choice("init", init, _INITS)
     check_choice("a0", a0, _A0)
     check_choice("knn_method", knn_method, ("auto", "exact", "ivf"))
-    if not isinstance(key_added, str) or not key_added:
-        msg = f"key_added must be a non-empty string, got {key_added!r}."
-        raise TypeError(msg)
+    check_key_added(key_added)
     if adata.n_obs < n_neighbors:
         msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
         raise ValueError(msg)
@@ -254,6 +290,17 @@ def metacells(
             raise ValueError(msg)
         init_arch = _archetype_positions(adata, initial_archetypes, plan[0][2])
     backend = get_backend(device, x)
+    # groups are fitted one after the other: the largest fit bounds the peak
+    need, g_big, n_big, k_big = max(
+        (metacells_peak_bytes(idx.size, k, n_neighbors=n_neighbors, fw_iters=fw_iters, gpu=backend.is_gpu), str(g), idx.size, k)
+        for g, idx, k in plan
+    )
+    check_memory(
+        backend,
+        need,
+        f"metacells on {n_big} cells with n_metacells={k_big}{'' if groupby is None else f' (group {g_big!r})'}",
+        "Use fewer metacells, or split the cells with groupby= (e.g. by sample).",
+    )
 
     start = logg.info(f"computing metacells on {use_rep!r} ({backend.name})")
     t_all = time.perf_counter()
@@ -302,7 +349,8 @@ def metacells(
         weights_blocks.append((idx, a_t))
         arche_blocks.append((idx, b))
         kernel_blocks.append((idx, sp.csr_matrix(to_host(res.kernel))))
-        per_group["all" if g is None else str(g)] = {
+        per_group["all" if g is None else _keys.encode_name(g)] = {
+            **({} if g is None else {"group": str(g)}),
             "rss": np.asarray(fit.rss, dtype=np.float64),
             "n_iter": int(fit.n_iter),
             "converged": bool(fit.converged),
@@ -323,7 +371,7 @@ def metacells(
     present = [lab for lab in table.index if lab in set(labels)]
     uns: dict[str, Any] = {
         "params": {
-            "n_metacells": {str(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
+            "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
             "groupby": groupby if groupby is not None else "", "init": init, "a0": a0, "knn_method": knn_method,
@@ -345,6 +393,7 @@ def metacells(
 
     # ---- everything computed and checked: write ----------------------------------------------------------------
     adata = adata.copy() if copy else adata
+    _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
     adata.obs[key_added] = pd.Categorical(labels, categories=present)
     adata.obsm[_keys.metacell_weights(key_added)] = weights
     adata.obsm[_keys.metacell_archetypes(key_added)] = arche
@@ -464,14 +513,7 @@ def aggregate_metacells(
     if not isinstance(soft, bool):
         msg = f"soft must be True or False, got {soft!r}."
         raise TypeError(msg)
-    if layer is not None:
-        check_key(adata.layers, layer, "adata.layers")
-        mat = adata.layers[layer]
-    else:
-        if adata.X is None:
-            msg = "adata.X is empty; pass layer= naming the counts to sum."
-            raise ValueError(msg)
-        mat = adata.X
+    mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
     mat = to_host(mat)
@@ -575,10 +617,7 @@ def metacell_quality(
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
-    key_added = _keys.metacell_quality(key) if key_added is None else key_added
-    if not isinstance(key_added, str) or not key_added:
-        msg = f"key_added must be a non-empty string, got {key_added!r}."
-        raise TypeError(msg)
+    key_added = check_key_added(_keys.metacell_quality(key) if key_added is None else key_added)
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]

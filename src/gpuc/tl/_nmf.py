@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -13,9 +14,19 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Backend, Device, get_backend, is_cupy_array, is_sparse, to_host
+from gpuc._errors import ConvergenceWarning
 from gpuc._utils import progress
-from gpuc._validate import check_adata, check_choice, check_int, get_matrix
-from gpuc.nmf._consensus import ConsensusError, consensus, run_k, run_ks, sweep_batches, sweep_row
+from gpuc._validate import check_adata, check_choice, check_int, check_key_added, check_memory, get_matrix
+from gpuc.nmf._consensus import (
+    ConsensusError,
+    consensus,
+    consensus_peak_bytes,
+    fit_peak_bytes,
+    run_k,
+    run_ks,
+    sweep_batches,
+    sweep_row,
+)
 from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, Operator
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
@@ -169,6 +180,34 @@ def _check_k(k: Any, shape: tuple[int, int], name: str = "k") -> int:
     return k
 
 
+def _check_nmf_memory(backend: Backend, op: Operator, batches: list[list[int]], n_runs: int, target: str) -> None:
+    """Refuse, before any fit, a sweep or consensus whose estimated peak exceeds the device's free memory."""
+    fit = max(fit_peak_bytes(n_runs * sum(b), op.shape, op.dtype.itemsize) for b in batches)
+    pool = max(consensus_peak_bytes(k, n_runs, op.shape, target) for b in batches for k in b)
+    ks = sorted(k for b in batches for k in b)
+    check_memory(
+        backend,
+        fit + pool,
+        f"NMF with k={ks[-1] if len(ks) == 1 else ks} and n_runs={n_runs} on {op.shape[0]} x {op.shape[1]}",
+        f"The restarts alone need {fit / 2**30:.1f} GiB and the consensus of {n_runs * ks[-1]} pooled components "
+        f"{pool / 2**30:.1f} GiB: use fewer runs (n_runs), a smaller k, or fewer genes (highly variable genes).",
+    )
+
+
+def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: float) -> None:
+    """One :class:`ConvergenceWarning` for the restarts that stopped at ``max_iter`` ({k: count})."""
+    n_not = {k: v for k, v in n_not.items() if v}
+    if not n_not:
+        return
+    where = ", ".join(f"{v} of {n_runs} at k={k}" for k, v in n_not.items())
+    msg = (
+        f"NMF restarts stopped at max_iter={max_iter} before the loss change fell below tol={tol:g}: {where}. "
+        "Their factors are used as they are; pass a larger max_iter (or a larger tol), and check the data is "
+        "non-negative and not scaled to extreme values (per-run flags in uns[key]['run_converged'] / 'n_converged')."
+    )
+    warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+
+
 def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
     if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
         msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
@@ -273,6 +312,16 @@ def nmf_k_sweep(
         :class:`pandas.DataFrame`, one row per k: ``k``, ``stability`` (mean silhouette, NaN if the consensus failed),
         ``best_error`` and ``median_error`` (relative errors ``||V - WH||^2 / ||V||^2`` over the restarts),
         ``consensus_failed``, ``n_dropped``, ``n_empty_clusters``, ``n_converged``.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When restarts stopped at ``max_iter`` before meeting ``tol`` (once per call, with counts per k).
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
     ks = list(k_range) if not isinstance(k_range, int | np.integer) else [k_range]
@@ -282,15 +331,17 @@ def nmf_k_sweep(
     _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate, warmup, update_order)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
+    check_key_added(key_added)
     block, _ = _prepare_block(adata, layer, use_highly_variable, preprocessing)
     ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
     backend, op = _backend_and_op(block, device, dtype)
+    # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
+    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
+    _check_nmf_memory(backend, op, batches, n_runs, target)
 
     start = logg.info(f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name})")
     rows = []
     t0 = time.perf_counter()
-    # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
-    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
     bar = progress(total=len(ks), desc="k sweep")
     for batch in batches:
         ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
@@ -317,6 +368,7 @@ def nmf_k_sweep(
         logg.warning(f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)")
     if (table["n_empty_clusters"] > 0).any():
         logg.warning(f"empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}")
+    _warn_not_converged(dict(zip(table["k"], n_runs - table["n_converged"], strict=True)), n_runs, max_iter, tol)
 
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = {
@@ -410,11 +462,24 @@ def consensus_nmf(
         Genes x k consensus programmes (zero for genes not factorised).
     ``adata.uns['nmf']``
         ``params``; ``stability`` (mean silhouette of the kept components); ``rel_error`` of the consensus refit;
-        ``run_errors`` (each restart's relative error); ``n_converged``; ``cluster_sizes``; ``n_dropped``;
+        ``run_errors`` (each restart's relative error); ``n_converged``, ``run_converged`` and ``run_n_iter``
+        (whether and after how many iterations each restart met ``tol``); ``cluster_sizes``; ``n_dropped``;
         ``n_empty_clusters``; ``n_neighbors``; ``components`` (one row per pooled component: run, component,
         cluster (-1 if dropped), local_density, silhouette, kept); ``genes`` (the factorised genes); ``distances``
         (pooled-component distance matrix under ``metric``, float32, for the clustergram; only when there are at
         most 2,000 pooled components).
+
+    Outputs of an earlier run under the same ``key_added`` are replaced.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When restarts stopped at ``max_iter`` before meeting ``tol`` (once per call, with the count).
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
     _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order)
@@ -423,9 +488,11 @@ def consensus_nmf(
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
         msg = f"neighborhood={neighborhood!r} must be in (0, 1]."
         raise ValueError(msg)
+    check_key_added(key_added)
     block, mask = _prepare_block(adata, layer, use_highly_variable, preprocessing)
     k = _check_k(k, block.shape)
     backend, op = _backend_and_op(block, device, dtype)
+    _check_nmf_memory(backend, op, [[k]], n_runs, target)
 
     start = logg.info(f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name})")
     t0 = time.perf_counter()
@@ -445,11 +512,13 @@ def consensus_nmf(
         raise ValueError(str(err)) from None
     if res.n_empty_clusters:
         logg.warning(f"{res.n_empty_clusters} of the {k} k-means clusters are empty")
+    _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, tol)
 
     spectra = np.zeros((adata.n_vars, k))
     spectra[mask] = res.spectra.T
     comp = pd.DataFrame(res.table)
     adata = adata.copy() if copy else adata
+    _keys.drop_outputs(adata, _keys.nmf_outputs(key_added))
     adata.obsm[_keys.nmf_usages(key_added)] = res.usages
     adata.varm[_keys.nmf_spectra(key_added)] = spectra
     adata.uns[key_added] = {
@@ -465,6 +534,8 @@ def consensus_nmf(
         "rel_error": res.rel_error,
         "run_errors": fits.rel_errors.astype(np.float64),
         "n_converged": int(fits.converged.sum()),
+        "run_converged": np.asarray(to_host(fits.converged), dtype=bool),
+        "run_n_iter": np.asarray(to_host(fits.n_iter), dtype=np.int64),
         "cluster_sizes": res.cluster_sizes.astype(np.int64),
         "n_dropped": res.n_dropped,
         "n_empty_clusters": res.n_empty_clusters,

@@ -1,0 +1,287 @@
+"""Nothing lost, nothing stale, nothing silent: one case per class of hostile input, and an h5ad round trip of
+every tool's output with awkward names.
+
+Each error case checks the message and that the AnnData is left exactly as it was (the ``unchanged`` fixture).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+import warnings
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scanpy as sc
+import scipy.sparse as sp
+
+import gpuc
+from gpuc._backend import Backend
+
+AWKWARD_GROUPS = ["T/NK", "T_NK", "B cell.1", "Ünïcode γδ"]
+AWKWARD_KEY = "my key.v2 ü"
+
+
+# ---- data ----------------------------------------------------------------------------------------------------------
+def _bulk(n_per: int = 4, n_genes: int = 150, seed: int = 0, groups: list[str] | None = None) -> ad.AnnData:
+    """Samples x genes NB counts: condition ctrl vs "kd/siRNA" (a real effect on 20 genes), optional groups."""
+    rng = np.random.default_rng(seed)
+    groups = groups or ["all"]
+    rows, obs = [], []
+    base = rng.gamma(1.0, 60.0, n_genes) + 1.0
+    for gi, g in enumerate(groups):
+        for cond in ("ctrl", "kd/siRNA"):
+            for r in range(n_per):
+                mu = base * (1 + 0.3 * gi) * np.where((np.arange(n_genes) < 20) & (cond != "ctrl"), 3.0, 1.0)
+                rows.append(rng.negative_binomial(5, 5 / (5 + mu)))
+                obs.append({"condition": cond, "cell_type": g, "sample": f"{g}|{cond}|{r}"})
+    obs = pd.DataFrame(obs, index=[f"s{i}" for i in range(len(obs))])
+    obs["condition"] = pd.Categorical(obs["condition"], ["ctrl", "kd/siRNA"])
+    return ad.AnnData(np.asarray(rows, dtype=np.int64), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_genes)]))
+
+
+def _programs(n_cells: int = 90, n_genes: int = 40, k: int = 3, seed: int = 0) -> ad.AnnData:
+    """Poisson counts from k planted programmes, every gene flagged highly variable."""
+    rng = np.random.default_rng(seed)
+    spectra = np.full((k, n_genes), 0.05)
+    for j, block in enumerate(np.array_split(np.arange(n_genes), k)):
+        spectra[j, block] = rng.uniform(2, 6, block.size)
+    usage = rng.dirichlet(np.full(k, 0.3), n_cells) * rng.uniform(20, 40, (n_cells, 1))
+    a = ad.AnnData(sp.csr_matrix(rng.poisson(usage @ spectra).astype(np.float32)))
+    a.var_names = [f"g{j}" for j in range(n_genes)]
+    a.var["highly_variable"] = True
+    return a
+
+
+@pytest.fixture(scope="module")
+def _pbmc68k() -> ad.AnnData:
+    a = sc.datasets.pbmc68k_reduced()
+    a.obs["sample"] = pd.Categorical(np.asarray(AWKWARD_GROUPS)[np.arange(a.n_obs) % len(AWKWARD_GROUPS)])
+    return a
+
+
+@pytest.fixture
+def pbmc(_pbmc68k) -> ad.AnnData:
+    return _pbmc68k.copy()
+
+
+# ---- class 1: a design that tests the wrong thing -------------------------------------------------------------------
+def test_single_level_factor_is_refused(unchanged):
+    a = _bulk()
+    a.obs["one"] = "x"
+    with unchanged(a), pytest.raises(ValueError, match=r"'one' \(only 'x'\) has a single level"):
+        gpuc.tl.deseq(a, design="~one", device="cpu")
+    # also next to a real factor: R refuses any factor with fewer than two levels anywhere in the design
+    with unchanged(a), pytest.raises(ValueError, match="at least 2 levels"):
+        gpuc.tl.deseq(a, design="~one + condition", device="cpu")
+
+
+def test_contrast_that_cannot_be_formed_is_refused(unchanged):
+    a = _bulk()
+    with unchanged(a), pytest.raises(ValueError, match="no effect to test"):
+        gpuc.tl.deseq(a, design="~1", device="cpu")
+    with unchanged(a), pytest.raises(ValueError, match="not a level"):
+        gpuc.tl.deseq(a, design="~condition", contrast=["condition", "kd", "ctrl"], device="cpu")
+
+
+def test_groupby_skips_a_group_where_a_factor_has_one_level():
+    a = _bulk(groups=["A", "B"])
+    a = a[~((a.obs["cell_type"] == "B") & (a.obs["condition"] == "ctrl"))].copy()
+    with pytest.warns(gpuc.GpucWarning, match=r"group 'B' skipped: .*single level"):
+        gpuc.tl.deseq(a, design="~condition", groupby="cell_type", device="cpu")
+    assert list(a.uns["deseq"]["groups"]) == ["A"]
+
+
+# ---- class 2: key_added and names from the data survive write_h5ad --------------------------------------------------
+@pytest.mark.parametrize("bad", ["a/b", "", 3])
+def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, bad):
+    expected = TypeError if not isinstance(bad, str) else ValueError
+    fitted = pbmc.copy()
+    gpuc.tl.metacells(fitted, device="cpu", max_iter=2, min_iter=1)
+    bulk, nmf = _bulk(), _programs()
+    calls = {
+        "metacells": (pbmc, lambda a, **kw: gpuc.tl.metacells(a, device="cpu", **kw)),
+        "metacell_quality": (fitted, lambda a, **kw: gpuc.tl.metacell_quality(a, device="cpu", **kw)),
+        "nmf_k_sweep": (nmf, lambda a, **kw: gpuc.tl.nmf_k_sweep(a, [2, 3], n_runs=3, device="cpu", **kw)),
+        "consensus_nmf": (nmf, lambda a, **kw: gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", **kw)),
+        "deseq": (bulk, lambda a, **kw: gpuc.tl.deseq(a, "~condition", device="cpu", **kw)),
+        "vst": (bulk, lambda a, **kw: gpuc.tl.vst(a, device="cpu", **kw)),
+    }
+    assert set(calls) == {n for n in gpuc.tl.__all__ if n not in ("aggregate_metacells", "pseudobulk")}
+    for data, call in calls.values():
+        with unchanged(data), pytest.raises(expected, match="key_added"):
+            call(data, key_added=bad)
+
+
+def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same):
+    # data-derived names with '/', '.', spaces and unicode; key_added with '.', a space and unicode
+    bulk = _bulk(groups=AWKWARD_GROUPS)
+    gpuc.tl.deseq(bulk, "~condition", contrast=["condition", "kd/siRNA", "ctrl"], groupby="cell_type", device="cpu", key_added=AWKWARD_KEY)
+    gpuc.tl.deseq(bulk, "~condition", contrast=["condition", "kd/siRNA", "ctrl"], device="cpu")
+    gpuc.tl.vst(bulk, device="cpu", key_added="vst ü.1")
+    gpuc.tl.metacells(pbmc, groupby="sample", device="cpu", max_iter=3, min_iter=1, key_added=AWKWARD_KEY)
+    gpuc.tl.metacell_quality(pbmc, AWKWARD_KEY, celltype_key="bulk_labels", device="cpu")
+    mc = gpuc.tl.aggregate_metacells(pbmc, AWKWARD_KEY, celltype_key="bulk_labels")
+    nmf = _programs()
+    gpuc.tl.nmf_k_sweep(nmf, [2, 3], n_runs=3, device="cpu", key_added=AWKWARD_KEY)
+    gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, device="cpu", key_added=AWKWARD_KEY)
+    cells = pbmc.copy()
+    cells.X = sp.csr_matrix(np.rint(np.abs(cells.X) * 3).astype(np.float32))
+    pb = gpuc.tl.pseudobulk(cells, "sample", groupby="bulk_labels", layer=None, min_cells=1)
+
+    for name, obj in {"bulk": bulk, "pbmc": pbmc, "mc": mc, "nmf": nmf, "pb": pb}.items():
+        path = tmp_path / f"{name}.h5ad"
+        obj.write_h5ad(path)
+        back = ad.read_h5ad(path)
+        same(back, obj, name)
+
+        if name == "bulk":
+            # the original names are what a user passes back in
+            for g in AWKWARD_GROUPS:
+                want = gpuc.get.deseq_results(obj, key=AWKWARD_KEY, group=g)
+                got = gpuc.get.deseq_results(back, ["condition", "kd/siRNA", "ctrl"], key=AWKWARD_KEY, group=g)
+                pd.testing.assert_frame_equal(got, want)
+            assert {e["group"] for e in back.uns[AWKWARD_KEY]["groups"].values()} == set(AWKWARD_GROUPS)
+            assert len(back.uns[AWKWARD_KEY]["groups"]) == len(AWKWARD_GROUPS)  # "T/NK" and "T_NK" did not collide
+            gpuc.get.deseq_results(back, "condition_kd/siRNA_vs_ctrl")
+        if name == "pbmc":
+            groups = back.uns[AWKWARD_KEY]["groups"]
+            assert sorted(e["group"] for e in groups.values()) == sorted(AWKWARD_GROUPS)
+            gpuc.pl.metacell_convergence(back, AWKWARD_KEY, show=False)
+
+
+# ---- class 3: no stale results under a reused key -------------------------------------------------------------------
+def test_rerun_under_the_same_key_replaces_every_output(pbmc):
+    a = _bulk(groups=["A", "B"])
+    gpuc.tl.deseq(a, "~condition", device="cpu")
+    assert "deseq_dispersion" in a.var and "deseq_cooks" in a.layers and "deseq_coef" in a.varm
+    gpuc.tl.deseq(a, "~condition", groupby="cell_type", device="cpu")
+    assert not [c for c in a.var if c.startswith("deseq_")]
+    assert "deseq_cooks" not in a.layers and "deseq_coef" not in a.varm and "deseq_coef_cov" not in a.varm
+    assert set(a.uns["deseq"]["groups"]) == {"A", "B"}
+
+    gpuc.tl.metacells(pbmc, 9, device="cpu", max_iter=3, min_iter=1)
+    gpuc.tl.metacell_quality(pbmc, device="cpu")
+    assert "metacell_quality" in pbmc.uns
+    gpuc.tl.metacells(pbmc, 7, device="cpu", max_iter=3, min_iter=1)
+    assert "metacell_quality" not in pbmc.uns  # derived from the previous fit: dropped
+    assert pbmc.obsm["metacell_weights"].shape[1] == 7
+
+
+# ---- class 4: non-convergence is said ------------------------------------------------------------------------------
+def test_nmf_non_convergence_warns_once_with_counts():
+    a = _programs()
+    with pytest.warns(gpuc.ConvergenceWarning, match=r"max_iter=2 .*: 4 of 4 at k=3") as rec:
+        gpuc.tl.consensus_nmf(a, 3, n_runs=4, max_iter=2, device="cpu")
+    assert len([w for w in rec if issubclass(w.category, gpuc.ConvergenceWarning)]) == 1
+    assert a.uns["nmf"]["n_converged"] == 0
+    assert not a.uns["nmf"]["run_converged"].any() and (a.uns["nmf"]["run_n_iter"] == 2).all()
+    with pytest.warns(gpuc.ConvergenceWarning, match=r"3 of 3 at k=2, 3 of 3 at k=3"):
+        gpuc.tl.nmf_k_sweep(a, [2, 3], n_runs=3, max_iter=2, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpuc.ConvergenceWarning)
+        gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu")  # converged: silent
+    assert a.uns["nmf"]["run_converged"].all()
+
+
+def test_deseq_non_convergence_warns_and_keeps_flags():
+    a = _bulk(n_per=5, n_genes=120)
+    with pytest.warns(gpuc.ConvergenceWarning, match=r"gene\(s\) did not converge in beta \(IRLS with max_iter=1") as rec:
+        gpuc.tl.deseq(a, "~condition", max_iter=1, device="cpu")
+    assert len([w for w in rec if issubclass(w.category, gpuc.ConvergenceWarning)]) == 1
+    n_bad = int((~a.var["deseq_betaConv"].astype(bool) & ~a.var["deseq_allZero"].astype(bool)).sum())
+    assert n_bad > 0 and f"{n_bad} gene(s)" in str(rec[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gpuc.ConvergenceWarning)
+        gpuc.tl.deseq(a, "~condition", device="cpu")
+    assert a.var["deseq_betaConv"].all()
+
+
+# ---- class 5: work that cannot fit is refused up front -------------------------------------------------------------
+def _refused_peak_bytes(call) -> int:
+    tracemalloc.start()
+    try:
+        with pytest.raises(gpuc.InsufficientMemoryError) as err:
+            call()
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return peak, str(err.value)
+
+
+def test_huge_consensus_nmf_is_refused_before_allocating(unchanged):
+    rng = np.random.default_rng(0)
+    a = ad.AnnData(sp.random(2700, 2000, density=0.05, format="csr", dtype=np.float32, random_state=rng))
+    a.X.data[:] = rng.integers(1, 20, a.X.nnz)
+    with unchanged(a):
+        peak, msg = _refused_peak_bytes(lambda: gpuc.tl.consensus_nmf(a, 100, n_runs=5000, use_highly_variable=False, device="cpu"))
+    assert "GiB" in msg and "n_runs" in msg and "nothing was computed" in msg
+    assert peak < 40e6  # the checks and the float copy of the block; no factor or distance matrix was allocated
+
+
+def test_deseq_and_metacells_refuse_what_does_not_fit(monkeypatch, unchanged, pbmc):
+    monkeypatch.setattr(Backend, "free_memory", lambda self: 50 * 2**20)  # a device with 50 MiB free
+    a = ad.AnnData(sp.random(200, 100_000, density=0.001, format="csr", random_state=0) * 10)
+    a.X.data = np.ceil(a.X.data)
+    a.obs["condition"] = np.repeat(["a", "b"], 100)
+    with unchanged(a):
+        peak, msg = _refused_peak_bytes(lambda: gpuc.tl.deseq(a, "~condition", device="cpu"))
+    assert "DESeq2 on 200 samples x 100000 genes needs about" in msg and "0.0 GiB is free" in msg
+    assert peak < 20e6
+    monkeypatch.setattr(Backend, "free_memory", lambda self: 4 * 2**20)
+    with unchanged(pbmc), pytest.raises(gpuc.InsufficientMemoryError, match="metacells on 700 cells with n_metacells=350"):
+        gpuc.tl.metacells(pbmc, 350, device="cpu")
+
+
+def test_metacells_close_to_one_per_cell_warns(pbmc):
+    with pytest.warns(gpuc.GpucWarning, match="fewer than 5 cells per metacell"):
+        gpuc.tl.metacells(pbmc[:200].copy(), 60, device="cpu", max_iter=2, min_iter=1)
+
+
+# ---- class 6: backed or lazy AnnData gives an error that names the problem -----------------------------------------
+def test_backed_anndata_is_named(tmp_path):
+    a = _bulk()
+    a.layers["counts"] = a.X.copy()
+    a.write_h5ad(tmp_path / "bulk.h5ad")
+    backed = ad.read_h5ad(tmp_path / "bulk.h5ad", backed="r")
+    for call in (
+        lambda: gpuc.tl.deseq(backed, "~condition", device="cpu"),
+        lambda: gpuc.tl.vst(backed, device="cpu"),
+        lambda: gpuc.tl.pseudobulk(backed, "sample", layer=None),
+        lambda: gpuc.tl.consensus_nmf(backed, 2, use_highly_variable=False, device="cpu"),
+    ):
+        with pytest.raises(TypeError, match=r"adata.X is not in memory .*backed mode.*to_memory\(\)"):
+            call()
+    backed.file.close()
+
+
+def test_lazy_anndata_is_named(tmp_path):
+    pytest.importorskip("dask")
+    import h5py
+
+    a = _programs()
+    a.obs["sample"] = np.arange(a.n_obs) % 3
+    a.write_h5ad(tmp_path / "p.h5ad")
+    with h5py.File(tmp_path / "p.h5ad") as f:
+        lazy = ad.AnnData(ad.experimental.read_elem_lazy(f["X"]), obs=a.obs, var=a.var)
+        for call in (
+            lambda: gpuc.tl.consensus_nmf(lazy, 2, device="cpu"),
+            lambda: gpuc.tl.nmf_k_sweep(lazy, [2], device="cpu"),
+            lambda: gpuc.tl.pseudobulk(lazy, "sample", layer=None),
+        ):
+            with pytest.raises(TypeError, match=r"adata.X is not in memory \(a dask"):
+                call()
+
+
+# ---- class 7: float16 counts are refused up front -------------------------------------------------------------------
+def test_float16_is_refused(unchanged):
+    a = _bulk()
+    a.X = a.X.astype(np.float16)
+    for call in (
+        lambda: gpuc.tl.deseq(a, "~condition", device="cpu"),
+        lambda: gpuc.tl.pseudobulk(a, "sample", layer=None),
+        lambda: gpuc.tl.consensus_nmf(a, 2, use_highly_variable=False, device="cpu"),
+    ):
+        with unchanged(a), pytest.raises(TypeError, match=r"adata.X is float16.*astype\(np.float32\)"):
+            call()
