@@ -48,7 +48,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cases", default="k7,sweep")
     p.add_argument("--skip-cnmf", action="store_true")
-    p.add_argument("--tols", default="1e-6", help="gpuc HALS tolerances to run (one table row each; 1e-6 is the default)")
+    p.add_argument(
+        "--tols", default="1e-6", help="gpuc HALS tolerances to run (one table row each; 1e-6 is the default)"
+    )
     p.add_argument("--stability-sets", type=int, default=8, help="seed sets of the stability case")
     p.add_argument("--agree-sets", type=int, default=2, help="seed sets of the same-start optimum agreement check")
     p.add_argument("--paired-sets", type=int, default=8, help="seed sets of the paired case")
@@ -122,7 +124,9 @@ def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int
         obj.consensus(ks[0], density_threshold=0.5, show_clustering=False, close_clustergram_fig=True)
         times["consensus"] = time.perf_counter() - t
         # stability (untimed): cNMF's k-selection silhouette for this k
-        stats = obj.consensus(ks[0], skip_density_and_return_after_stats=True, show_clustering=False, close_clustergram_fig=True).stats
+        stats = obj.consensus(
+            ks[0], skip_density_and_return_after_stats=True, show_clustering=False, close_clustergram_fig=True
+        ).stats
         out["stability"] = {ks[0]: float(stats["silhouette"])}
         from cnmf.cnmf import load_df_from_npz
 
@@ -133,13 +137,26 @@ def run_cnmf(counts_fn: str, workdir: str, name: str, ks: list[int], n_iter: int
     times["cpu"] = time.process_time() - cpu0
     genes = open(obj.paths["nmf_genes_list"]).read().split()
     norm = sc.read_h5ad(obj.paths["normalized_counts"])
-    out.update(times=times, genes=genes, norm2=float((norm.X.data.astype(np.float64) ** 2).sum()) if sp.issparse(norm.X) else float((np.asarray(norm.X, dtype=np.float64) ** 2).sum()))
+    out.update(
+        times=times,
+        genes=genes,
+        norm2=float((norm.X.data.astype(np.float64) ** 2).sum())
+        if sp.issparse(norm.X)
+        else float((np.asarray(norm.X, dtype=np.float64) ** 2).sum()),
+    )
     return out
 
 
 def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int, tol: float) -> dict:
     ad = ad.copy()
-    common = {"layer": "counts", "preprocessing": "sd", "metric": "euclidean", "device": "cpu", "random_state": seed, "tol": tol}
+    common = {
+        "layer": "counts",
+        "preprocessing": "sd",
+        "metric": "euclidean",
+        "device": "cpu",
+        "random_state": seed,
+        "tol": tol,
+    }
     t = time.perf_counter()
     cpu0 = time.process_time()
     if sweep:
@@ -147,7 +164,11 @@ def run_gpuc(ad: sc.AnnData, ks: list[int], n_runs: int, sweep: bool, seed: int,
         total = time.perf_counter() - t
         cpu = time.process_time() - cpu0
         tab = ad.uns["nmf_k_sweep"]["table"]
-        return {"times": {"total": total, "cpu": cpu}, "stability": dict(zip(tab.k.astype(int), tab.stability.astype(float), strict=True)), "median_error": dict(zip(tab.k.astype(int), tab.median_error.astype(float), strict=True))}
+        return {
+            "times": {"total": total, "cpu": cpu},
+            "stability": dict(zip(tab.k.astype(int), tab.stability.astype(float), strict=True)),
+            "median_error": dict(zip(tab.k.astype(int), tab.median_error.astype(float), strict=True)),
+        }
     gpuc.tl.consensus_nmf(ad, ks[0], n_runs=n_runs, density_threshold=0.5, normalization="sum", **common)
     total = time.perf_counter() - t
     cpu = time.process_time() - cpu0
@@ -175,7 +196,18 @@ def sklearn_cd(x: sp.csr_matrix, n2: float, k: int, **kw: object) -> tuple[np.nd
     """One scikit-learn ``cd`` fit with cNMF 1.7.1's settings: ``(W, H, relative error)``."""
     from sklearn.decomposition import non_negative_factorization
 
-    w, h, _ = non_negative_factorization(x, n_components=k, solver="cd", beta_loss="frobenius", tol=1e-4, max_iter=1000, alpha_W=0.0, alpha_H=0.0, l1_ratio=0.0, **kw)
+    w, h, _ = non_negative_factorization(
+        x,
+        n_components=k,
+        solver="cd",
+        beta_loss="frobenius",
+        tol=1e-4,
+        max_iter=1000,
+        alpha_W=0.0,
+        alpha_H=0.0,
+        l1_ratio=0.0,
+        **kw,
+    )
     return w, h, float(n2 - 2 * (w * (x @ h.T)).sum() + ((w.T @ w) * (h @ h.T)).sum()) / n2
 
 
@@ -199,24 +231,48 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
         _, h, rel = sklearn_cd(x, n2, k, **kw)
         return h, rel
 
-    out: dict = {"k": ks, "n_sets": n_sets, "cnmf_solver": {k: [] for k in ks}, **{f"gpuc {n}": {k: [] for k in ks} for n in SCHEDULES}}
+    out: dict = {
+        "k": ks,
+        "n_sets": n_sets,
+        "cnmf_solver": {k: [] for k in ks},
+        **{f"gpuc {n}": {k: [] for k in ks} for n in SCHEDULES},
+    }
     for i in range(n_sets):
         # cNMF's scheme (cnmf.prepare: np.random.seed(seed); randint): one seed per (k, run), sorted k
         seeds = np.random.RandomState(14 + i).randint(1, 2**31 - 1, size=len(ks) * n_runs)
         t = time.perf_counter()
         for j, k in enumerate(ks):
-            spectra = np.concatenate([sk_fit(k, init="random", random_state=int(seeds[j * n_runs + r]))[0] for r in range(n_runs)])
+            spectra = np.concatenate(
+                [sk_fit(k, init="random", random_state=int(seeds[j * n_runs + r]))[0] for r in range(n_runs)]
+            )
             unit = spectra / np.linalg.norm(spectra, axis=1, keepdims=True)
             labels = KMeans(n_clusters=k, n_init=10, random_state=1).fit(unit).labels_
             out["cnmf_solver"][k].append(float(silhouette_score(unit, labels, metric="euclidean")))
         t_sk = time.perf_counter() - t
         for name, kw in SCHEDULES.items():
             b = ad.copy()
-            gpuc.tl.nmf_k_sweep(b, ks, n_runs=n_runs, layer="counts", preprocessing="sd", metric="euclidean", density_threshold=2.0, device="cpu", random_state=i, **kw)
+            gpuc.tl.nmf_k_sweep(
+                b,
+                ks,
+                n_runs=n_runs,
+                layer="counts",
+                preprocessing="sd",
+                metric="euclidean",
+                density_threshold=2.0,
+                device="cpu",
+                random_state=i,
+                **kw,
+            )
             tab = b.uns["nmf_k_sweep"]["table"]
             for k, v in zip(tab.k.astype(int), tab.stability.astype(float), strict=True):
                 out[f"gpuc {name}"][k].append(v)
-        print(f"[stability set {i}] sklearn cd {t_sk:.0f} s; " + "; ".join(f"{n}: " + " ".join(f"{out[n][k][-1]:.3f}" for k in ks) for n in out if n not in ("k", "n_sets")), flush=True)
+        print(
+            f"[stability set {i}] sklearn cd {t_sk:.0f} s; "
+            + "; ".join(
+                f"{n}: " + " ".join(f"{out[n][k][-1]:.3f}" for k in ks) for n in out if n not in ("k", "n_sets")
+            ),
+            flush=True,
+        )
     # same starts: does each gpuc run end in the optimum sklearn's cd reaches from the same (W0, H0)?
     be = get_backend("cpu")
     op = Operator.build(be, block)
@@ -225,12 +281,20 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
         for k in ks:
             seeds = [derive_seed(i, k, r) for r in range(n_runs)]
             w0, h0 = random_init(seeds, op.shape[0], op.shape[1], k, op.mean, np.float64)
-            ref = np.array([sk_fit(k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy())[1] for r in range(n_runs)])
+            ref = np.array(
+                [sk_fit(k, init="custom", W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy())[1] for r in range(n_runs)]
+            )
             for name, kw in SCHEDULES.items():
                 rel = fit_hals(be, op, k, seeds, **kw).rel_errors
                 agree[name][k] += (np.abs(rel - ref) < 2e-5).tolist()
-        print(f"[agreement set {i}] " + "; ".join(f"{n}: {np.mean([v for k in ks for v in agree[n][k]]):.2f}" for n in SCHEDULES), flush=True)
-    out["agreement"] = {name: {k: float(np.mean(v)) if v else float("nan") for k, v in d.items()} for name, d in agree.items()}
+        print(
+            f"[agreement set {i}] "
+            + "; ".join(f"{n}: {np.mean([v for k in ks for v in agree[n][k]]):.2f}" for n in SCHEDULES),
+            flush=True,
+        )
+    out["agreement"] = {
+        name: {k: float(np.mean(v)) if v else float("nan") for k, v in d.items()} for name, d in agree.items()
+    }
     out["agree_sets"] = n_agree
     return out
 
@@ -250,8 +314,20 @@ def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
     be, op = _backend_and_op(block, "cpu", None)  # what tl.nmf_k_sweep fits (float32)
     x = sp.csr_matrix(block, dtype=np.float64)
     n2 = float(x.multiply(x).sum())
-    score = {"target": "spectra", "metric": "euclidean", "density_threshold": 2.0, "kmeans_n_init": 10, "random_state": 0}
-    out: dict = {"k": ks, "n_sets": n_sets, "sklearn": {k: [] for k in ks}, "gpuc": {k: [] for k in ks}, "same_optimum": {k: [] for k in ks}}
+    score = {
+        "target": "spectra",
+        "metric": "euclidean",
+        "density_threshold": 2.0,
+        "kmeans_n_init": 10,
+        "random_state": 0,
+    }
+    out: dict = {
+        "k": ks,
+        "n_sets": n_sets,
+        "sklearn": {k: [] for k in ks},
+        "gpuc": {k: [] for k in ks},
+        "same_optimum": {k: [] for k in ks},
+    }
     for i in range(n_sets):
         t = time.perf_counter()
         for k in ks:
@@ -266,25 +342,48 @@ def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
                 ws.append(w)
                 hs.append(h.T)
                 losses.append(rel * n2)
-            skf = HalsResult(np.stack(ws, 1).astype(np.float32), np.stack(hs, 1).astype(np.float32), np.asarray(losses), np.zeros(n_runs, int), np.ones(n_runs, bool), n2)
+            skf = HalsResult(
+                np.stack(ws, 1).astype(np.float32),
+                np.stack(hs, 1).astype(np.float32),
+                np.asarray(losses),
+                np.zeros(n_runs, int),
+                np.ones(n_runs, bool),
+                n2,
+            )
             gf = fit_hals(be, op, k, seeds)
             out["sklearn"][k].append(float(sweep_row(be, op, skf, k, **score).stability))
             out["gpuc"][k].append(float(sweep_row(be, op, gf, k, **score).stability))
-            out["same_optimum"][k].append(float(np.mean(np.abs(np.asarray(gf.rel_errors) - np.asarray(skf.rel_errors)) < 2e-5)))
-        print(f"[paired set {i}] {time.perf_counter() - t:.0f} s; gpuc - sklearn: " + " ".join(f"{k}:{out['gpuc'][k][-1] - out['sklearn'][k][-1]:+.3f}" for k in ks), flush=True)
+            out["same_optimum"][k].append(
+                float(np.mean(np.abs(np.asarray(gf.rel_errors) - np.asarray(skf.rel_errors)) < 2e-5))
+            )
+        print(
+            f"[paired set {i}] {time.perf_counter() - t:.0f} s; gpuc - sklearn: "
+            + " ".join(f"{k}:{out['gpuc'][k][-1] - out['sklearn'][k][-1]:+.3f}" for k in ks),
+            flush=True,
+        )
     return out
 
 
 def _paired_markdown(pr: dict, machine: str) -> str:
     ks = pr["k"]
-    lines = [machine, "", f"**Paired stability, k={ks[0]}..{ks[-1]} x 10 runs, {pr['n_sets']} seed sets: gpuc default HALS and sklearn cd (cNMF's solver) from the same random starts, same consensus scoring**", ""]
-    lines += ["| k | sklearn cd (mean) | gpuc (mean) | gpuc - sklearn: mean [min, max] over sets | sets with gpuc >= sklearn - 0.005 | runs in the same optimum |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        machine,
+        "",
+        f"**Paired stability, k={ks[0]}..{ks[-1]} x 10 runs, {pr['n_sets']} seed sets: gpuc default HALS and sklearn cd (cNMF's solver) from the same random starts, same consensus scoring**",
+        "",
+    ]
+    lines += [
+        "| k | sklearn cd (mean) | gpuc (mean) | gpuc - sklearn: mean [min, max] over sets | sets with gpuc >= sklearn - 0.005 | runs in the same optimum |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for k in ks:
         a = np.asarray(pr["sklearn"].get(k, pr["sklearn"].get(str(k))))
         g = np.asarray(pr["gpuc"].get(k, pr["gpuc"].get(str(k))))
         same = np.asarray(pr["same_optimum"].get(k, pr["same_optimum"].get(str(k))))
         d = g - a
-        lines.append(f"| {k} | {a.mean():.3f} | {g.mean():.3f} | {d.mean():+.3f} [{d.min():+.3f}, {d.max():+.3f}] | {(d >= -0.005).sum()}/{len(d)} | {same.mean():.2f} |")
+        lines.append(
+            f"| {k} | {a.mean():.3f} | {g.mean():.3f} | {d.mean():+.3f} [{d.min():+.3f}, {d.max():+.3f}] | {(d >= -0.005).sum()}/{len(d)} | {same.mean():.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -347,10 +446,21 @@ def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> d
         g @ g
     gemm = 3 * 2 * 2000**3 / (time.perf_counter() - t)
     return {
-        "shape": [m, n], "nnz": nnz, "k": k, "n_runs": n_runs, "seconds_per_iter": sec, "cpu_seconds_per_iter": cpu_sec, "flops_per_iter": fl,
-        "scipy_spmm_cpu_seconds": scipy_spmm, "gathered_bytes_per_iter": gathered,
-        "flops_breakdown": flops, "bytes_per_iter": bytes_, "gflops": fl / sec / 1e9, "gbytes_per_s": bytes_ / sec / 1e9,
-        "machine_stream_gbs": bw / 1e9, "machine_dgemm_gflops": gemm / 1e9,
+        "shape": [m, n],
+        "nnz": nnz,
+        "k": k,
+        "n_runs": n_runs,
+        "seconds_per_iter": sec,
+        "cpu_seconds_per_iter": cpu_sec,
+        "flops_per_iter": fl,
+        "scipy_spmm_cpu_seconds": scipy_spmm,
+        "gathered_bytes_per_iter": gathered,
+        "flops_breakdown": flops,
+        "bytes_per_iter": bytes_,
+        "gflops": fl / sec / 1e9,
+        "gbytes_per_s": bytes_ / sec / 1e9,
+        "machine_stream_gbs": bw / 1e9,
+        "machine_dgemm_gflops": gemm / 1e9,
     }
 
 
@@ -359,7 +469,18 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = ARGS.cases.split(",")
     ad = load_pbmc3k()
-    res: dict = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(), "threads": ARGS.threads, "cpu": _cpu_name(), "loadavg_start": os.getloadavg()}, "versions": _versions(), "cases": {}}
+    res: dict = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+            "threads": ARGS.threads,
+            "cpu": _cpu_name(),
+            "loadavg_start": os.getloadavg(),
+        },
+        "versions": _versions(),
+        "cases": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         counts_fn = str(Path(tmp) / "pbmc3k_counts.h5ad")
         sc.AnnData(ad.layers["counts"].astype(np.float32), obs=ad.obs[[]], var=ad.var[[]]).write_h5ad(counts_fn)
@@ -368,7 +489,9 @@ def main() -> None:
         small_fn = str(Path(tmp) / "small.h5ad")
         sc.AnnData(small.layers["counts"].astype(np.float32), obs=small.obs[[]], var=small.var[[]]).write_h5ad(small_fn)
         if not ARGS.skip_cnmf:
-            run_cnmf(small_fn, str(Path(tmp) / "warm"), "warm", [3], 4, False, seed=1)  # >= 4 runs: cNMF int(0.3 n) neighbours
+            run_cnmf(
+                small_fn, str(Path(tmp) / "warm"), "warm", [3], 4, False, seed=1
+            )  # >= 4 runs: cNMF int(0.3 n) neighbours
         small.var["highly_variable"] = np.asarray(small.layers["counts"].sum(0)).ravel() > 50
         for tol in [float(t) for t in ARGS.tols.split(",")]:
             run_gpuc(small, [3], 2, False, seed=1, tol=tol)
@@ -385,7 +508,9 @@ def main() -> None:
             genes = None
             for rep in range(reps):
                 if not ARGS.skip_cnmf:
-                    c = run_cnmf(counts_fn, str(Path(tmp) / f"{case}{rep}"), f"{case}{rep}", ks, n_runs, sweep, seed=14 + rep)
+                    c = run_cnmf(
+                        counts_fn, str(Path(tmp) / f"{case}{rep}"), f"{case}{rep}", ks, n_runs, sweep, seed=14 + rep
+                    )
                     genes = c["genes"]
                     rows["cnmf"].append(c)
                     print(f"[{case} rep {rep}] cnmf {c['times']}", flush=True)
@@ -410,7 +535,11 @@ def main() -> None:
         if "paired" in cases:
             pr = paired_case(ad, genes, ARGS.paired_sets)
             machine = f"Machine: {res['machine']['cpu']}, {res['machine']['cpus']} cores, threads {ARGS.threads}; {res['versions']}."
-            (out_dir / "nmf_cpu_paired.json").write_text(json.dumps({"machine": res["machine"], "versions": res["versions"], "paired": pr}, indent=2, default=float))
+            (out_dir / "nmf_cpu_paired.json").write_text(
+                json.dumps(
+                    {"machine": res["machine"], "versions": res["versions"], "paired": pr}, indent=2, default=float
+                )
+            )
             (out_dir / "nmf_cpu_paired.md").write_text(_paired_markdown(pr, machine))
             print(_paired_markdown(pr, machine))
             if set(cases) == {"paired"}:
@@ -437,67 +566,108 @@ def _summarise(case: str, rows: dict, ks: list[int]) -> dict:
     s: dict = {"k": ks, "repeats": max(len(v) for v in rows.values()), "tools": tools}
     for tool in tools:
         steps = rows[tool][0]["times"].keys()
-        s[tool] = {"times": {st: float(np.median([r["times"][st] for r in rows[tool]])) for st in steps}, "all_totals": [r["times"]["total"] for r in rows[tool]]}
+        s[tool] = {
+            "times": {st: float(np.median([r["times"][st] for r in rows[tool]])) for st in steps},
+            "all_totals": [r["times"]["total"] for r in rows[tool]],
+        }
         s[tool]["stability"] = {k: float(np.median([r["stability"][k] for r in rows[tool]])) for k in ks}
         s[tool]["stability_all"] = {k: [r["stability"][k] for r in rows[tool]] for k in ks}
         if tool == "cnmf":
             continue
         g0 = rows[tool][0]
         if case == "k7":
-            s[tool].update(rel_error=float(np.median([r["rel_error"] for r in rows[tool]])), stability_filtered=float(np.median([r["stability_filtered"] for r in rows[tool]])), n_dropped=[r["n_dropped"] for r in rows[tool]])
+            s[tool].update(
+                rel_error=float(np.median([r["rel_error"] for r in rows[tool]])),
+                stability_filtered=float(np.median([r["stability_filtered"] for r in rows[tool]])),
+                n_dropped=[r["n_dropped"] for r in rows[tool]],
+            )
         else:
             s[tool]["median_error"] = {k: float(np.median([r["median_error"][k] for r in rows[tool]])) for k in ks}
         if rows["cnmf"]:
             s[tool]["speedup"] = s["cnmf"]["times"]["total"] / s[tool]["times"]["total"]
             s[tool]["speedup_cpu"] = s["cnmf"]["times"]["cpu"] / s[tool]["times"]["cpu"]
-            s[tool]["speedup_per_repeat"] = [c["times"]["total"] / g["times"]["total"] for c, g in zip(rows["cnmf"], rows[tool], strict=False)]
+            s[tool]["speedup_per_repeat"] = [
+                c["times"]["total"] / g["times"]["total"] for c, g in zip(rows["cnmf"], rows[tool], strict=False)
+            ]
             if case == "k7":
                 c0 = rows["cnmf"][0]
                 gi = {g: i for i, g in enumerate(g0["spectra_genes"])}
                 idx = [gi[g] for g in c0["spectra_genes"]]
                 s[tool]["min_best_cosine_vs_cnmf"] = cos_match(c0["spectra"], g0["spectra"][:, idx])
     if rows["cnmf"] and case == "sweep":
-        s["cnmf"]["rel_error"] = {k: float(np.median([r["error_abs"][k] / r["norm2"] for r in rows["cnmf"]])) for k in ks}
+        s["cnmf"]["rel_error"] = {
+            k: float(np.median([r["error_abs"][k] / r["norm2"] for r in rows["cnmf"]])) for k in ks
+        }
     return s
 
 
 def _markdown(res: dict) -> str:
     m = res["machine"]
     la0, la1 = m["loadavg_start"], m.get("loadavg_end", m["loadavg_start"])
-    lines = [f"Machine: {m['cpu']}, {m['cpus']} cores shared with other jobs (1/5/15-min load average {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f} at start, "
-             f"{la1[0]:.1f}/{la1[1]:.1f}/{la1[2]:.1f} at end), BLAS and numba threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.", ""]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cpus']} cores shared with other jobs (1/5/15-min load average {la0[0]:.1f}/{la0[1]:.1f}/{la0[2]:.1f} at start, "
+        f"{la1[0]:.1f}/{la1[1]:.1f}/{la1[2]:.1f} at end), BLAS and numba threads {m['threads']} ({m['platform']}, Python {m['python']}); {res['versions']}.",
+        "",
+    ]
     if "stability" in res:
         lines += _stability_markdown(res["stability"])
     for case, s in res["cases"].items():
         title = "k=7 x 20 runs + consensus (density 0.5)" if case == "k7" else "k sweep 2..12 x 10 runs"
-        lines += [f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats (seeds differ per repeat):", ""]
-        lines += ["| tool | steps (s) | total wall (s) | CPU (s) | speed-up wall (per repeat) | speed-up CPU | stability (median; all) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"**{title}** on pbmc3k (2,638 cells x cNMF's 2,000 HVG counts / SD), median of {s['repeats']} repeats (seeds differ per repeat):",
+            "",
+        ]
+        lines += [
+            "| tool | steps (s) | total wall (s) | CPU (s) | speed-up wall (per repeat) | speed-up CPU | stability (median; all) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for tool in s["tools"]:
             st = ", ".join(f"{k} {v:.2f}" for k, v in s[tool]["times"].items() if k not in ("total", "cpu"))
-            sp_ = (f"{s[tool]['speedup']:.1f}x (" + "/".join(f"{v:.1f}" for v in s[tool]["speedup_per_repeat"]) + ")") if "speedup" in s[tool] else ""
+            sp_ = (
+                (f"{s[tool]['speedup']:.1f}x (" + "/".join(f"{v:.1f}" for v in s[tool]["speedup_per_repeat"]) + ")")
+                if "speedup" in s[tool]
+                else ""
+            )
             spc = f"{s[tool]['speedup_cpu']:.1f}x" if "speedup_cpu" in s[tool] else ""
             stab = ""
             if case == "k7":
                 allv = s[tool]["stability_all"][7]
                 stab = f"{s[tool]['stability'][7]:.3f}; " + "/".join(f"{v:.3f}" for v in allv)
-            lines.append(f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {s[tool]['times']['cpu']:.2f} | {sp_} | {spc} | {stab} |")
+            lines.append(
+                f"| {tool} | {st or '-'} | {s[tool]['times']['total']:.2f} | {s[tool]['times']['cpu']:.2f} | {sp_} | {spc} | {stab} |"
+            )
         lines.append("")
         if case == "k7":
             for tool in s["tools"]:
                 if tool == "cnmf":
                     continue
                 g = s[tool]
-                lines.append(f"- {tool}: with the 0.5 density filter stability {g['stability_filtered']:.3f} (dropped {g['n_dropped']}), rel. error {g['rel_error']:.5f}"
-                             + (f", worst best-match cosine to cNMF's programmes {g['min_best_cosine_vs_cnmf']:.4f}" if "min_best_cosine_vs_cnmf" in g else "") + ".")
+                lines.append(
+                    f"- {tool}: with the 0.5 density filter stability {g['stability_filtered']:.3f} (dropped {g['n_dropped']}), rel. error {g['rel_error']:.5f}"
+                    + (
+                        f", worst best-match cosine to cNMF's programmes {g['min_best_cosine_vs_cnmf']:.4f}"
+                        if "min_best_cosine_vs_cnmf" in g
+                        else ""
+                    )
+                    + "."
+                )
         else:
             lines += ["| k | " + " | ".join(str(k) for k in s["k"]) + " |", "| --- |" + " --- |" * len(s["k"])]
             for tool in s["tools"]:
-                lines.append(f"| {tool} stability | " + " | ".join(f"{s[tool]['stability'][k]:.3f}" for k in s["k"]) + " |")
+                lines.append(
+                    f"| {tool} stability | " + " | ".join(f"{s[tool]['stability'][k]:.3f}" for k in s["k"]) + " |"
+                )
             if "cnmf" in s:
-                lines.append("| cnmf rel. error | " + " | ".join(f"{s['cnmf']['rel_error'][k]:.4f}" for k in s["k"]) + " |")
+                lines.append(
+                    "| cnmf rel. error | " + " | ".join(f"{s['cnmf']['rel_error'][k]:.4f}" for k in s["k"]) + " |"
+                )
             for tool in s["tools"]:
                 if tool != "cnmf":
-                    lines.append(f"| {tool} median rel. error | " + " | ".join(f"{s[tool]['median_error'][k]:.4f}" for k in s["k"]) + " |")
+                    lines.append(
+                        f"| {tool} median rel. error | "
+                        + " | ".join(f"{s[tool]['median_error'][k]:.4f}" for k in s["k"])
+                        + " |"
+                    )
         lines.append("")
     if "roofline" not in res:
         return "\n".join(lines) + "\n"
@@ -516,8 +686,14 @@ def _markdown(res: dict) -> str:
 def _stability_markdown(st: dict) -> list[str]:
     ks = st["k"]
     tools = [t for t in st if t == "cnmf_solver" or t.startswith("gpuc ")]
-    lines = [f"**Stability, k=2..12 x 10 runs, over {st['n_sets']} seed sets** (mean / median [min-max]; cNMF = sklearn cd with cNMF's seeds and k-selection rule):", ""]
-    lines += ["| k | " + " | ".join("cNMF" if t == "cnmf_solver" else t for t in tools) + " | gpuc default - cNMF (means) |", "| --- |" + " --- |" * (len(tools) + 1)]
+    lines = [
+        f"**Stability, k=2..12 x 10 runs, over {st['n_sets']} seed sets** (mean / median [min-max]; cNMF = sklearn cd with cNMF's seeds and k-selection rule):",
+        "",
+    ]
+    lines += [
+        "| k | " + " | ".join("cNMF" if t == "cnmf_solver" else t for t in tools) + " | gpuc default - cNMF (means) |",
+        "| --- |" + " --- |" * (len(tools) + 1),
+    ]
     for k in ks:
         cells = []
         for t in tools:
@@ -529,7 +705,10 @@ def _stability_markdown(st: dict) -> list[str]:
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     lines.append("")
     if st.get("agree_sets"):
-        lines += [f"Same random starts ({st['agree_sets']} seed sets x 10 runs per k): fraction of runs ending in the optimum sklearn's cd reaches:", ""]
+        lines += [
+            f"Same random starts ({st['agree_sets']} seed sets x 10 runs per k): fraction of runs ending in the optimum sklearn's cd reaches:",
+            "",
+        ]
         lines += ["| schedule | " + " | ".join(str(k) for k in ks) + " | all |", "| --- |" + " --- |" * (len(ks) + 1)]
         for name, d in st["agreement"].items():
             vals = [d.get(k, d.get(str(k))) for k in ks]

@@ -86,7 +86,9 @@ def cd34_sized(n_cells: int = 6881, n_genes: int = 2000, seed: int = 0) -> sp.cs
     var = np.asarray(y.multiply(y).mean(0)).ravel() - mean**2
     detected = np.asarray((y > 0).mean(0)).ravel()
     disp = np.where(detected >= 0.06, var / np.maximum(mean, 1e-12), -np.inf)
-    genes = np.argsort(-disp)[:n_genes]  # most dispersed genes seen in >= 6% of cells (10.6% non-zero; CD34's HVGs: 10.4%)
+    genes = np.argsort(-disp)[
+        :n_genes
+    ]  # most dispersed genes seen in >= 6% of cells (10.6% non-zero; CD34's HVGs: 10.4%)
     y = y[:, np.sort(genes)].tocsr()
     y = y[np.asarray(y.sum(1)).ravel() > 0]
     return y.astype(np.float32)
@@ -115,15 +117,24 @@ def parity() -> None:
             "gpu_best_rel_error": float(fg.rel_errors.min()),
         }
         log(f"parity engine {dt}: {res[dt]}")
-    kw = {"n_runs": 20, "preprocessing": "sd", "metric": "euclidean", "density_threshold": 0.5, "normalization": "sum", "copy": True}
+    kw = {
+        "n_runs": 20,
+        "preprocessing": "sd",
+        "metric": "euclidean",
+        "density_threshold": 0.5,
+        "normalization": "sum",
+        "copy": True,
+    }
     c = gpuc.tl.consensus_nmf(ad, 7, device="cpu", **kw)
     g = gpuc.tl.consensus_nmf(ad, 7, device=DEV, **kw)
     a, b = c.varm["nmf_spectra"].T, g.varm["nmf_spectra"].T
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     b = b / np.linalg.norm(b, axis=1, keepdims=True)
     res["tl_consensus"] = {
-        "cpu_stability": c.uns["nmf"]["stability"], "gpu_stability": g.uns["nmf"]["stability"],
-        "cpu_rel_error": c.uns["nmf"]["rel_error"], "gpu_rel_error": g.uns["nmf"]["rel_error"],
+        "cpu_stability": c.uns["nmf"]["stability"],
+        "gpu_stability": g.uns["nmf"]["stability"],
+        "cpu_rel_error": c.uns["nmf"]["rel_error"],
+        "gpu_rel_error": g.uns["nmf"]["rel_error"],
         "min_best_cosine": float((a @ b.T).max(axis=1).min()),
     }
     log(f"parity tl: {res['tl_consensus']}")
@@ -159,7 +170,14 @@ def timings() -> None:
 
     t, ts, out = timed(lambda: gpuc.tl.consensus_nmf(ad, 7, n_runs=20, device=DEV, **kw), gpu, 3)
     u = out.uns["nmf"]
-    RESULT["k7x20_gpu"] = {"seconds": t, "all": ts, "stability": u["stability"], "rel_error": u["rel_error"], "n_converged": u["n_converged"], "cluster_sizes": u["cluster_sizes"].tolist()}
+    RESULT["k7x20_gpu"] = {
+        "seconds": t,
+        "all": ts,
+        "stability": u["stability"],
+        "rel_error": u["rel_error"],
+        "n_converged": u["n_converged"],
+        "cluster_sizes": u["cluster_sizes"].tolist(),
+    }
     log(f"k=7 x 20 + consensus, GPU: {t:.3f} s (stability {u['stability']:.4f}, rel_error {u['rel_error']:.5f})")
     op = Operator.build(gpu, x)
     seeds = [derive_seed(0, 7, r) for r in range(20)]
@@ -170,8 +188,15 @@ def timings() -> None:
     t0 = time.perf_counter()
     cpu_out = gpuc.tl.consensus_nmf(ad, 7, n_runs=20, device="cpu", **kw)
     tc = time.perf_counter() - t0
-    RESULT["k7x20_cpu"] = {"seconds": tc, "threads": os.cpu_count(), "stability": cpu_out.uns["nmf"]["stability"], "rel_error": cpu_out.uns["nmf"]["rel_error"]}
-    log(f"k=7 x 20 + consensus, CPU ({os.cpu_count()} cores): {tc:.2f} s (stability {cpu_out.uns['nmf']['stability']:.4f})")
+    RESULT["k7x20_cpu"] = {
+        "seconds": tc,
+        "threads": os.cpu_count(),
+        "stability": cpu_out.uns["nmf"]["stability"],
+        "rel_error": cpu_out.uns["nmf"]["rel_error"],
+    }
+    log(
+        f"k=7 x 20 + consensus, CPU ({os.cpu_count()} cores): {tc:.2f} s (stability {cpu_out.uns['nmf']['stability']:.4f})"
+    )
     save()
 
     t, ts, out = timed(lambda: gpuc.tl.nmf_k_sweep(ad, range(2, 13), n_runs=10, device=DEV, **kw), gpu, 2)
@@ -184,7 +209,12 @@ def timings() -> None:
     t0 = time.perf_counter()
     big = gpuc.tl.consensus_nmf(ad, 200, n_runs=3, max_iter=50, device=DEV, **kw)
     gpu.synchronize()
-    RESULT["rank200"] = {"seconds": time.perf_counter() - t0, "rel_error": big.uns["nmf"]["rel_error"], "usages_shape": list(big.obsm["X_nmf"].shape), "finite": bool(np.isfinite(big.obsm["X_nmf"]).all())}
+    RESULT["rank200"] = {
+        "seconds": time.perf_counter() - t0,
+        "rel_error": big.uns["nmf"]["rel_error"],
+        "usages_shape": list(big.obsm["X_nmf"].shape),
+        "finite": bool(np.isfinite(big.obsm["X_nmf"]).all()),
+    }
     log(f"rank 200 x 3 runs (50 iterations): {RESULT['rank200']}")
     save()
 
@@ -204,11 +234,17 @@ def timings() -> None:
         props = cupy.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     RESULT["iteration"] = {
-        "seconds": per, "flops": flops, "bytes": bytes_, "tflops": flops / per / 1e12, "tbytes_per_s": bytes_ / per / 1e12,
+        "seconds": per,
+        "flops": flops,
+        "bytes": bytes_,
+        "tflops": flops / per / 1e12,
+        "tbytes_per_s": bytes_ / per / 1e12,
         "device": name,
         "kernel_launch_bound_note": "k Gauss-Seidel steps x ~8 elementwise kernels per half-iteration",
     }
-    log(f"iteration: {per * 1e3:.3f} ms, {flops / 1e6:.0f} MFLOP, {bytes_ / 1e6:.1f} MB -> {flops / per / 1e12:.3f} TFLOP/s, {bytes_ / per / 1e9:.1f} GB/s")
+    log(
+        f"iteration: {per * 1e3:.3f} ms, {flops / 1e6:.0f} MFLOP, {bytes_ / 1e6:.1f} MB -> {flops / per / 1e12:.3f} TFLOP/s, {bytes_ / per / 1e9:.1f} GB/s"
+    )
 
 
 def markdown() -> str:
@@ -216,20 +252,29 @@ def markdown() -> str:
     lines = ["# gpuc consensus NMF on GPU", ""]
     if "parity" in r:
         p = r["parity"]
-        lines += [f"Parity (cNMF 700 x 500, k=7 x 20): pass={p['pass']}; float64 max |d rel_error| {p['float64']['max_abs_rel_error_diff']:.2e} "
-                  f"({p['float64']['same_n_iter_runs']}/20 runs same iterations); float32 {p['float32']['max_abs_rel_error_diff']:.2e}; "
-                  f"tl cosine {p['tl_consensus']['min_best_cosine']:.5f}, rel_error CPU {p['tl_consensus']['cpu_rel_error']:.6f} GPU {p['tl_consensus']['gpu_rel_error']:.6f}", ""]
+        lines += [
+            f"Parity (cNMF 700 x 500, k=7 x 20): pass={p['pass']}; float64 max |d rel_error| {p['float64']['max_abs_rel_error_diff']:.2e} "
+            f"({p['float64']['same_n_iter_runs']}/20 runs same iterations); float32 {p['float32']['max_abs_rel_error_diff']:.2e}; "
+            f"tl cosine {p['tl_consensus']['min_best_cosine']:.5f}, rel_error CPU {p['tl_consensus']['cpu_rel_error']:.6f} GPU {p['tl_consensus']['gpu_rel_error']:.6f}",
+            "",
+        ]
     if "k7x20_gpu" in r:
-        lines += ["| case (6,881 x 2,000, sparse, float32) | GPU (s) | CPU (s) | bixverse.gpu M1 Max (s) |", "| --- | --- | --- | --- |",
-                  f"| k=7 x 20 runs + consensus | {r['k7x20_gpu']['seconds']:.3f} (fit {r['k7x20_gpu_fit_only']['seconds']:.3f}) | {r.get('k7x20_cpu', {}).get('seconds', float('nan')):.2f} | 6.15 (CPU 20.53) |"]
+        lines += [
+            "| case (6,881 x 2,000, sparse, float32) | GPU (s) | CPU (s) | bixverse.gpu M1 Max (s) |",
+            "| --- | --- | --- | --- |",
+            f"| k=7 x 20 runs + consensus | {r['k7x20_gpu']['seconds']:.3f} (fit {r['k7x20_gpu_fit_only']['seconds']:.3f}) | {r.get('k7x20_cpu', {}).get('seconds', float('nan')):.2f} | 6.15 (CPU 20.53) |",
+        ]
     if "sweep_2_12x10_gpu" in r:
         lines.append(f"| k sweep 2..12 x 10 runs | {r['sweep_2_12x10_gpu']['seconds']:.3f} | - | - |")
     if "rank200" in r:
         lines.append(f"| rank 200 x 3 runs, 50 iterations | {r['rank200']['seconds']:.2f} | - | refused (k > 128) |")
     if "iteration" in r:
         it = r["iteration"]
-        lines += ["", f"One batched HALS iteration (k=7 x 20): {it['seconds'] * 1e3:.3f} ms on {it['device']}, {it['flops'] / 1e6:.0f} MFLOP and "
-                  f"{it['bytes'] / 1e6:.1f} MB -> {it['tflops']:.3f} TFLOP/s, {it['tbytes_per_s'] * 1e3:.0f} GB/s."]
+        lines += [
+            "",
+            f"One batched HALS iteration (k=7 x 20): {it['seconds'] * 1e3:.3f} ms on {it['device']}, {it['flops'] / 1e6:.0f} MFLOP and "
+            f"{it['bytes'] / 1e6:.1f} MB -> {it['tflops']:.3f} TFLOP/s, {it['tbytes_per_s'] * 1e3:.0f} GB/s.",
+        ]
     if r["errors"]:
         lines += ["", "Errors:", *[f"- {e}" for e in r["errors"]]]
     return "\n".join(lines) + "\n"

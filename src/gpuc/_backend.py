@@ -267,13 +267,25 @@ class Backend:
         if method == "auto":
             method = "faiss" if _import_faiss(gpu=self.is_gpu, required=False) is not None else "lloyd"
         if method == "lloyd":
-            return kmeans_lloyd(self.xp, self.asarray(x), n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state)
+            return kmeans_lloyd(
+                self.xp, self.asarray(x), n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state
+            )
         if method != "faiss":
             msg = f"method={method!r} is not valid; use 'auto', 'faiss' or 'lloyd'."
             raise ValueError(msg)
         faiss = _import_faiss(gpu=self.is_gpu, required=True)
         xh = np.ascontiguousarray(to_host(x), dtype=np.float32)
-        km = faiss.Kmeans(xh.shape[1], n_clusters, niter=max_iter, nredo=n_init, seed=int(random_state), gpu=self.is_gpu, verbose=False, min_points_per_centroid=1, max_points_per_centroid=max(256, n))
+        km = faiss.Kmeans(
+            xh.shape[1],
+            n_clusters,
+            niter=max_iter,
+            nredo=n_init,
+            seed=int(random_state),
+            gpu=self.is_gpu,
+            verbose=False,
+            min_points_per_centroid=1,
+            max_points_per_centroid=max(256, n),
+        )
         km.train(xh)
         dist2, labels = km.index.search(xh, 1)
         return self.asarray(km.centroids), self.asarray(labels[:, 0].astype(np.int64)), float(dist2.sum())
@@ -282,7 +294,9 @@ class Backend:
 # --------------------------------------------------------------------------------------------------------------------
 # helpers written once for numpy and cupy
 # --------------------------------------------------------------------------------------------------------------------
-def knn_blocked(xp: ModuleType, x: Any, n_neighbors: int, *, queries: Any = None, block_size: int = 4096) -> tuple[Any, Any]:
+def knn_blocked(
+    xp: ModuleType, x: Any, n_neighbors: int, *, queries: Any = None, block_size: int = 4096
+) -> tuple[Any, Any]:
     """Exact Euclidean kNN by blocked matrix products (``||q||^2 - 2 q.x + ||x||^2``), in any ``xp``.
 
     Memory is ``block_size * n`` per block; used on the GPU when FAISS-GPU is not installed.
@@ -298,7 +312,11 @@ def knn_blocked(xp: ModuleType, x: Any, n_neighbors: int, *, queries: Any = None
         if queries is None:  # a point is its own nearest neighbour, exactly (avoid rounding ties)
             rows = xp.arange(qb.shape[0])
             d2[rows, start + rows] = -1.0
-        part = xp.argpartition(d2, n_neighbors - 1, axis=1)[:, :n_neighbors] if n_neighbors < x.shape[0] else xp.broadcast_to(xp.arange(x.shape[0]), d2.shape)
+        part = (
+            xp.argpartition(d2, n_neighbors - 1, axis=1)[:, :n_neighbors]
+            if n_neighbors < x.shape[0]
+            else xp.broadcast_to(xp.arange(x.shape[0]), d2.shape)
+        )
         pd = xp.take_along_axis(d2, part, axis=1)
         order = xp.argsort(pd, axis=1)
         out_i[start : start + block_size] = xp.take_along_axis(part, order, axis=1)
@@ -320,12 +338,24 @@ def neighbors_to_csr(dist: np.ndarray, idx: np.ndarray, *, drop_self: bool = Tru
         last = np.zeros((n, k), dtype=bool)
         last[~has_self, -1] = True
         keep &= ~is_self & ~last.ravel()
-    g = sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, max(n, int(cols.max()) + 1) if drop_self else int(cols.max()) + 1))
+    g = sp.csr_matrix(
+        (vals[keep], (rows[keep], cols[keep])),
+        shape=(n, max(n, int(cols.max()) + 1) if drop_self else int(cols.max()) + 1),
+    )
     g.sort_indices()
     return g
 
 
-def kmeans_lloyd(xp: ModuleType, x: Any, n_clusters: int, *, n_init: int = 1, max_iter: int = 100, random_state: int = 0, tol: float = 1e-8) -> tuple[Any, Any, float]:
+def kmeans_lloyd(
+    xp: ModuleType,
+    x: Any,
+    n_clusters: int,
+    *,
+    n_init: int = 1,
+    max_iter: int = 100,
+    random_state: int = 0,
+    tol: float = 1e-8,
+) -> tuple[Any, Any, float]:
     """k-means++ seeding then Lloyd iterations, written once for numpy and cupy; best of ``n_init`` starts."""
     x = xp.asarray(x)
     x_sq = (x * x).sum(axis=1)
@@ -340,7 +370,9 @@ def kmeans_lloyd(xp: ModuleType, x: Any, n_clusters: int, *, n_init: int = 1, ma
             inertia = float(xp.maximum(d2[xp.arange(x.shape[0]), labels], 0).sum())
             counts = xp.bincount(labels, minlength=n_clusters).astype(x.dtype)
             # cluster sums as one sparse (k x n) indicator product, the same call in scipy and cupyx
-            indicator = _sparse_module(xp).csr_matrix((xp.ones(x.shape[0], dtype=x.dtype), (labels, xp.arange(x.shape[0]))), shape=(n_clusters, x.shape[0]))
+            indicator = _sparse_module(xp).csr_matrix(
+                (xp.ones(x.shape[0], dtype=x.dtype), (labels, xp.arange(x.shape[0]))), shape=(n_clusters, x.shape[0])
+            )
             sums = xp.asarray(indicator @ x)
             empty = counts == 0
             centres = xp.where(empty[:, None], centres, sums / xp.maximum(counts, 1)[:, None])

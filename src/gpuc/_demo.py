@@ -87,7 +87,15 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
     log("[preprocessing] Scanpy on bundled pbmc3k")
     t0 = time.perf_counter()
     adata = preprocess_pbmc3k(log)
-    rows.append({"step": "preprocessing", "what": "cells x genes", "value": f"{adata.n_obs} x {adata.n_vars}", "device": "cpu", "seconds": round(time.perf_counter() - t0, 2)})
+    rows.append(
+        {
+            "step": "preprocessing",
+            "what": "cells x genes",
+            "value": f"{adata.n_obs} x {adata.n_vars}",
+            "device": "cpu",
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+    )
     fig, ax = plt.subplots(figsize=(5, 4.5))
     sc.pl.umap(adata, color="cell_type", ax=ax, show=False, frameon=False, title="pbmc3k cell types")
     ctx = DemoContext(adata=adata, out=out, device=device, log=log)
@@ -99,7 +107,9 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
         except ModuleNotFoundError as err:
             if err.name is not None and module.startswith(err.name):
                 log(f"[{name}] not available in this version of gpuc (missing {module}); skipped")
-                rows.append({"step": name, "what": "status", "value": "not implemented yet", "device": "", "seconds": 0.0})
+                rows.append(
+                    {"step": name, "what": "status", "value": "not implemented yet", "device": "", "seconds": 0.0}
+                )
                 continue
             raise
         log(f"[{name}]")

@@ -37,6 +37,7 @@ def drop_outputs(adata: Any, outputs: dict[str, list[str]]) -> None:
             elif name in container:
                 del container[name]
 
+
 # ---- metacells (gpuc.tl.metacells) ---------------------------------------------------------------------------------
 METACELL = "metacell"  # obs[key] labels, uns[key] diagnostics
 

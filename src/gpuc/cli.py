@@ -14,7 +14,17 @@ def info() -> str:
     from gpuc._settings import settings
 
     lines = [f"gpuc {_version('gpuc')}", f"python {platform.python_version()} on {platform.platform()}"]
-    for pkg in ("anndata", "scanpy", "numpy", "scipy", "pandas", "scikit-learn", "faiss-cpu", "formulaic", "matplotlib"):
+    for pkg in (
+        "anndata",
+        "scanpy",
+        "numpy",
+        "scipy",
+        "pandas",
+        "scikit-learn",
+        "faiss-cpu",
+        "formulaic",
+        "matplotlib",
+    ):
         lines.append(f"  {pkg:<14} {_version(pkg)}")
     ok, reason = gpu_status()
     lines.append(f"GPU: {'usable' if ok else 'not usable'} ({reason})")
@@ -25,7 +35,9 @@ def info() -> str:
     try:
         import faiss
 
-        lines.append(f"faiss {getattr(faiss, '__version__', '?')} ({'with' if hasattr(faiss, 'StandardGpuResources') else 'without'} GPU support)")
+        lines.append(
+            f"faiss {getattr(faiss, '__version__', '?')} ({'with' if hasattr(faiss, 'StandardGpuResources') else 'without'} GPU support)"
+        )
     except ImportError:
         lines.append("faiss: not importable")
     lines.append(f"settings.device = {settings.device!r} -> device used: {resolve_device(settings.device)}")
@@ -41,11 +53,15 @@ def _version(pkg: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpuc`` console script."""
-    parser = argparse.ArgumentParser(prog="gpuc", description="Metacells, consensus NMF and DESeq2 for AnnData on CPU or GPU.")
+    parser = argparse.ArgumentParser(
+        prog="gpuc", description="Metacells, consensus NMF and DESeq2 for AnnData on CPU or GPU."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the whole chain on the bundled data and write figures + a summary table")
     demo.add_argument("--out", default="gpuc_demo", help="output folder (default: ./gpuc_demo)")
-    demo.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"], help="where to compute (default: auto)")
+    demo.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "gpu"], help="where to compute (default: auto)"
+    )
     sub.add_parser("info", help="print versions, the chosen device and the GPU libraries found")
     args = parser.parse_args(argv)
     if args.command == "info":

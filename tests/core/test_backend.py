@@ -132,7 +132,9 @@ def test_cpu_asarray_round_trip() -> None:
     backend = get_backend("cpu")
     x = sp.random(20, 10, density=0.3, format="csr", random_state=0)
     assert backend.asarray(x) is x
-    np.testing.assert_array_equal(backend.to_host(backend.asarray(x.toarray(), dtype=np.float32)), x.toarray().astype(np.float32))
+    np.testing.assert_array_equal(
+        backend.to_host(backend.asarray(x.toarray(), dtype=np.float32)), x.toarray().astype(np.float32)
+    )
 
 
 def test_batched_solves() -> None:

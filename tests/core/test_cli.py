@@ -13,7 +13,9 @@ def test_info_prints_versions_and_device(capsys: pytest.CaptureFixture[str]) -> 
     assert "anndata" in out and "device used:" in out
 
 
-def test_demo_refuses_unusable_gpu(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_refuses_unusable_gpu(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "cupy is not installed"))
     assert main(["demo", "--out", str(tmp_path / "d"), "--device", "gpu"]) == 1
     assert "no usable GPU" in capsys.readouterr().err

@@ -19,7 +19,9 @@ def _public(module: object) -> list[tuple[str, Callable]]:
 
 TL = _public(gpuc.tl)
 PL = _public(gpuc.pl)
-ALL = [(f"tl.{n}", f) for n, f in TL] + [(f"pl.{n}", f) for n, f in PL] + [(f"get.{n}", f) for n, f in _public(gpuc.get)]
+ALL = (
+    [(f"tl.{n}", f) for n, f in TL] + [(f"pl.{n}", f) for n, f in PL] + [(f"get.{n}", f) for n, f in _public(gpuc.get)]
+)
 
 
 def _ids(items: list[tuple[str, Callable]]) -> list[str]:
@@ -53,7 +55,9 @@ def test_tools_writing_results_have_copy_and_key_added(name: str, func: Callable
         return
     assert "copy" in params, f"{name} writes into adata and needs `copy`"
     copy = params["copy"]
-    assert copy.kind is inspect.Parameter.KEYWORD_ONLY and copy.default is False, f"{name}: copy must be keyword-only, default False"
+    assert copy.kind is inspect.Parameter.KEYWORD_ONLY and copy.default is False, (
+        f"{name}: copy must be keyword-only, default False"
+    )
     assert "key_added" in params, f"{name} writes results and needs `key_added`"
     assert params["key_added"].kind is inspect.Parameter.KEYWORD_ONLY
 

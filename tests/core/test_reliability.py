@@ -38,7 +38,9 @@ def _bulk(n_per: int = 4, n_genes: int = 150, seed: int = 0, groups: list[str] |
                 obs.append({"condition": cond, "cell_type": g, "sample": f"{g}|{cond}|{r}"})
     obs = pd.DataFrame(obs, index=[f"s{i}" for i in range(len(obs))])
     obs["condition"] = pd.Categorical(obs["condition"], ["ctrl", "kd/siRNA"])
-    return ad.AnnData(np.asarray(rows, dtype=np.int64), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_genes)]))
+    return ad.AnnData(
+        np.asarray(rows, dtype=np.int64), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_genes)])
+    )
 
 
 def _programs(n_cells: int = 90, n_genes: int = 40, k: int = 3, seed: int = 0) -> ad.AnnData:
@@ -117,7 +119,14 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
 def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same):
     # data-derived names with '/', '.', spaces and unicode; key_added with '.', a space and unicode
     bulk = _bulk(groups=AWKWARD_GROUPS)
-    gpuc.tl.deseq(bulk, "~condition", contrast=["condition", "kd/siRNA", "ctrl"], groupby="cell_type", device="cpu", key_added=AWKWARD_KEY)
+    gpuc.tl.deseq(
+        bulk,
+        "~condition",
+        contrast=["condition", "kd/siRNA", "ctrl"],
+        groupby="cell_type",
+        device="cpu",
+        key_added=AWKWARD_KEY,
+    )
     gpuc.tl.deseq(bulk, "~condition", contrast=["condition", "kd/siRNA", "ctrl"], device="cpu")
     gpuc.tl.vst(bulk, device="cpu", key_added="vst ü.1")
     gpuc.tl.metacells(pbmc, groupby="sample", device="cpu", max_iter=3, min_iter=1, key_added=AWKWARD_KEY)
@@ -187,7 +196,9 @@ def test_nmf_non_convergence_warns_once_with_counts():
 
 def test_deseq_non_convergence_warns_and_keeps_flags():
     a = _bulk(n_per=5, n_genes=120)
-    with pytest.warns(gpuc.ConvergenceWarning, match=r"gene\(s\) did not converge in beta \(IRLS with max_iter=1") as rec:
+    with pytest.warns(
+        gpuc.ConvergenceWarning, match=r"gene\(s\) did not converge in beta \(IRLS with max_iter=1"
+    ) as rec:
         gpuc.tl.deseq(a, "~condition", max_iter=1, device="cpu")
     assert len([w for w in rec if issubclass(w.category, gpuc.ConvergenceWarning)]) == 1
     n_bad = int((~a.var["deseq_betaConv"].astype(bool) & ~a.var["deseq_allZero"].astype(bool)).sum())
@@ -215,7 +226,9 @@ def test_huge_consensus_nmf_is_refused_before_allocating(unchanged):
     a = ad.AnnData(sp.random(2700, 2000, density=0.05, format="csr", dtype=np.float32, random_state=rng))
     a.X.data[:] = rng.integers(1, 20, a.X.nnz)
     with unchanged(a):
-        peak, msg = _refused_peak_bytes(lambda: gpuc.tl.consensus_nmf(a, 100, n_runs=5000, use_highly_variable=False, device="cpu"))
+        peak, msg = _refused_peak_bytes(
+            lambda: gpuc.tl.consensus_nmf(a, 100, n_runs=5000, use_highly_variable=False, device="cpu")
+        )
     assert "GiB" in msg and "n_runs" in msg and "nothing was computed" in msg
     assert peak < 40e6  # the checks and the float copy of the block; no factor or distance matrix was allocated
 
@@ -230,7 +243,10 @@ def test_deseq_and_metacells_refuse_what_does_not_fit(monkeypatch, unchanged, pb
     assert "DESeq2 on 200 samples x 100000 genes needs about" in msg and "0.0 GiB is free" in msg
     assert peak < 20e6
     monkeypatch.setattr(Backend, "free_memory", lambda self: 4 * 2**20)
-    with unchanged(pbmc), pytest.raises(gpuc.InsufficientMemoryError, match="metacells on 700 cells with n_metacells=350"):
+    with (
+        unchanged(pbmc),
+        pytest.raises(gpuc.InsufficientMemoryError, match="metacells on 700 cells with n_metacells=350"),
+    ):
         gpuc.tl.metacells(pbmc, 350, device="cpu")
 
 

@@ -152,7 +152,9 @@ def test_b_update_rejects_unknown_gradient(mc_ref, mc_ref_kernel, cpu):
     with pytest.raises(ValueError, match="gradient"):
         update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="sparse")
     with pytest.raises(ValueError, match="numba"):
-        update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="restricted", accel=False)
+        update_b(
+            cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="restricted", accel=False
+        )
 
 
 def test_reduced_rss_equals_direct_norm_on_small_data(cpu):

@@ -82,7 +82,9 @@ RANK_GROUPS = {"merged": [(4, 3), (2, 3), (3, 3)], "unmerged": [(2, 6), (6, 1)]}
 
 
 @pytest.mark.parametrize("path", ["fused", "generic-sparse", "dense"])
-@pytest.mark.parametrize("schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=["default", "spectra-w0", "plain-usages"])
+@pytest.mark.parametrize(
+    "schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=["default", "spectra-w0", "plain-usages"]
+)
 @pytest.mark.parametrize("layout", list(RANK_GROUPS))
 def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout, monkeypatch):
     # a k sweep fits all ranks in the same products; every run must be bit-identical to its rank fitted alone,
@@ -90,7 +92,11 @@ def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout
     from gpuc.nmf._hals import _Layout
 
     ranks = np.concatenate([np.full(n, k) for k, n in RANK_GROUPS[layout]])
-    n_lane_groups = len(_Layout.of(ranks, np.repeat(np.arange(len(RANK_GROUPS[layout])), [n for _, n in RANK_GROUPS[layout]])).kernel_args[0])
+    n_lane_groups = len(
+        _Layout.of(
+            ranks, np.repeat(np.arange(len(RANK_GROUPS[layout])), [n for _, n in RANK_GROUPS[layout]])
+        ).kernel_args[0]
+    )
     assert n_lane_groups == (1 if layout == "merged" else 2)
     if path == "generic-sparse":
         import gpuc.nmf._hals_cpu as hals_cpu
@@ -150,8 +156,14 @@ def test_nmf_default_schedule_follows_sklearn_cd_from_the_same_start(cnmf_matrix
     ours = fit_hals(CPU, op, k, seeds).rel_errors
     for r in range(len(seeds)):
         w, h, _ = non_negative_factorization(
-            cnmf_matrix, W=w0[:, r, :].copy(), H=h0[:, r, :].T.copy(), n_components=k, init="custom", solver="cd",
-            tol=1e-4, max_iter=1000,
+            cnmf_matrix,
+            W=w0[:, r, :].copy(),
+            H=h0[:, r, :].T.copy(),
+            n_components=k,
+            init="custom",
+            solver="cd",
+            tol=1e-4,
+            max_iter=1000,
         )
         ref = ((cnmf_matrix - w @ h) ** 2).sum() / op.norm2
         assert ours[r] == pytest.approx(ref, abs=2e-5), r
@@ -159,8 +171,12 @@ def test_nmf_default_schedule_follows_sklearn_cd_from_the_same_start(cnmf_matrix
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"update_order": "genes"}, "update_order="), ({"warmup": -1}, "warmup="), ({"warmup": 2.5}, "warmup="),
-     ({"warmup": True}, "warmup=")],
+    [
+        ({"update_order": "genes"}, "update_order="),
+        ({"warmup": -1}, "warmup="),
+        ({"warmup": 2.5}, "warmup="),
+        ({"warmup": True}, "warmup="),
+    ],
 )
 def test_nmf_fit_hals_rejects_bad_schedule(cnmf_matrix, kwargs, match):
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix))
@@ -264,7 +280,11 @@ def test_nmf_consensus_too_few_components(cnmf_matrix):
     assert res.n_dropped == 0
 
 
-@pytest.mark.parametrize("schedule", [{}, {"update_order": "spectra", "warmup": 0}, {"extrapolate": False}], ids=["default", "spectra-w0", "plain"])
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, {"update_order": "spectra", "warmup": 0}, {"extrapolate": False}],
+    ids=["default", "spectra-w0", "plain"],
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dtype, schedule):
     # the numba-fused half-iterations (sparse V, extrapolation) follow the same iterates as the generic xp code

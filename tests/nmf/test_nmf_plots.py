@@ -18,7 +18,9 @@ import gpuc
 def fitted(program_factory):
     ad = program_factory(seed=4)
     gpuc.tl.nmf_k_sweep(ad, [2, 3, 4], n_runs=4, layer="counts", device="cpu")
-    gpuc.tl.nmf_k_sweep(ad, [2, 3], n_runs=3, layer="counts", device="cpu", density_threshold=0.0, key_added="failed_sweep")
+    gpuc.tl.nmf_k_sweep(
+        ad, [2, 3], n_runs=3, layer="counts", device="cpu", density_threshold=0.0, key_added="failed_sweep"
+    )
     gpuc.tl.consensus_nmf(ad, 3, n_runs=6, layer="counts", device="cpu", density_threshold=0.3)
     ad.obsm["X_umap"] = np.random.default_rng(0).normal(size=(ad.n_obs, 2))
     return ad

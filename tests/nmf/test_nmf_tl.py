@@ -44,7 +44,16 @@ def _assert_unchanged(ad: AnnData, snap: dict) -> None:
 
 def test_nmf_consensus_nmf_cnmf_settings_match_cnmf(cnmf_counts, cnmf_k7_spectra):
     ad = cnmf_counts.copy()
-    gpuc.tl.consensus_nmf(ad, 7, n_runs=20, preprocessing="sd", metric="euclidean", density_threshold=0.5, normalization="sum", device="cpu")
+    gpuc.tl.consensus_nmf(
+        ad,
+        7,
+        n_runs=20,
+        preprocessing="sd",
+        metric="euclidean",
+        density_threshold=0.5,
+        normalization="sum",
+        device="cpu",
+    )
     spectra = ad.varm["nmf_spectra"].T
     np.testing.assert_allclose(spectra.sum(axis=1), 1.0, rtol=1e-12)
     a = cnmf_k7_spectra / np.linalg.norm(cnmf_k7_spectra, axis=1, keepdims=True)
@@ -65,7 +74,17 @@ def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
     assert (ad.varm["nmf_spectra"][~hv] == 0).all()
     assert (ad.obsm["X_nmf"] >= 0).all()
     u = ad.uns["nmf"]
-    assert set(u["params"]) >= {"k", "n_runs", "layer", "preprocessing", "density_threshold", "metric", "random_state", "warmup", "update_order"}
+    assert set(u["params"]) >= {
+        "k",
+        "n_runs",
+        "layer",
+        "preprocessing",
+        "density_threshold",
+        "metric",
+        "random_state",
+        "warmup",
+        "update_order",
+    }
     assert u["params"]["update_order"] == "usages" and u["params"]["warmup"] == WARMUP
     comp = u["components"]
     assert list(comp.columns) == ["run", "component", "cluster", "local_density", "silhouette", "kept"]
@@ -132,14 +151,25 @@ def test_nmf_k_sweep_table_and_independence(programs):
     ad = programs
     gpuc.tl.nmf_k_sweep(ad, range(2, 6), n_runs=4, layer="counts", device="cpu", random_state=3)
     t = ad.uns["nmf_k_sweep"]["table"]
-    assert list(t.columns) == ["k", "stability", "best_error", "median_error", "consensus_failed", "n_dropped", "n_empty_clusters", "n_converged"]
+    assert list(t.columns) == [
+        "k",
+        "stability",
+        "best_error",
+        "median_error",
+        "consensus_failed",
+        "n_dropped",
+        "n_empty_clusters",
+        "n_converged",
+    ]
     assert t["k"].tolist() == [2, 3, 4, 5]
     assert (t["best_error"] <= t["median_error"]).all()
     assert t["median_error"].is_monotonic_decreasing
     # the planted rank is the most stable k above 2
     assert t.set_index("k")["stability"].loc[3] > 0.95
     # a k's row does not depend on which other ks are in the sweep
-    alone = gpuc.tl.nmf_k_sweep(ad, [4], n_runs=4, layer="counts", device="cpu", random_state=3, copy=True).uns["nmf_k_sweep"]["table"]
+    alone = gpuc.tl.nmf_k_sweep(ad, [4], n_runs=4, layer="counts", device="cpu", random_state=3, copy=True).uns[
+        "nmf_k_sweep"
+    ]["table"]
     row = t.set_index("k").loc[4]
     assert alone["stability"].iloc[0] == pytest.approx(row["stability"], abs=1e-12)
     assert alone["median_error"].iloc[0] == pytest.approx(row["median_error"], rel=1e-12)
@@ -198,7 +228,9 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "kwargs", "match"), BAD_INPUT, ids=[f"{b[0]}-{next(iter(b[1]), '')}" for b in BAD_INPUT])
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "match"), BAD_INPUT, ids=[f"{b[0]}-{next(iter(b[1]), '')}" for b in BAD_INPUT]
+)
 def test_nmf_consensus_nmf_bad_input_leaves_adata_unchanged(programs, kind, kwargs, match):
     ad = _bad(programs, kind) if kind else programs[:, :]
     ad = ad.copy()
@@ -236,8 +268,12 @@ def test_nmf_missing_hvg_column(programs):
 def test_nmf_dense_and_sparse_input_agree(programs):
     dense = programs.copy()
     dense.layers["counts"] = dense.layers["counts"].toarray()
-    a = gpuc.tl.consensus_nmf(programs, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True)
-    b = gpuc.tl.consensus_nmf(dense, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True)
+    a = gpuc.tl.consensus_nmf(
+        programs, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True
+    )
+    b = gpuc.tl.consensus_nmf(
+        dense, 3, n_runs=4, layer="counts", preprocessing="sqrt_sd", device="cpu", dtype="float64", copy=True
+    )
     np.testing.assert_allclose(a.obsm["X_nmf"], b.obsm["X_nmf"], rtol=1e-6, atol=1e-8)
     assert a.uns["nmf"]["stability"] == pytest.approx(b.uns["nmf"]["stability"], abs=1e-9)
 

@@ -203,7 +203,15 @@ def _fit_nb_glm(
         start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], sf, x), start)
         start = xp.clip(start, -large, large)
         b, b_conv = fit_nb_glm_bounded(
-            bk, y[ridx], sf, x, alpha[ridx], lam=lam, beta_init=start, min_mu=min_mu, bound=large * LN2,
+            bk,
+            y[ridx],
+            sf,
+            x,
+            alpha[ridx],
+            lam=lam,
+            beta_init=start,
+            min_mu=min_mu,
+            bound=large * LN2,
             maxit=2 * maxit,
         )
         beta[ridx] = b

@@ -45,7 +45,9 @@ def nmf_top_genes(adata: AnnData, n: int = 20, *, key: str = _keys.NMF, wide: bo
     genes = np.asarray(adata.var_names)
     order = np.argsort(-spectra, axis=0, kind="stable")[:n]  # (n, k)
     if wide:
-        return pd.DataFrame({p: genes[order[:, j]] for j, p in enumerate(names)}, index=pd.RangeIndex(1, n + 1, name="rank"))
+        return pd.DataFrame(
+            {p: genes[order[:, j]] for j, p in enumerate(names)}, index=pd.RangeIndex(1, n + 1, name="rank")
+        )
     rows = {
         "program": np.repeat(names, n),
         "rank": np.tile(np.arange(1, n + 1), len(names)),

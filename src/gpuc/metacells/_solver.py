@@ -205,9 +205,7 @@ def _picked_kernel_columns(backend: Backend, kmat: Any, picked: Any) -> Any:
     return ka
 
 
-def _update_b_restricted(
-    backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any
-) -> Any:
+def _update_b_restricted(backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any) -> Any:
     """The ``gradient="restricted"`` B-update of :func:`update_b` (CPU, numba kernels); ``s_csr`` is K A^T."""
     sparse = backend.sparse
     n, k = s_csr.shape

@@ -204,7 +204,9 @@ def consensus(
     n_runs = fits.usages.shape[1]
     if density is None:
         pool, run, comp = pool_components(backend, fits, target)
-        density = local_density(hb, hb.asarray(backend.to_host(pool)), run, comp, n_runs, metric=metric, neighborhood=neighborhood)
+        density = local_density(
+            hb, hb.asarray(backend.to_host(pool)), run, comp, n_runs, metric=metric, neighborhood=neighborhood
+        )
     dens = density.density
     kept = np.isfinite(dens) & (dens < density_threshold)
     n_kept = int(kept.sum())
@@ -240,8 +242,18 @@ def consensus(
     # refit the partner factor with the consensus fixed
     if not refit:  # k sweep: only the diagnostics are needed
         sizes = np.bincount(labels_h, minlength=k)
-        return ConsensusResult(np.empty((0, k)), np.empty((k, 0)), stability, float("nan"), float("nan"), sizes,
-                               int(n_total - n_kept), int(n_empty), {}, {"n_neighbors": density.n_neighbors})
+        return ConsensusResult(
+            np.empty((0, k)),
+            np.empty((k, 0)),
+            stability,
+            float("nan"),
+            float("nan"),
+            sizes,
+            int(n_total - n_kept),
+            int(n_empty),
+            {},
+            {"n_neighbors": density.n_neighbors},
+        )
     if target == "spectra":
         spectra = centres  # (k, n)
         usages, loss = nnls_refit(backend, op, spectra, max_iter=refit_max_iter, tol=refit_tol)
@@ -304,8 +316,9 @@ class KSweepRow:
 SWEEP_BATCH_BYTES = 1 << 30  # factor state of one batch of a k sweep (see sweep_batches)
 
 
-def sweep_batches(ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsize: int,
-                  budget_bytes: int = SWEEP_BATCH_BYTES) -> list[list[int]]:
+def sweep_batches(
+    ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsize: int, budget_bytes: int = SWEEP_BATCH_BYTES
+) -> list[list[int]]:
     """Split the ranks of a sweep into batches fitted together, each holding at most ``budget_bytes`` of factors.
 
     A batch of ranks holds ``C = n_runs * sum(k)`` factor columns of ``m + n`` rows in about six arrays (current,
@@ -368,8 +381,16 @@ def run_ks(
 
     groups = [(int(k), [derive_seed(random_state, int(k), i) for i in range(n_runs)]) for k in ks]
     return fit_hals_groups(
-        backend, op, groups, max_iter=max_iter, tol=tol, eps=eps, extrapolate=extrapolate, warmup=warmup,
-        update_order=update_order, progress=progress,
+        backend,
+        op,
+        groups,
+        max_iter=max_iter,
+        tol=tol,
+        eps=eps,
+        extrapolate=extrapolate,
+        warmup=warmup,
+        update_order=update_order,
+        progress=progress,
     )
 
 
@@ -387,4 +408,6 @@ def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consen
     except ConsensusError:
         n_runs = fits.usages.shape[1]
         return KSweepRow(k, float("nan"), float(np.min(rel)), float(np.median(rel)), True, k * n_runs, 0, n_conv)
-    return KSweepRow(k, res.stability, float(np.min(rel)), float(np.median(rel)), False, res.n_dropped, res.n_empty_clusters, n_conv)
+    return KSweepRow(
+        k, res.stability, float(np.min(rel)), float(np.median(rel)), False, res.n_dropped, res.n_empty_clusters, n_conv
+    )

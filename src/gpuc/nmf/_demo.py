@@ -22,16 +22,34 @@ def run(ctx: Any) -> list[dict]:
     table = adata.uns["nmf_k_sweep"]["table"]
     secs = round(time.perf_counter() - t0, 2)
     stab = " ".join(f"{int(r.k)}:{r.stability:.2f}" for r in table.itertuples())
-    rows.append({"what": f"k sweep {K_RANGE.start}..{K_RANGE.stop - 1} x 10 runs: stability per k", "value": stab, "seconds": secs})
+    rows.append(
+        {
+            "what": f"k sweep {K_RANGE.start}..{K_RANGE.stop - 1} x 10 runs: stability per k",
+            "value": stab,
+            "seconds": secs,
+        }
+    )
     ctx.savefig(gpuc.pl.nmf_k_sweep(adata, show=False), "nmf_k_sweep.png")
 
     t0 = time.perf_counter()
     gpuc.tl.consensus_nmf(adata, K, n_runs=20, **common)
     u = adata.uns["nmf"]
     secs = round(time.perf_counter() - t0, 2)
-    rows.append({"what": f"consensus k={K} x 20 runs: stability / rel. error / dropped", "value": f"{u['stability']:.3f} / {u['rel_error']:.4f} / {u['n_dropped']} of {len(u['components'])}", "seconds": secs})
+    rows.append(
+        {
+            "what": f"consensus k={K} x 20 runs: stability / rel. error / dropped",
+            "value": f"{u['stability']:.3f} / {u['rel_error']:.4f} / {u['n_dropped']} of {len(u['components'])}",
+            "seconds": secs,
+        }
+    )
     top = gpuc.get.nmf_top_genes(adata, 3, wide=True)
-    rows.append({"what": "top 3 genes per programme", "value": "; ".join(f"{p}: {','.join(top[p])}" for p in top.columns), "seconds": 0.0})
+    rows.append(
+        {
+            "what": "top 3 genes per programme",
+            "value": "; ".join(f"{p}: {','.join(top[p])}" for p in top.columns),
+            "seconds": 0.0,
+        }
+    )
     ctx.savefig(gpuc.pl.nmf_usage(adata, basis="umap", show=False), "nmf_usage_umap.png")
     ctx.savefig(gpuc.pl.nmf_programs(adata, n_genes=8, show=False), "nmf_programs.png")
     ctx.shared["nmf"] = {"k": K, "stability": u["stability"]}
@@ -44,9 +62,17 @@ def run(ctx: Any) -> list[dict]:
             t0 = time.perf_counter()
             mc = mc[:, np.asarray(mc.X.sum(axis=0)).ravel() > 0].copy()  # genes no metacell expresses cannot be scaled
             use_hv = "highly_variable" in mc.var
-            gpuc.tl.consensus_nmf(mc, K, n_runs=20, use_highly_variable=use_hv, preprocessing="sd", device=ctx.device, random_state=0)
+            gpuc.tl.consensus_nmf(
+                mc, K, n_runs=20, use_highly_variable=use_hv, preprocessing="sd", device=ctx.device, random_state=0
+            )
             um = mc.uns["nmf"]
-            rows.append({"what": f"metacells ({mc.n_obs}) consensus k={K}: stability / rel. error", "value": f"{um['stability']:.3f} / {um['rel_error']:.4f}", "seconds": round(time.perf_counter() - t0, 2)})
+            rows.append(
+                {
+                    "what": f"metacells ({mc.n_obs}) consensus k={K}: stability / rel. error",
+                    "value": f"{um['stability']:.3f} / {um['rel_error']:.4f}",
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
             if "X_umap" in mc.obsm:
                 ctx.savefig(gpuc.pl.nmf_usage(mc, basis="umap", show=False), "nmf_usage_metacells.png")
         except ValueError as err:  # e.g. too few metacells for k, or an all-zero gene across metacells

@@ -283,7 +283,7 @@ class _Layout:
 
 def _block(x: Any, k: int, nr: int, c0: int) -> Any:
     """Columns ``c0:c0 + nr*k`` of a flat ``(rows, C)`` array as ``(rows, nr, k)`` (a view for numpy and CuPy)."""
-    return x[:, c0:c0 + nr * k].reshape(x.shape[0], nr, k)
+    return x[:, c0 : c0 + nr * k].reshape(x.shape[0], nr, k)
 
 
 def _sweep_blocks(xp: Any, x: Any, q: Any, grams: list[Any], layout: _Layout, eps: float, inner_sweeps: int) -> None:
@@ -293,7 +293,7 @@ def _sweep_blocks(xp: Any, x: Any, q: Any, grams: list[Any], layout: _Layout, ep
         qb = _block(q, k, nr, c0)
         for _ in range(inner_sweeps):
             sweep(xp, xb, qb, g, eps)
-        x[:, c0:c0 + nr * k] = xb.reshape(x.shape[0], nr * k)  # no-op for a view; writes back if reshape copied
+        x[:, c0 : c0 + nr * k] = xb.reshape(x.shape[0], nr * k)  # no-op for a view; writes back if reshape copied
 
 
 def fit_hals(
@@ -441,10 +441,33 @@ def fit_hals_groups(
             spectra_half, usage_half = fused
             vt, v = op.vt, op.v
             b_use = np.zeros(ra, dtype=dt) if plain else beta
-            d64 = spectra_half(vt.indptr, vt.indices, vt.data, w_hat, g_what.astype(dt), ht, h_hat, b_use,
-                               not (check or plain), eps, *layout.kernel_args, inner_sweeps)
-            cross, g_new, g_what = usage_half(v.indptr, v.indices, v.data, h_hat, d64.astype(dt), w, w_hat, b_use,
-                                              eps, *layout.kernel_args, inner_sweeps)
+            d64 = spectra_half(
+                vt.indptr,
+                vt.indices,
+                vt.data,
+                w_hat,
+                g_what.astype(dt),
+                ht,
+                h_hat,
+                b_use,
+                not (check or plain),
+                eps,
+                *layout.kernel_args,
+                inner_sweeps,
+            )
+            cross, g_new, g_what = usage_half(
+                v.indptr,
+                v.indices,
+                v.data,
+                h_hat,
+                d64.astype(dt),
+                w,
+                w_hat,
+                b_use,
+                eps,
+                *layout.kernel_args,
+                inner_sweeps,
+            )
             e = op.norm2 - 2.0 * cross + _quad_terms(g_new, d64, layout)
             if plain:
                 e_prev = e
@@ -461,8 +484,15 @@ def fit_hals_groups(
         else:
             at = _product(xp, op.tdot, w_hat, layout, op.sparse)
             h_new = h_hat.copy()
-            _sweep_blocks(xp, h_new, at, [gram(xp, _block(w_hat, k, nr, c)) for k, _, nr, c in layout.blocks],
-                          layout, eps, inner_sweeps)
+            _sweep_blocks(
+                xp,
+                h_new,
+                at,
+                [gram(xp, _block(w_hat, k, nr, c)) for k, _, nr, c in layout.blocks],
+                layout,
+                eps,
+                inner_sweeps,
+            )
             # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
             bt = xp.take(beta, col_run)[None, :]
             h_hat = h_new if (check or plain) else h_new + bt * (h_new - ht)
@@ -471,10 +501,12 @@ def fit_hals_groups(
             d = [gram(xp, _block(h_hat, k, nr, c0)) for k, _, nr, c0 in layout.blocks]
             w_new = w_hat.copy()
             _sweep_blocks(xp, w_new, c, d, layout, eps, inner_sweeps)
-            e = xp.concatenate([
-                _run_losses(xp, op.norm2, _block(w_new, k, nr, c0), _block(c, k, nr, c0), db)
-                for (k, _, nr, c0), db in zip(layout.blocks, d, strict=True)
-            ])
+            e = xp.concatenate(
+                [
+                    _run_losses(xp, op.norm2, _block(w_new, k, nr, c0), _block(c, k, nr, c0), db)
+                    for (k, _, nr, c0), db in zip(layout.blocks, d, strict=True)
+                ]
+            )
             if plain:
                 w_hat = w_new
                 e_prev = e
@@ -505,7 +537,7 @@ def fit_hals_groups(
         if not done.any():
             continue
         for k, r0, nr, c0 in layout.blocks:  # finished runs of each block -> their group's outputs
-            local = np.flatnonzero(done[r0:r0 + nr])
+            local = np.flatnonzero(done[r0 : r0 + nr])
             if len(local) == 0:
                 continue
             g = int(gid_run[active[r0]])
@@ -545,8 +577,9 @@ def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
     """
     if sparse:
         return _as_dense(xp, dot(x))
-    return xp.concatenate([_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0:c0 + nr * k])))
-                           for k, _, nr, c0 in layout.blocks], axis=1)
+    return xp.concatenate(
+        [_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k]))) for k, _, nr, c0 in layout.blocks], axis=1
+    )
 
 
 def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -556,9 +589,9 @@ def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarr
     """
     out = np.empty(len(layout.ks))
     for k, r0, nr, _ in layout.blocks:
-        a = np.ascontiguousarray(g_new[r0:r0 + nr, :k, :k])
-        b = np.ascontiguousarray(d64[r0:r0 + nr, :k, :k])
-        out[r0:r0 + nr] = (a * b).sum(axis=(1, 2))
+        a = np.ascontiguousarray(g_new[r0 : r0 + nr, :k, :k])
+        b = np.ascontiguousarray(d64[r0 : r0 + nr, :k, :k])
+        out[r0 : r0 + nr] = (a * b).sum(axis=(1, 2))
     return out
 
 
@@ -566,7 +599,7 @@ def _padded_grams(xp: Any, x: Any, layout: _Layout, kmax: int) -> Any:
     """Per-run Grams of the flat ``x`` as float64 ``(R, kmax, kmax)``, zero-padded past each run's rank."""
     out = xp.zeros((len(layout.ks), kmax, kmax), dtype=xp.float64)
     for k, r0, nr, c0 in layout.blocks:
-        out[r0:r0 + nr, :k, :k] = gram(xp, _block(x, k, nr, c0)).astype(xp.float64)
+        out[r0 : r0 + nr, :k, :k] = gram(xp, _block(x, k, nr, c0)).astype(xp.float64)
     return out
 
 

@@ -154,7 +154,9 @@ def kernels(numba: Any) -> Any:
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def spectra_half(indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner):  # pragma: no cover
+    def spectra_half(
+        indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner
+    ):  # pragma: no cover
         """Spectra half-iteration on the rows (genes) of ``V^T``: ``h_new = sweep(h_hat; V^T w_hat, W^T W)``;
         ``h_hat <- h_new + beta (h_new - ht)`` (or ``h_new`` when not ``extrap``); ``ht <- h_new``.
         ``w_hat``, ``ht``, ``h_hat`` are ``(rows, C)``; run ``r`` owns columns ``roff[r]:roff[r] + rk[r]``. Runs are
@@ -200,7 +202,9 @@ def kernels(numba: Any) -> Any:
         return _finish_gram(part, gk, gr0, gnr, n_runs)
 
     @numba.njit(cache=True, nogil=True)
-    def usage_half(indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, rk, roff, n_inner):  # pragma: no cover
+    def usage_half(
+        indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, rk, roff, n_inner
+    ):  # pragma: no cover
         """Usage half-iteration on the rows (cells) of ``V``: ``w_new = sweep(w_hat; V h_hat, H H^T)``; then
         ``w_hat <- w_new + beta (w_new - w)`` and ``w <- w_new``. Layout as in ``spectra_half``. Returns float64
         ``cross (R,) = <w_new, V h_hat>``, ``gram_new = w_new^T w_new`` and ``gram_hat = w_hat^T w_hat`` (padded

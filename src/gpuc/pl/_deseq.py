@@ -91,7 +91,8 @@ def volcano(
     ax.set_xlabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
     ax.set_ylabel("-log10 p-value")
     ax.set_title(
-        str(contrast) if contrast is not None else _keys.decode_name(next(iter(_entry(adata, key, group)["results"]))), fontsize=9
+        str(contrast) if contrast is not None else _keys.decode_name(next(iter(_entry(adata, key, group)["results"]))),
+        fontsize=9,
     )
     ax.legend(frameon=False, fontsize=8, markerscale=2)
     return finish(ax, show)

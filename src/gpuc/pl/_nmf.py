@@ -126,8 +126,11 @@ def nmf_density(
         ax.axvline(thr, color="red", ls="--", label=f"threshold {thr:g}")
         ax.legend(frameon=False, fontsize=8)
     metric = u["params"].get("metric", "")
-    ax.set(xlabel=f"local density (mean {metric} distance to {u.get('n_neighbors', '?')} neighbours)", ylabel="components",
-           title=f"{n_drop} of {dens.size} dropped")
+    ax.set(
+        xlabel=f"local density (mean {metric} distance to {u.get('n_neighbors', '?')} neighbours)",
+        ylabel="components",
+        title=f"{n_drop} of {dens.size} dropped",
+    )
     return finish(ax, show)
 
 
@@ -217,7 +220,9 @@ def nmf_programs(
     k = len(names)
     if ax is None:
         nrow = int(np.ceil(k / ncols))
-        fig, axes = plt.subplots(nrow, min(ncols, k), figsize=(2.6 * min(ncols, k), 0.22 * n_genes * nrow + 0.9 * nrow), squeeze=False)
+        fig, axes = plt.subplots(
+            nrow, min(ncols, k), figsize=(2.6 * min(ncols, k), 0.22 * n_genes * nrow + 0.9 * nrow), squeeze=False
+        )
         axes = axes.ravel()
     else:
         axes = np.ravel(ax)
@@ -301,12 +306,14 @@ def nmf_usage(
         fig = axes[0].figure
     for a, j in zip(axes, sel, strict=False):
         order = np.argsort(usage[:, j])
-        sc_ = a.scatter(emb[order, 0], emb[order, 1], c=usage[order, j], s=size, cmap=cmap, linewidths=0, rasterized=True)
+        sc_ = a.scatter(
+            emb[order, 0], emb[order, 1], c=usage[order, j], s=size, cmap=cmap, linewidths=0, rasterized=True
+        )
         fig.colorbar(sc_, ax=a, fraction=0.046, pad=0.02)
         a.set(xticks=[], yticks=[], title=names[j])
         a.set_xlabel(f"{basis.upper()}1", fontsize=7)
         a.set_ylabel(f"{basis.upper()}2", fontsize=7)
-    for a in axes[len(sel):]:
+    for a in axes[len(sel) :]:
         a.set_visible(False)
     fig.tight_layout()
     return finish(fig, show)

@@ -263,7 +263,9 @@ def deseq(
     backend = get_backend(device, counts)
     check_memory(
         backend,
-        deseq_peak_bytes(adata.n_obs if groupby is None else int(adata.obs[groupby].value_counts().max()), adata.n_vars),
+        deseq_peak_bytes(
+            adata.n_obs if groupby is None else int(adata.obs[groupby].value_counts().max()), adata.n_vars
+        ),
         f"DESeq2 on {adata.n_obs} samples x {adata.n_vars} genes",
         "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group), or fit subsets "
         "of genes separately.",
@@ -436,7 +438,9 @@ def _warn_not_converged(outputs: list, max_iter: int) -> None:
     """One :class:`ConvergenceWarning` for the genes whose GLM stopped at ``max_iter`` (all groups together)."""
     parts = []
     for g, _, _, fit, *_ in outputs:
-        n_bad = int((~np.asarray(fit.genes["betaConv"], dtype=bool) & ~np.asarray(fit.genes["allZero"], dtype=bool)).sum())
+        n_bad = int(
+            (~np.asarray(fit.genes["betaConv"], dtype=bool) & ~np.asarray(fit.genes["allZero"], dtype=bool)).sum()
+        )
         if n_bad:
             parts.append(f"{n_bad}" + ("" if g is None else f" in group {g!r}"))
     if parts:

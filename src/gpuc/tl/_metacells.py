@@ -292,7 +292,12 @@ def metacells(
     backend = get_backend(device, x)
     # groups are fitted one after the other: the largest fit bounds the peak
     need, g_big, n_big, k_big = max(
-        (metacells_peak_bytes(idx.size, k, n_neighbors=n_neighbors, fw_iters=fw_iters, gpu=backend.is_gpu), str(g), idx.size, k)
+        (
+            metacells_peak_bytes(idx.size, k, n_neighbors=n_neighbors, fw_iters=fw_iters, gpu=backend.is_gpu),
+            str(g),
+            idx.size,
+            k,
+        )
         for g, idx, k in plan
     )
     check_memory(

@@ -76,7 +76,9 @@ def _sparse_of(x: Any) -> Any:
     return scipy.sparse
 
 
-def _prepare_block(adata: AnnData, layer: str | None, use_highly_variable: bool, preprocessing: str) -> tuple[Any, np.ndarray]:
+def _prepare_block(
+    adata: AnnData, layer: str | None, use_highly_variable: bool, preprocessing: str
+) -> tuple[Any, np.ndarray]:
     """Extract, check and (optionally) scale the cells x genes block that is factorised. Touches nothing in ``adata``.
 
     Returns the block (same array family as the input: numpy/scipy or cupy/cupyx; float) and the gene mask.
@@ -150,8 +152,16 @@ def _prepare_block(adata: AnnData, layer: str | None, use_highly_variable: bool,
 
 
 def _check_common(
-    n_runs: int, density_threshold: float, metric: str, target: str, normalization: str, max_iter: int, tol: float,
-    extrapolate: bool = True, warmup: int = 0, update_order: str = "usages",
+    n_runs: int,
+    density_threshold: float,
+    metric: str,
+    target: str,
+    normalization: str,
+    max_iter: int,
+    tol: float,
+    extrapolate: bool = True,
+    warmup: int = 0,
+    update_order: str = "usages",
 ) -> None:
     check_int("n_runs", n_runs, minimum=2)
     if not isinstance(extrapolate, bool):
@@ -347,8 +357,17 @@ def nmf_k_sweep(
         ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
         hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
         fits_of = run_ks(
-            backend, op, batch, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate,
-            warmup=warmup, update_order=update_order, progress=hals_bar.update,
+            backend,
+            op,
+            batch,
+            n_runs,
+            random_state,
+            max_iter=max_iter,
+            tol=tol,
+            extrapolate=extrapolate,
+            warmup=warmup,
+            update_order=update_order,
+            progress=hals_bar.update,
         )
         hals_bar.close()
         logg.debug(
@@ -357,15 +376,24 @@ def nmf_k_sweep(
         )
         for k, fits in zip(batch, fits_of, strict=True):
             row = sweep_row(
-                backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
-                kmeans_n_init=kmeans_n_init, random_state=random_state,
+                backend,
+                op,
+                fits,
+                k,
+                target=target,
+                metric=metric,
+                density_threshold=float(density_threshold),
+                kmeans_n_init=kmeans_n_init,
+                random_state=random_state,
             )
             rows.append(vars(row))
             bar.update(1)
     bar.close()
     table = pd.DataFrame(rows)
     if table["consensus_failed"].any():
-        logg.warning(f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)")
+        logg.warning(
+            f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)"
+        )
     if (table["n_empty_clusters"] > 0).any():
         logg.warning(f"empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}")
     _warn_not_converged(dict(zip(table["k"], n_runs - table["n_converged"], strict=True)), n_runs, max_iter, tol)
@@ -373,11 +401,22 @@ def nmf_k_sweep(
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = {
         "params": {
-            "k_range": np.asarray(ks, dtype=np.int64), "n_runs": n_runs, "layer": layer,
-            "use_highly_variable": use_highly_variable, "preprocessing": preprocessing,
-            "density_threshold": float(density_threshold), "metric": metric, "target": target, "max_iter": max_iter,
-            "tol": float(tol), "extrapolate": extrapolate, "warmup": warmup, "update_order": update_order,
-            "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype), "random_state": random_state,
+            "k_range": np.asarray(ks, dtype=np.int64),
+            "n_runs": n_runs,
+            "layer": layer,
+            "use_highly_variable": use_highly_variable,
+            "preprocessing": preprocessing,
+            "density_threshold": float(density_threshold),
+            "metric": metric,
+            "target": target,
+            "max_iter": max_iter,
+            "tol": float(tol),
+            "extrapolate": extrapolate,
+            "warmup": warmup,
+            "update_order": update_order,
+            "kmeans_n_init": kmeans_n_init,
+            "dtype": str(op.dtype),
+            "random_state": random_state,
             "device": backend.name,
         },
         "table": table,
@@ -482,7 +521,9 @@ def consensus_nmf(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    _check_common(n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order)
+    _check_common(
+        n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order
+    )
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     check_int("random_state", random_state)
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
@@ -498,14 +539,31 @@ def consensus_nmf(
     t0 = time.perf_counter()
     bar = progress(total=max_iter, desc=f"HALS k={k}")
     fits = run_k(
-        backend, op, k, n_runs, random_state, max_iter=max_iter, tol=tol, extrapolate=extrapolate, warmup=warmup,
-        update_order=update_order, progress=bar.update,
+        backend,
+        op,
+        k,
+        n_runs,
+        random_state,
+        max_iter=max_iter,
+        tol=tol,
+        extrapolate=extrapolate,
+        warmup=warmup,
+        update_order=update_order,
+        progress=bar.update,
     )
     bar.close()
     try:
         res = consensus(
-            backend, op, fits, k, target=target, metric=metric, density_threshold=float(density_threshold),
-            neighborhood=float(neighborhood), normalization=normalization, kmeans_n_init=kmeans_n_init,
+            backend,
+            op,
+            fits,
+            k,
+            target=target,
+            metric=metric,
+            density_threshold=float(density_threshold),
+            neighborhood=float(neighborhood),
+            normalization=normalization,
+            kmeans_n_init=kmeans_n_init,
             random_state=random_state,
         )
     except ConsensusError as err:
@@ -523,12 +581,25 @@ def consensus_nmf(
     adata.varm[_keys.nmf_spectra(key_added)] = spectra
     adata.uns[key_added] = {
         "params": {
-            "k": k, "n_runs": n_runs, "layer": layer, "use_highly_variable": use_highly_variable,
-            "preprocessing": preprocessing, "density_threshold": float(density_threshold), "metric": metric,
-            "target": target, "normalization": normalization, "neighborhood": float(neighborhood),
-            "max_iter": max_iter, "tol": float(tol), "extrapolate": extrapolate, "warmup": warmup, "update_order": update_order,
-            "kmeans_n_init": kmeans_n_init, "dtype": str(op.dtype),
-            "random_state": random_state, "device": backend.name,
+            "k": k,
+            "n_runs": n_runs,
+            "layer": layer,
+            "use_highly_variable": use_highly_variable,
+            "preprocessing": preprocessing,
+            "density_threshold": float(density_threshold),
+            "metric": metric,
+            "target": target,
+            "normalization": normalization,
+            "neighborhood": float(neighborhood),
+            "max_iter": max_iter,
+            "tol": float(tol),
+            "extrapolate": extrapolate,
+            "warmup": warmup,
+            "update_order": update_order,
+            "kmeans_n_init": kmeans_n_init,
+            "dtype": str(op.dtype),
+            "random_state": random_state,
+            "device": backend.name,
         },
         "stability": res.stability,
         "rel_error": res.rel_error,
@@ -546,8 +617,11 @@ def consensus_nmf(
         "seconds": time.perf_counter() - t0,
     }
     logg.info(
-        "    finished", time=start,
-        deep=(f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'varm[{_keys.nmf_spectra(key_added)!r}]', "
-              f"'uns[{key_added!r}]' (stability {res.stability:.3f}, {res.n_dropped}/{len(comp)} dropped)"),
+        "    finished",
+        time=start,
+        deep=(
+            f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'varm[{_keys.nmf_spectra(key_added)!r}]', "
+            f"'uns[{key_added!r}]' (stability {res.stability:.3f}, {res.n_dropped}/{len(comp)} dropped)"
+        ),
     )
     return adata if copy else None
