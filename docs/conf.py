@@ -10,7 +10,7 @@ author = "gpuc developers"
 copyright = f"{date.today():%Y}, {author}"
 try:
     release = _version("gpuc")
-except Exception:  # noqa: BLE001 - building docs from a source tree
+except Exception:
     release = "0.0.0"
 
 extensions = [
