@@ -161,7 +161,7 @@ def timings() -> None:
     ad = AnnData(x)
     log(f"matrix {x.shape}, nnz {x.nnz} ({x.nnz / np.prod(x.shape):.3f})")
     RESULT["matrix"] = {"shape": list(x.shape), "nnz": int(x.nnz)}
-    kw = {"use_highly_variable": False, "density_threshold": 2.0, "copy": True}
+    kw = {"mask_var": None, "density_threshold": 2.0, "copy": True}
     # warm-up (CuPy kernel compilation) on a small problem of the same dtypes
     sub = x[:500]
     sub = AnnData(sub[:, np.flatnonzero(np.asarray(sub.sum(0)).ravel() > 0)])

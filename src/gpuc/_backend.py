@@ -99,6 +99,11 @@ def resolve_device(device: Device | None = None, data: Any = None) -> Literal["c
     return "gpu" if gpu_available() else "cpu"
 
 
+def backend_of(x: Any) -> Backend:
+    """The :class:`Backend` of the device where ``x`` lives (the GPU for cupy / cupyx arrays, else the CPU)."""
+    return _backend_for("gpu" if is_cupy_array(x) else "cpu")
+
+
 def get_backend(device: Device | None = None, data: Any = None) -> Backend:
     """Return the :class:`Backend` for ``device`` (see :func:`resolve_device`)."""
     return _backend_for(resolve_device(device, data))

@@ -62,6 +62,9 @@ def metacell_quality(key: str) -> str:
     return f"{key}_quality"
 
 
+METACELL_SOURCE = "metacell_source"  # uns[key] of the AnnData returned by gpuc.tl.aggregate_metacells
+
+
 def metacell_outputs(key: str) -> dict[str, list[str]]:
     """Everything :func:`gpuc.tl.metacells` writes under ``key``, and the default quality table derived from it."""
     return {
@@ -152,6 +155,8 @@ def deseq_outputs(key: str) -> dict[str, list[str]]:
         "uns": [key],
     }
 
+
+PSEUDOBULK = "pseudobulk"  # uns[key] of the AnnData returned by gpuc.tl.pseudobulk
 
 VST = "vst"  # layers[key] and uns[key] of gpuc.tl.vst
 

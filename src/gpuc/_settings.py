@@ -16,7 +16,9 @@ class _Settings:
     device
         Default for every ``device=None`` argument: ``"auto"`` (GPU if usable, else CPU), ``"cpu"`` or ``"gpu"``.
     progress
-        Show tqdm progress bars for long computations.
+        Show tqdm progress bars for long computations. Bars show only when this is True, Scanpy's verbosity is
+        at its default (``warning``) or above, and the output is a terminal or a notebook; set it to False (or
+        ``sc.settings.verbosity = 0``) to hide them.
     """
 
     _device: str = "auto"

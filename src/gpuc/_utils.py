@@ -21,10 +21,26 @@ def derive_seed(random_state: int, *unit: int) -> np.random.SeedSequence:
 
 
 def progress(iterable: Any = None, **kwargs: Any) -> tqdm:
-    """A tqdm bar, hidden when ``gpuc.settings.progress`` is False."""
-    kwargs.setdefault("disable", not settings.progress)
+    """A tqdm bar that shows only where a person watches: see :func:`progress_enabled`."""
+    kwargs.setdefault("disable", not progress_enabled())
     kwargs.setdefault("leave", False)
     return tqdm(iterable, **kwargs)
+
+
+def progress_enabled() -> bool:
+    """Whether progress bars show: ``gpuc.settings.progress`` is True, Scanpy's verbosity is at its default
+    (warning) or above, and the output is a terminal or a Jupyter notebook (never a log file or a pipe).
+    """
+    import sys
+
+    import scanpy as sc
+
+    if not settings.progress or int(sc.settings.verbosity) < 1:
+        return False
+    if "ipykernel" in sys.modules:
+        return True
+    stream = sys.stderr
+    return bool(getattr(stream, "isatty", None) and stream.isatty())
 
 
 def numba_kernels(build: Callable[[Any], Any]) -> Callable[[], Any]:

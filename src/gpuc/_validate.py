@@ -104,6 +104,32 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int
     return int(value)
 
 
+SeedLike = int | np.integer | np.random.RandomState | np.random.Generator | None
+
+
+def resolve_random_state(random_state: SeedLike) -> int:
+    """The integer seed of a call, from Scanpy's accepted ``random_state`` forms.
+
+    An int (>= 0, below 2**32) is used as is, so per-unit seeds and SEACells parity are exactly those of that int.
+    A :class:`numpy.random.RandomState` or :class:`numpy.random.Generator` is consumed once to draw the int; ``None``
+    draws it from fresh OS entropy. Tools record the int in ``uns[key]["params"]["random_state"]``, so every run can
+    be reproduced by passing it back.
+    """
+    if isinstance(random_state, bool):
+        msg = f"random_state must be an int, None, a numpy RandomState or Generator, got {random_state!r}."
+        raise TypeError(msg)
+    if random_state is None:
+        return int(np.random.SeedSequence().generate_state(1, dtype=np.uint32)[0])
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**32, dtype=np.uint64))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**32, dtype=np.uint64))
+    if isinstance(random_state, int | np.integer):
+        return check_int("random_state", random_state, minimum=0, maximum=2**32 - 1)
+    msg = f"random_state must be an int, None, a numpy RandomState or Generator, got {type(random_state).__name__}."
+    raise TypeError(msg)
+
+
 def check_key(mapping: Any, key: str, where: str, hint: str = "") -> None:
     """Raise a :class:`KeyError` naming ``where`` unless ``key`` is present."""
     if key not in mapping:

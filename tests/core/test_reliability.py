@@ -226,9 +226,7 @@ def test_huge_consensus_nmf_is_refused_before_allocating(unchanged):
     a = ad.AnnData(sp.random(2700, 2000, density=0.05, format="csr", dtype=np.float32, random_state=rng))
     a.X.data[:] = rng.integers(1, 20, a.X.nnz)
     with unchanged(a):
-        peak, msg = _refused_peak_bytes(
-            lambda: gpuc.tl.consensus_nmf(a, 100, n_runs=5000, use_highly_variable=False, device="cpu")
-        )
+        peak, msg = _refused_peak_bytes(lambda: gpuc.tl.consensus_nmf(a, 100, n_runs=5000, mask_var=None, device="cpu"))
     assert "GiB" in msg and "n_runs" in msg and "nothing was computed" in msg
     assert peak < 40e6  # the checks and the float copy of the block; no factor or distance matrix was allocated
 
@@ -265,7 +263,7 @@ def test_backed_anndata_is_named(tmp_path):
         lambda: gpuc.tl.deseq(backed, "~condition", device="cpu"),
         lambda: gpuc.tl.vst(backed, device="cpu"),
         lambda: gpuc.tl.pseudobulk(backed, "sample", layer=None),
-        lambda: gpuc.tl.consensus_nmf(backed, 2, use_highly_variable=False, device="cpu"),
+        lambda: gpuc.tl.consensus_nmf(backed, 2, mask_var=None, device="cpu"),
     ):
         with pytest.raises(TypeError, match=r"adata.X is not in memory .*backed mode.*to_memory\(\)"):
             call()
@@ -297,7 +295,7 @@ def test_float16_is_refused(unchanged):
     for call in (
         lambda: gpuc.tl.deseq(a, "~condition", device="cpu"),
         lambda: gpuc.tl.pseudobulk(a, "sample", layer=None),
-        lambda: gpuc.tl.consensus_nmf(a, 2, use_highly_variable=False, device="cpu"),
+        lambda: gpuc.tl.consensus_nmf(a, 2, mask_var=None, device="cpu"),
     ):
         with unchanged(a), pytest.raises(TypeError, match=r"adata.X is float16.*astype\(np.float32\)"):
             call()

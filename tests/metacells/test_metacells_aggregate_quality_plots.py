@@ -64,7 +64,7 @@ def test_quality_matches_seacells_evaluate_numbers(fitted):
     # SEACells 0.3.3 evaluate.compactness / separation / compute_celltype_purity on the same run
     # (anchors/seacells.md section 10): compactness mean 0.152 (median 0.027), separation mean 1.09
     # (median 0.57), bulk_labels purity mean 0.715 (min 0.349, max 1.0)
-    q = gpuc.tl.metacell_quality(fitted, celltype_key="bulk_labels")
+    q = gpuc.tl.metacell_quality(fitted, celltype_key="bulk_labels", inplace=False)
     assert isinstance(q, pd.DataFrame) and len(q) == 9
     assert q["compactness"].mean() == pytest.approx(0.152, abs=0.0015)
     assert q["compactness"].median() == pytest.approx(0.027, abs=0.0015)
@@ -72,7 +72,9 @@ def test_quality_matches_seacells_evaluate_numbers(fitted):
     assert q["separation"].median() == pytest.approx(0.57, abs=0.01)
     assert q["bulk_labels_purity"].mean() == pytest.approx(0.715, abs=0.001)
     assert q["bulk_labels_purity"].min() == pytest.approx(0.349, abs=0.001)
-    assert fitted.uns["metacell_quality"] is q
+    assert "metacell_quality" not in fitted.uns  # inplace=False writes nothing
+    gpuc.tl.metacell_quality(fitted, celltype_key="bulk_labels")
+    pd.testing.assert_frame_equal(fitted.uns["metacell_quality"], q)
     out = gpuc.tl.metacell_quality(fitted, key_added="q2", copy=True)
     assert "q2" in out.uns and "q2" not in fitted.uns
 

@@ -82,7 +82,7 @@ def test_nmf_plot_clustergram_programs_usage(fitted):
 
 
 def test_nmf_plots_on_metacell_like_anndata(program_factory):
-    # metacell AnnData (summed counts per metacell, no HVG column needed when use_highly_variable=False)
+    # metacell AnnData (summed counts per metacell, no HVG column needed when mask_var=None)
     cells = program_factory(n_cells=300, seed=7, sparse=False)
     groups = np.repeat(np.arange(60), 5)
     summed = pd.DataFrame(cells.layers["counts"]).groupby(groups).sum().to_numpy()
@@ -90,7 +90,7 @@ def test_nmf_plots_on_metacell_like_anndata(program_factory):
 
     mc = ad.AnnData(summed.astype(np.float32))
     mc.var_names = cells.var_names
-    gpuc.tl.consensus_nmf(mc, 3, n_runs=5, use_highly_variable=False, device="cpu")
+    gpuc.tl.consensus_nmf(mc, 3, n_runs=5, mask_var=None, device="cpu")
     mc.obsm["X_umap"] = np.random.default_rng(1).normal(size=(mc.n_obs, 2))
     fig = gpuc.pl.nmf_usage(mc, show=False)
     assert len([a for a in fig.axes if a.get_title()]) == 3

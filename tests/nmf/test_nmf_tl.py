@@ -116,7 +116,7 @@ def test_nmf_schedule_options_reach_the_engine(programs, schedule):
 
     ad = programs.copy()
     gpuc.tl.consensus_nmf(ad, 3, n_runs=4, layer="counts", device="cpu", random_state=2, **schedule)
-    block, _ = _prepare_block(ad, "counts", True, "none")
+    block, _ = _prepare_block(ad, "counts", "highly_variable", "none")
     cpu = get_backend("cpu")
     fits = run_k(cpu, Operator.build(cpu, block), 3, 4, 2, **schedule)
     np.testing.assert_allclose(ad.uns["nmf"]["run_errors"], fits.rel_errors, rtol=1e-12)
@@ -261,7 +261,7 @@ def test_nmf_missing_hvg_column(programs):
     del ad.var["highly_variable"]
     with pytest.raises(KeyError, match="highly_variable_genes"):
         gpuc.tl.consensus_nmf(ad, 2, n_runs=3, layer="counts", device="cpu")
-    gpuc.tl.consensus_nmf(ad, 2, n_runs=3, layer="counts", device="cpu", use_highly_variable=False)
+    gpuc.tl.consensus_nmf(ad, 2, n_runs=3, layer="counts", device="cpu", mask_var=None)
     assert ad.varm["nmf_spectra"].shape == (60, 2) and (ad.varm["nmf_spectra"] > 0).any(axis=1).all()
 
 

@@ -526,6 +526,17 @@ class DispersionFunction:
         out = np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
         return np.maximum(out, self.min_disp)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> DispersionFunction:
+        """The trend described by :meth:`to_dict` (e.g. read back from ``uns``)."""
+        return cls(
+            d["type"],
+            coefs=(float(d["asymptDisp"]), float(d["extraPois"])) if "asymptDisp" in d else None,
+            mean=float(d["mean"]) if "mean" in d else None,
+            grid_logmean=np.asarray(d["grid_logmean"]) if "grid_logmean" in d else None,
+            grid_logdisp=np.asarray(d["grid_logdisp"]) if "grid_logdisp" in d else None,
+        )
+
     def to_dict(self) -> dict:
         """Plain-Python description for ``uns``."""
         d: dict = {"type": self.kind}

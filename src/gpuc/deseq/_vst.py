@@ -53,3 +53,33 @@ def vst_transform(bk: Backend, y: Any, sf: Any, trend: DispersionFunction) -> An
     eta = (np.log2(h2) - np.log2(h1)) / (spl(np.arcsinh(h2)) - spl(np.arcsinh(h1)))
     xi = np.log2(h1) - eta * spl(np.arcsinh(h1))
     return bk.asarray(eta * spl(np.arcsinh(qh)) + xi)
+
+
+def variance_stabilize(
+    bk: Backend,
+    counts: Any,
+    *,
+    size_factors: np.ndarray | None = None,
+    trend: DispersionFunction | None = None,
+    fit_type: str = "parametric",
+) -> tuple[np.ndarray, DispersionFunction, str | None]:
+    """R's ``varianceStabilizingTransformation`` of samples x genes ``counts``.
+
+    Blind (``trend=None``): median-of-ratios size factors and a dispersion trend fitted with an intercept-only
+    design. Otherwise the given size factors and trend of an earlier fit are used. Returns the transformed values
+    (samples x genes, host numpy), the trend and a note when the trend fit fell back to another type.
+    """
+    from gpuc.deseq._pipeline import compute_size_factors
+
+    y = bk.asarray(counts, dtype=np.float64)
+    if bk.sparse.issparse(y):
+        y = y.toarray()
+    y = bk.xp.ascontiguousarray(y.T)  # genes x samples
+    note = None
+    if trend is None:
+        sf, _, _ = compute_size_factors(bk, y, "ratio")
+        trend, note = vst_fit(bk, y, sf, np.ones((y.shape[1], 1)), fit_type=fit_type)
+    else:
+        sf = bk.asarray(np.asarray(size_factors, dtype=np.float64))
+    out = np.asarray(bk.to_host(vst_transform(bk, y, sf, trend))).T.copy()
+    return out, trend, note

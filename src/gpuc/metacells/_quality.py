@@ -1,4 +1,4 @@
-"""SEACells' metacell quality metrics (anchors/seacells.md section 8): compactness, separation, purity.
+"""SEACells' metacell quality metrics (its ``evaluate`` module): compactness, separation, purity.
 
 Both geometric metrics live in Palantir's multiscale diffusion space (10 components, 30-NN adaptive kernel, scaled
 components 1..9).
@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from gpuc._backend import Backend
 from gpuc.metacells._init import diffusion_components, multiscale_space
@@ -43,12 +44,33 @@ def separation(dc: np.ndarray, labels: np.ndarray, order: list[str], *, nth_neig
     return pd.Series(sep, index=order, name="separation")
 
 
+def purity_from_membership(membership: Any, celltypes: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Majority cell type of each metacell and its fraction, from a metacells x cells membership matrix.
+
+    ``membership`` holds 1 for a cell's hard metacell, or the cell's assignment weights for soft metacells; cells
+    with a missing cell type do not vote. Ties go to the first type in sorted order (SEACells'
+    ``compute_celltype_purity`` takes pandas' ``idxmax`` over sorted types). Metacells without votes get ``None``
+    and NaN.
+    """
+    codes, types = pd.factorize(np.asarray(celltypes, dtype=object), sort=True)
+    voting = np.flatnonzero(codes >= 0)
+    onehot = sp.csr_matrix(
+        (np.ones(voting.size), (voting, codes[voting])), shape=(membership.shape[1], max(len(types), 1))
+    )
+    votes = np.asarray(sp.csr_matrix(membership) @ onehot.toarray())
+    total = votes.sum(axis=1)
+    top = votes.argmax(axis=1)
+    has = total > 0
+    names = np.asarray(types, dtype=object)[top] if len(types) else np.full(len(top), None, dtype=object)
+    majority = np.where(has, names, None)
+    frac = np.where(has, votes[np.arange(len(top)), top] / np.where(has, total, 1.0), np.nan)
+    return majority, frac
+
+
 def purity(labels: np.ndarray, celltypes: pd.Series, order: list[str], name: str) -> pd.DataFrame:
-    """Most frequent cell type per metacell and its fraction (SEACells ``compute_celltype_purity``)."""
-    df = pd.DataFrame({"mc": labels, "ct": np.asarray(celltypes, dtype=object)})
-    df = df[pd.notna(df["ct"])]
-    counts = df.groupby(["mc", "ct"], observed=True).size().unstack(fill_value=0)
-    top = counts.idxmax(axis=1)
-    frac = counts.max(axis=1) / counts.sum(axis=1)
-    out = pd.DataFrame({name: top, f"{name}_purity": frac}).reindex(order)
-    return out
+    """Most frequent cell type per hard metacell (in ``order``) and its fraction (SEACells ``compute_celltype_purity``)."""
+    pos = pd.Index(order).get_indexer(np.asarray(labels))
+    cells = np.flatnonzero(pos >= 0)
+    membership = sp.csr_matrix((np.ones(cells.size), (pos[cells], cells)), shape=(len(order), len(labels)))
+    majority, frac = purity_from_membership(membership, celltypes)
+    return pd.DataFrame({name: majority, f"{name}_purity": frac}, index=pd.Index(order))

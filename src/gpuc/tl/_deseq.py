@@ -24,9 +24,7 @@ from gpuc._validate import (
     check_memory,
     get_matrix,
 )
-
-_GENE_FIELDS = _keys.DESEQ_GENE_FIELDS
-_RESULT_COLUMNS = ["baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"]
+from gpuc.deseq._analysis import Analysis, plan_analysis, run_analysis, split_contrasts
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -60,30 +58,6 @@ def _check_counts(x: Any, what: str) -> None:
         raise ValueError(msg)
 
 
-def _split_contrasts(contrast: Any) -> list[Any]:
-    """One contrast or a list of contrasts -> list."""
-    if contrast is None or isinstance(contrast, str):
-        return [contrast]
-    if isinstance(contrast, np.ndarray):
-        return [contrast] if contrast.ndim == 1 else list(contrast)
-    if isinstance(contrast, (list, tuple)):
-        if (
-            len(contrast) > 0
-            and all(isinstance(c, (list, tuple, np.ndarray, str)) for c in contrast)
-            and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast))
-        ):
-            return list(contrast)
-        return [contrast]
-    return [contrast]
-
-
-def _zero_groups(obs: pd.DataFrame, contrast: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    if isinstance(contrast, (list, tuple)) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
-        col = obs[contrast[0]].astype(str).to_numpy()
-        return col == contrast[1], col == contrast[2]
-    return None
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # deseq
 # --------------------------------------------------------------------------------------------------------------------
@@ -107,7 +81,7 @@ def deseq(
     min_replicates: int = 7,
     max_iter: int = 100,
     groupby: str | None = None,
-    device: Device | None = "auto",
+    device: Device | None = None,
     key_added: str = _keys.DESEQ,
     copy: bool = False,
 ) -> AnnData | None:
@@ -168,7 +142,7 @@ def deseq(
         ``write_h5ad``; each group's entry keeps its original name under ``"group"``, and
         :func:`gpuc.get.deseq_results` takes the original name.
     device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     key_added
         Prefix of every key written.
     copy
@@ -213,9 +187,6 @@ def deseq(
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
-    from gpuc.deseq import build_design, contrast_vector
-    from gpuc.deseq._pipeline import run_deseq
-
     check_adata(adata)
     check_key_added(key_added)
     check_choice("test", test, ("wald", "lrt"))
@@ -271,113 +242,62 @@ def deseq(
         "of genes separately.",
     )
 
-    groups = [None] if groupby is None else [g for g in pd.unique(adata.obs[groupby].astype(str))]
-    outputs = []
+    groups = [None] if groupby is None else list(pd.unique(adata.obs[groupby].astype(str)))
+    analyses: list[tuple[Any, np.ndarray, Analysis]] = []
     skipped: dict[str, str] = {}
-    for g in groups:  # loop over groups of samples (e.g. cell types); genes are batched within each
+    for g in groups:  # groups of samples (e.g. cell types) are fitted one after the other; genes are batched
         mask = np.ones(adata.n_obs, dtype=bool) if g is None else (adata.obs[groupby].astype(str).to_numpy() == g)
-        obs = adata.obs.loc[mask]
-        obs = obs.assign(
-            **{
-                c: obs[c].cat.remove_unused_categories()
-                for c in obs.columns
-                if isinstance(obs[c].dtype, pd.CategoricalDtype)
-            }
-        )
-        where_g = where if g is None else f"{where} (group {g!r})"
+        sub = counts if g is None else counts[np.flatnonzero(mask)]
         try:
-            try:
-                dsg = build_design(obs, design)
-            except ValueError as err:
-                raise ValueError(f"{where_g}: {err}") from None
-            n, p = dsg.matrix.shape
-            if n <= p:
-                msg = f"{where_g}: no residual degrees of freedom ({n} samples, {p} design columns {dsg.columns}); DESeq2 needs replicates."
-                raise ValueError(msg)
-            red = None
-            if test == "lrt":
-                red = build_design(obs, reduced)
-                full = dsg.matrix
-                coef, *_ = np.linalg.lstsq(full, red.matrix, rcond=None)
-                if red.matrix.shape[1] >= p or not np.allclose(full @ coef, red.matrix, atol=1e-8):
-                    msg = f"reduced={reduced!r} must be nested in design={design!r} with fewer columns (columns {red.columns} vs {dsg.columns})."
-                    raise ValueError(msg)
-            cons = []
-            for c in _split_contrasts(contrast):
-                vec, name = contrast_vector(dsg, c)
-                cons.append((name, vec, _zero_groups(obs, c)))
-            sub = counts[np.nonzero(mask)[0]] if g is not None else counts
+            plan = plan_analysis(adata.obs.loc[mask], design, contrast, reduced=reduced)
             if g is not None:
-                _check_counts(sub, where_g)
+                _check_counts(sub, f"{where} (group {g!r})")
         except ValueError as err:
             if g is None:
                 raise
             skipped[g] = str(err)
             continue
-        sf_given = None if isinstance(size_factors, str) else np.asarray(size_factors, dtype=np.float64)[mask]
+        n, p = plan.design.matrix.shape
         start = logg.info(
-            f"DESeq2: {n} samples x {adata.n_vars} genes, design {design if isinstance(design, str) else 'DataFrame'}{'' if g is None else f', group {g}'} ({backend.name})"
+            f"DESeq2: {n} samples x {adata.n_vars} genes, {p} design columns{'' if g is None else f', group {g}'} "
+            f"({backend.name})"
         )
-        fit = run_deseq(
+        res = run_analysis(
             backend,
             sub,
-            dsg.matrix,
-            size_factors=size_factors if sf_given is None else sf_given,
+            plan,
+            gene_names=adata.var_names,
+            size_factors=size_factors if isinstance(size_factors, str) else np.asarray(size_factors)[mask],
             fit_type=fit_type,
             refit_cooks=refit_cooks,
             min_replicates=min_replicates,
             max_iter=max_iter,
-            reduced=None if red is None else red.matrix,
+            alpha=alpha,
+            cooks_filter=cooks_filter,
+            independent_filter=independent_filter,
+            lfc_threshold=lfc_threshold,
+            alt_hypothesis=alt_hypothesis,
+            lfc_shrink=lfc_shrink,
         )
-        for m in fit.messages:
+        for m in res.fit.messages:
             warnings.warn(m if g is None else f"group {g!r}: {m}", GpucWarning, stacklevel=2)
-        tables, filt = {}, {}
-        for name, vec, zg in cons:
-            tables[name], filt[name] = _results_table(
-                fit,
-                vec,
-                zg,
-                adata.var_names,
-                alpha=alpha,
-                cooks_filter=cooks_filter,
-                independent_filter=independent_filter,
-                lfc_threshold=lfc_threshold,
-                alt_hypothesis=alt_hypothesis,
-                test=test,
-            )
-        if lfc_shrink is not None:
-            from gpuc.deseq._shrink import shrink_lfc
-
-            for name, vec, _ in cons:
-                lfc_s, se_s = shrink_lfc(backend, fit, vec, method=lfc_shrink, design=dsg)
-                tables[name]["log2FoldChange_shrunk"] = lfc_s
-                tables[name]["lfcSE_shrunk"] = se_s
         logg.info("    finished", time=start)
-        outputs.append((g, mask, dsg, fit, tables, filt, cons))
+        analyses.append((g, mask, res))
 
     if groupby is not None:
-        if not outputs:
+        if not analyses:
             msg = f"no group of {groupby!r} could be tested: " + "; ".join(skipped.values())
             raise ValueError(msg)
         for g, why in skipped.items():
             warnings.warn(f"group {g!r} skipped: {why}", GpucWarning, stacklevel=2)
-    _warn_not_converged(outputs, max_iter)
+    _warn_not_converged(analyses, max_iter)
 
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     key = key_added
     params = {
         "design": design if isinstance(design, str) else "DataFrame",
-        "contrast": json.dumps(
-            [
-                c
-                if isinstance(c, (str, type(None)))
-                else np.asarray(c).tolist()
-                if isinstance(c, np.ndarray)
-                else list(c)
-                for c in _split_contrasts(contrast)
-            ]
-        ),
+        "contrast": json.dumps([_jsonable(c) for c in split_contrasts(contrast)]),
         "layer": layer,
         "size_factors": size_factors if isinstance(size_factors, str) else "given",
         "fit_type": fit_type,
@@ -393,28 +313,28 @@ def deseq(
         "min_replicates": int(min_replicates),
         "max_iter": int(max_iter),
         "groupby": groupby,
-        "device": backend.name,
+        "device": device,
     }
     _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
-    for g, mask, *_ in outputs:
-        sf_col[mask] = outputs[[o[0] for o in outputs].index(g)][3].size_factors
+    for _, mask, res in analyses:
+        sf_col[mask] = res.fit.size_factors
     adata.obs[_keys.deseq_size_factors(key)] = sf_col
-    params = {k: v for k, v in params.items() if v is not None}
-    uns: dict[str, Any] = {"params": params}
+    uns: dict[str, Any] = {"params": params, "device": backend.name}
     if groupby is None:
-        _, _, dsg, fit, tables, filt, cons = outputs[0]
-        for f in _GENE_FIELDS:
+        res = analyses[0][2]
+        fit = res.fit
+        for f in _keys.DESEQ_GENE_FIELDS:
             adata.var[_keys.deseq_var(key, f)] = fit.genes[f]
         adata.varm[_keys.deseq_coef(key)] = fit.beta / np.log(2)
         adata.varm[_keys.deseq_coef_cov(key)] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
         adata.layers[_keys.deseq_cooks(key)] = fit.cooks.T.copy()
-        uns.update(_fit_uns(dsg, fit, tables, filt, cons))
+        uns.update(_analysis_uns(res))
     else:
         uns["groups"] = {}
-        for g, mask, dsg, fit, tables, filt, cons in outputs:
-            entry = _fit_uns(dsg, fit, tables, filt, cons)
-            entry["genes"] = pd.DataFrame({f: fit.genes[f] for f in _GENE_FIELDS}, index=adata.var_names)
+        for g, mask, res in analyses:
+            entry = _analysis_uns(res)
+            entry["genes"] = pd.DataFrame({f: res.fit.genes[f] for f in _keys.DESEQ_GENE_FIELDS}, index=adata.var_names)
             entry["n_samples"] = int(mask.sum())
             entry["group"] = g
             uns["groups"][_keys.encode_name(g)] = entry
@@ -422,6 +342,13 @@ def deseq(
             uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in skipped.items()}
     adata.uns[key] = uns
     return adata if copy else None
+
+
+def _jsonable(contrast: Any) -> Any:
+    """A contrast as JSON-serialisable data for ``params``."""
+    if contrast is None or isinstance(contrast, str):
+        return contrast
+    return np.asarray(contrast).tolist() if isinstance(contrast, np.ndarray) else list(contrast)
 
 
 def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
@@ -434,10 +361,11 @@ def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
     return (14.0 * n_samples + 100.0) * 8.0 * n_genes
 
 
-def _warn_not_converged(outputs: list, max_iter: int) -> None:
-    """One :class:`ConvergenceWarning` for the genes whose GLM stopped at ``max_iter`` (all groups together)."""
+def _warn_not_converged(analyses: list, max_iter: int) -> None:
+    """One :class:`ConvergenceWarning` for the genes whose GLM did not converge (all groups together)."""
     parts = []
-    for g, _, _, fit, *_ in outputs:
+    for g, _, res in analyses:
+        fit = res.fit
         n_bad = int(
             (~np.asarray(fit.genes["betaConv"], dtype=bool) & ~np.asarray(fit.genes["allZero"], dtype=bool)).sum()
         )
@@ -452,44 +380,35 @@ def _warn_not_converged(outputs: list, max_iter: int) -> None:
         warnings.warn(msg, ConvergenceWarning, stacklevel=3)
 
 
-def _fit_uns(dsg: Any, fit: Any, tables: dict, filt: dict, cons: list) -> dict:
+def _analysis_uns(res: Analysis) -> dict:
+    """The ``uns`` entry of one analysis; contrast names percent-encoded (see :func:`gpuc._keys.encode_name`)."""
+    fit = res.fit
     return {
-        "design_columns": list(dsg.columns),
+        "design_columns": list(res.plan.design.columns),
         "trend": fit.trend.to_dict(),
         "prior_disp_var": float(fit.prior_var),
         "prior_disp_var_method": fit.prior_var_method,
         "var_log_disp_ests": float(fit.var_log_disp),
         "size_factor_type": fit.size_factor_type,
         "cooks_cutoff": float(fit.cooks_cutoff),
-        "contrasts": {_keys.encode_name(name): np.asarray(vec) for name, vec, _ in cons},
-        "results": {_keys.encode_name(name): t for name, t in tables.items()},
-        "filtering": {_keys.encode_name(name): f for name, f in filt.items()},
+        "contrasts": {_keys.encode_name(c.name): np.asarray(c.vector) for c in res.plan.contrasts},
+        "results": {_keys.encode_name(name): t for name, t in res.tables.items()},
+        "filtering": {_keys.encode_name(name): f for name, f in res.filtering.items()},
         "messages": list(fit.messages),
     } | ({"lrt_df": int(fit.lrt_df)} if fit.lrt_df is not None else {})
-
-
-def _results_table(
-    fit: Any, vec: np.ndarray, zero_groups: Any, var_names: pd.Index, **kwargs: Any
-) -> tuple[pd.DataFrame, dict]:
-    from gpuc.deseq._pipeline import results
-
-    res, info = results(fit, vec, zero_groups=zero_groups, **kwargs)
-    df = pd.DataFrame({c: np.asarray(res[c], dtype=np.float64) for c in _RESULT_COLUMNS}, index=var_names.copy())
-    keep = {
-        k: (float(v) if np.isscalar(v) else np.asarray(v))
-        for k, v in info.items()
-        if k in ("filter_threshold", "filter_theta", "n_cooks_outliers", "theta", "num_rejections", "lowess")
-    }
-    return df, keep
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # pseudobulk
 # --------------------------------------------------------------------------------------------------------------------
 def pseudobulk(
-    adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = "counts", min_cells: int = 10
+    adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = None, min_cells: int = 10
 ) -> AnnData:
     """Sum raw counts of the cells of each sample (and group) into a samples x genes AnnData for :func:`deseq`.
+
+    The sums are those of :func:`scanpy.get.aggregate` with ``func="sum"`` over ``[sample_key, groupby]``: a
+    sparse indicator matrix times the counts. Cells whose sample or group is missing (NaN) belong to no profile:
+    they are dropped, with a warning giving their number.
 
     Parameters
     ----------
@@ -500,46 +419,58 @@ def pseudobulk(
     groupby
         Optional ``obs`` column (e.g. cell type): one pseudobulk profile per (sample, group).
     layer
-        Layer with the raw counts; ``"counts"`` by default, falling back to ``X`` when the layer is absent and
-        ``X`` holds integers. ``None`` uses ``X``.
+        Layer with the raw counts (e.g. ``"counts"``); ``None`` uses ``X``.
     min_cells
         Drop (sample, group) profiles made of fewer cells.
 
     Returns
     -------
-    A new AnnData (profiles x genes) with summed counts in ``X`` (int64), ``obs`` holding ``sample_key``,
-    ``groupby``, ``n_cells`` and every ``obs`` column that is constant within each sample (e.g. condition,
-    donor covariates); ``var`` is copied. ``adata`` is not modified.
+    A new AnnData (profiles x genes, named ``"<sample>_<group>"``) with summed counts in ``X`` (int64), ``obs``
+    holding ``sample_key``, ``groupby``, ``n_cells`` and every ``obs`` column that is constant within each sample
+    (e.g. condition, donor covariates); ``var`` is copied; ``uns["pseudobulk"]`` holds ``params``, ``n_dropped``
+    (profiles under ``min_cells``) and ``n_cells_missing`` (cells without a sample or group). ``adata`` is not
+    modified.
     """
     check_adata(adata)
     check_key(adata.obs, sample_key, "adata.obs")
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
     check_int("min_cells", min_cells, minimum=1)
-    if layer == "counts" and layer not in adata.layers:
-        layer = None
     x = get_matrix(adata, layer=layer)
     _check_counts_nonneg(x, f"adata.layers[{layer!r}]" if layer else "adata.X")
     x = to_host(x)
-    keys = adata.obs[sample_key].astype(str)
-    labels = keys if groupby is None else keys + "\x1f" + adata.obs[groupby].astype(str)
+    keys = [sample_key] if groupby is None else [sample_key, groupby]
+    present = adata.obs[keys].notna().all(axis=1).to_numpy()
+    n_missing = int((~present).sum())
+    if not present.any():
+        msg = f"every cell has a missing {' or '.join(map(repr, keys))} in adata.obs; nothing to sum."
+        raise ValueError(msg)
+    if n_missing:
+        warnings.warn(
+            f"{n_missing} cell(s) with a missing {' or '.join(map(repr, keys))} were left out of the pseudobulk.",
+            GpucWarning,
+            stacklevel=2,
+        )
+    cells = np.flatnonzero(present)
+    sample = adata.obs[sample_key].astype(str).to_numpy()[cells]
+    labels = sample if groupby is None else sample + "\x1f" + adata.obs[groupby].astype(str).to_numpy()[cells]
     codes, uniq = pd.factorize(labels, sort=True)
-    ind = sp.csr_matrix((np.ones(adata.n_obs), (codes, np.arange(adata.n_obs))), shape=(len(uniq), adata.n_obs))
+    ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs))
     summed = ind @ (x if sp.issparse(x) else np.asarray(x))
     summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
     n_cells = np.bincount(codes, minlength=len(uniq))
     obs = pd.DataFrame(index=pd.Index([u.replace("\x1f", "_") for u in uniq], name=None))
-    first = np.array([np.nonzero(codes == i)[0][0] for i in range(len(uniq))])
+    first = cells[np.unique(codes, return_index=True)[1]]
     obs[sample_key] = adata.obs[sample_key].to_numpy()[first]
     if groupby is not None:
         obs[groupby] = adata.obs[groupby].to_numpy()[first]
     for col in adata.obs.columns:
-        if col in (sample_key, groupby):
+        if col in keys:
             continue
-        vals = adata.obs[col]
-        per = vals.groupby(keys.to_numpy(), observed=True).nunique(dropna=False)
+        vals = adata.obs[col].iloc[cells]
+        per = vals.groupby(sample, observed=True).nunique(dropna=False)
         if (per <= 1).all():
-            obs[col] = vals.to_numpy()[first]
+            obs[col] = vals.to_numpy()[np.unique(codes, return_index=True)[1]]
     for col in obs.columns:
         if isinstance(adata.obs[col].dtype, pd.CategoricalDtype):
             obs[col] = pd.Categorical(obs[col], categories=adata.obs[col].cat.categories)
@@ -552,10 +483,10 @@ def pseudobulk(
     for col in out.obs.columns:
         if isinstance(out.obs[col].dtype, pd.CategoricalDtype):
             out.obs[col] = out.obs[col].cat.remove_unused_categories()
-    pb_params = {"sample_key": sample_key, "groupby": groupby, "layer": layer, "min_cells": int(min_cells)}
-    out.uns["pseudobulk"] = {
-        "params": {k: v for k, v in pb_params.items() if v is not None},
+    out.uns[_keys.PSEUDOBULK] = {
+        "params": {"sample_key": sample_key, "groupby": groupby, "layer": layer, "min_cells": int(min_cells)},
         "n_dropped": int((~keep).sum()),
+        "n_cells_missing": n_missing,
     }
     return out
 
@@ -580,8 +511,8 @@ def vst(
     layer: str | None = None,
     blind: bool = True,
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
-    deseq_key: str = _keys.DESEQ,
-    device: Device | None = "auto",
+    key: str = _keys.DESEQ,
+    device: Device | None = None,
     key_added: str = _keys.VST,
     copy: bool = False,
 ) -> AnnData | None:
@@ -595,13 +526,13 @@ def vst(
         Layer with the counts; ``None`` uses ``X``.
     blind
         Fit the dispersion trend with an intercept-only design (R's default). ``blind=False`` reuses the size
-        factors and trend of an earlier :func:`deseq` run stored under ``deseq_key``.
+        factors and trend of an earlier :func:`deseq` run stored under ``key``.
     fit_type
         Trend type for a blind fit.
-    deseq_key
+    key
         ``key_added`` of the :func:`deseq` run used when ``blind=False``.
     device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     key_added
         Name of the layer written.
     copy
@@ -610,56 +541,40 @@ def vst(
     Returns
     -------
     ``None`` or the modified copy. Writes ``adata.layers[key_added]`` (log2-like values, samples x genes) and
-    ``adata.uns[key_added]`` (``params``, ``trend``).
+    ``adata.uns[key_added]`` (``params``, ``device``, ``trend``); replaces both if they exist.
+
+    Warns
+    -----
+    GpucWarning
+        When the trend fit fell back to another type, as R does.
     """
     from gpuc.deseq._dispersion import DispersionFunction
-    from gpuc.deseq._pipeline import compute_size_factors
-    from gpuc.deseq._vst import vst_fit, vst_transform
+    from gpuc.deseq._vst import variance_stabilize
 
     check_adata(adata)
     check_key_added(key_added)
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
-    if not isinstance(blind, (bool, np.bool_)) or not isinstance(copy, (bool, np.bool_)):
+    if not isinstance(blind, bool | np.bool_) or not isinstance(copy, bool | np.bool_):
         msg = "blind and copy must be True or False."
         raise TypeError(msg)
     counts = get_matrix(adata, layer=layer)
     _check_counts(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")
+    sf = trend = None
     if not blind:
-        check_key(adata.uns, deseq_key, "adata.uns", "Run gpuc.tl.deseq first or use blind=True.")
-        check_key(adata.obs, _keys.deseq_size_factors(deseq_key), "adata.obs")
-        if "groups" in adata.uns[deseq_key]:
+        check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first or use blind=True.")
+        check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
+        if "groups" in adata.uns[key]:
             msg = "blind=False is not available after a groupby DESeq2 run."
             raise ValueError(msg)
+        sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
+        trend = DispersionFunction.from_dict(adata.uns[key]["trend"])
     backend = get_backend(device, counts)
-    y = backend.asarray(counts, dtype=np.float64)
-    if backend.sparse.issparse(y):
-        y = y.toarray()
-    y = backend.xp.ascontiguousarray(y.T)
-    if blind:
-        sf, _, _ = compute_size_factors(backend, y, "ratio")
-        trend, note = vst_fit(backend, y, sf, np.ones((adata.n_obs, 1)), fit_type=fit_type)
-        if note:
-            logg.warning(note)
-    else:
-        sf = backend.asarray(adata.obs[_keys.deseq_size_factors(deseq_key)].to_numpy(dtype=np.float64))
-        t = adata.uns[deseq_key]["trend"]
-        trend = DispersionFunction(
-            t["type"],
-            coefs=(t["asymptDisp"], t["extraPois"]) if "asymptDisp" in t else None,
-            mean=t.get("mean"),
-            grid_logmean=t.get("grid_logmean"),
-            grid_logdisp=t.get("grid_logdisp"),
-        )
-    out = np.asarray(backend.to_host(vst_transform(backend, y, sf, trend))).T.copy()
+    out, trend, note = variance_stabilize(backend, counts, size_factors=sf, trend=trend, fit_type=fit_type)
+    if note:
+        warnings.warn(note, GpucWarning, stacklevel=2)
     adata = adata.copy() if copy else adata
     _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
     adata.layers[key_added] = out
-    params = {
-        "layer": layer,
-        "blind": bool(blind),
-        "fit_type": fit_type,
-        "deseq_key": deseq_key,
-        "device": backend.name,
-    }
-    adata.uns[key_added] = {"params": {k: v for k, v in params.items() if v is not None}, "trend": trend.to_dict()}
+    params = {"layer": layer, "blind": bool(blind), "fit_type": fit_type, "key": key, "device": device}
+    adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend.to_dict()}
     return adata if copy else None

@@ -18,6 +18,7 @@ from gpuc._backend import Device, get_backend, is_sparse, to_host
 from gpuc._errors import GpucWarning
 from gpuc._utils import progress
 from gpuc._validate import (
+    SeedLike,
     check_adata,
     check_choice,
     check_finite,
@@ -27,9 +28,10 @@ from gpuc._validate import (
     check_key_added,
     check_memory,
     get_matrix,
+    resolve_random_state,
 )
 from gpuc.metacells._pipeline import metacells_peak_bytes, run_metacells
-from gpuc.metacells._quality import compactness, diffusion_space, purity, separation
+from gpuc.metacells._quality import compactness, diffusion_space, purity, purity_from_membership, separation
 
 _GRAPHS = ("union", "intersection")
 _INITS = ("waypoint", "greedy", "random")
@@ -157,8 +159,8 @@ def metacells(
     initial_archetypes: Any = None,
     a0: Literal["auto", "random", "uniform"] = "auto",
     knn_method: Literal["auto", "exact", "ivf"] = "auto",
-    device: Device = "auto",
-    random_state: int = 0,
+    device: Device | None = None,
+    random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
     copy: bool = False,
 ) -> AnnData | None:
@@ -207,10 +209,12 @@ def metacells(
     knn_method
         ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
     device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     random_state
-        Seed. ``np.random.RandomState(random_state)`` is consumed exactly as SEACells consumes the global RNG after
-        ``np.random.seed(random_state)``, so the default settings reproduce such a SEACells run when the kNN agree.
+        Seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once); the int
+        used is recorded in ``params``. ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
+        global RNG after ``np.random.seed(seed)``, so the default settings reproduce such a SEACells run when the kNN
+        agree.
     key_added
         Prefix of every key written (see Returns).
     copy
@@ -259,7 +263,7 @@ def metacells(
     max_iter = check_int("max_iter", max_iter, minimum=1)
     min_iter = check_int("min_iter", min_iter, minimum=0)
     fw_iters = check_int("fw_iters", fw_iters, minimum=1)
-    random_state = check_int("random_state", random_state, minimum=0)
+    random_state = resolve_random_state(random_state)
     if max_iter < min_iter:
         msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
         raise ValueError(msg)
@@ -379,9 +383,9 @@ def metacells(
             "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
-            "groupby": groupby if groupby is not None else "", "init": init, "a0": a0, "knn_method": knn_method,
-            "random_state": random_state,
-            **({"initial_archetypes": np.asarray(adata.obs_names[init_arch], dtype=str)} if init_arch is not None else {}),
+            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method,
+            "random_state": random_state, "device": device,
+            "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
         },
         "device": backend.name,
         "metacells": table,
@@ -546,22 +550,10 @@ def aggregate_metacells(
     if "group" in table and (table["group"] != "").any():
         obs["group"] = pd.Categorical(table.loc[names, "group"].to_numpy())
     if celltype_key is not None:
+        majority, frac = purity_from_membership(agg, adata.obs[celltype_key])
         ct = adata.obs[celltype_key].astype("category")
-        valid = ct.cat.codes.to_numpy() >= 0
-        onehot = sp.csr_matrix(
-            (np.ones(int(valid.sum())), (np.flatnonzero(valid), ct.cat.codes.to_numpy()[valid])),
-            shape=(adata.n_obs, len(ct.cat.categories)),
-        )
-        votes = np.asarray((agg @ onehot).todense())
-        tot = votes.sum(axis=1)
-        top = votes.argmax(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            obs[celltype_key] = pd.Categorical(
-                np.where(tot > 0, np.asarray(ct.cat.categories, dtype=object)[top], None), categories=ct.cat.categories
-            )
-            obs[f"{celltype_key}_purity"] = np.where(
-                tot > 0, votes[np.arange(len(top)), top] / np.where(tot > 0, tot, 1), np.nan
-            )
+        obs[celltype_key] = pd.Categorical(majority, categories=ct.cat.categories)
+        obs[f"{celltype_key}_purity"] = frac
     out = AnnData(X=sums, obs=obs, var=adata.var.copy())
     denom = np.where(size > 0, size, 1.0)[:, None]
     for name, emb in adata.obsm.items():
@@ -571,7 +563,7 @@ def aggregate_metacells(
         if emb.ndim != 2 or not np.issubdtype(emb.dtype, np.number):
             continue
         out.obsm[name] = np.asarray(agg @ emb) / denom
-    out.uns["metacell_source"] = {"key": key, "layer": layer if layer is not None else "X", "soft": soft}
+    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft}
     return out
 
 
@@ -582,10 +574,11 @@ def metacell_quality(
     celltype_key: str | None = None,
     use_rep: str | None = None,
     nth_neighbor: int = 1,
-    device: Device = "auto",
+    device: Device | None = None,
     key_added: str | None = None,
+    inplace: bool = True,
     copy: bool = False,
-) -> pd.DataFrame | AnnData:
+) -> pd.DataFrame | AnnData | None:
     """Compactness, separation and purity of the hard metacells, as SEACells' ``evaluate`` module defines them.
 
     Both geometric metrics use Palantir's multiscale diffusion space of ``obsm[use_rep]`` (10 diffusion components
@@ -604,17 +597,20 @@ def metacell_quality(
     nth_neighbor
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
     device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``.
+        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     key_added
         ``uns`` key of the table; default ``key + "_quality"``.
+    inplace
+        Write the table to ``adata.uns[key_added]`` (default) or, with ``False``, return it and write nothing
+        (as :func:`scanpy.pp.calculate_qc_metrics`).
     copy
-        Work on a copy and return it.
+        With ``inplace``, write into a copy and return it.
 
     Returns
     -------
-    The table (one row per metacell; columns ``size``, ``compactness`` (lower is better), ``separation`` (higher
-    is better), and ``<celltype_key>``, ``<celltype_key>_purity``), also written to ``adata.uns[key_added]``; or the
-    modified copy when ``copy=True``.
+    With ``inplace=False`` the table: one row per metacell; columns ``size``, ``compactness`` (lower is better),
+    ``separation`` (higher is better), and ``<celltype_key>``, ``<celltype_key>_purity``. Otherwise ``None`` (or
+    the modified copy with ``copy=True``), having written the table to ``adata.uns[key_added]``.
     """
     info = _check_metacells(adata, key)
     use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
@@ -623,6 +619,12 @@ def metacell_quality(
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
     key_added = check_key_added(_keys.metacell_quality(key) if key_added is None else key_added)
+    if not isinstance(inplace, bool) or not isinstance(copy, bool):
+        msg = "inplace and copy must be True or False."
+        raise TypeError(msg)
+    if copy and not inplace:
+        msg = "copy=True writes into a copy; it cannot be combined with inplace=False."
+        raise ValueError(msg)
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
@@ -635,9 +637,12 @@ def metacell_quality(
         pur = purity(labels, adata.obs[celltype_key], order, celltype_key)
         df[celltype_key] = pur[celltype_key].to_numpy()
         df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
+    logg.info(
+        f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, "
+        f"separation median {np.nanmedian(df['separation']):.3g}"
+    )
+    if not inplace:
+        return df
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = df
-    logg.info(
-        f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, separation median {np.nanmedian(df['separation']):.3g}"
-    )
-    return adata if copy else df
+    return adata if copy else None

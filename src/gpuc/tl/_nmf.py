@@ -13,10 +13,19 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Backend, Device, get_backend, is_cupy_array, is_sparse, to_host
+from gpuc._backend import Backend, Device, get_backend, to_host
 from gpuc._errors import ConvergenceWarning
 from gpuc._utils import progress
-from gpuc._validate import check_adata, check_choice, check_int, check_key_added, check_memory, get_matrix
+from gpuc._validate import (
+    SeedLike,
+    check_adata,
+    check_choice,
+    check_int,
+    check_key_added,
+    check_memory,
+    get_matrix,
+    resolve_random_state,
+)
 from gpuc.nmf._consensus import (
     ConsensusError,
     consensus,
@@ -28,9 +37,9 @@ from gpuc.nmf._consensus import (
     sweep_row,
 )
 from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, Operator
+from gpuc.nmf._prepare import PREPROCESSING, prepare_matrix
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
-_PREPROCESSING = ("none", "sd", "sqrt_sd")
 _METRICS = ("cosine", "euclidean")
 _TARGETS = ("spectra", "usage")
 _NORMALIZATIONS = ("sum", "l2")
@@ -39,116 +48,46 @@ _NORMALIZATIONS = ("sum", "l2")
 # --------------------------------------------------------------------------------------------------------------------
 # input checks and the factorised block
 # --------------------------------------------------------------------------------------------------------------------
-def _gene_mask(adata: AnnData, use_highly_variable: bool) -> np.ndarray:
-    if not isinstance(use_highly_variable, bool):
-        msg = f"use_highly_variable must be True or False, got {use_highly_variable!r}."
-        raise TypeError(msg)
-    if not use_highly_variable:
+def _gene_mask(adata: AnnData, mask_var: str | np.ndarray | None) -> np.ndarray:
+    """Boolean mask of the genes to factorise: ``var[mask_var]``, a boolean array over genes, or all (``None``)."""
+    if mask_var is None:
         return np.ones(adata.n_vars, dtype=bool)
-    if "highly_variable" not in adata.var:
-        msg = (
-            "use_highly_variable=True but adata.var has no 'highly_variable' column; run "
-            "sc.pp.highly_variable_genes(adata, ...) first or pass use_highly_variable=False to use every gene."
-        )
-        raise KeyError(msg)
-    mask = np.asarray(adata.var["highly_variable"], dtype=bool)
+    if isinstance(mask_var, str):
+        if mask_var not in adata.var:
+            msg = (
+                f"mask_var={mask_var!r} but adata.var has no such column; run sc.pp.highly_variable_genes(adata, ...) "
+                "first, or pass mask_var=None to use every gene."
+            )
+            raise KeyError(msg)
+        mask = adata.var[mask_var].to_numpy()
+        where = f"adata.var[{mask_var!r}]"
+    else:
+        mask = np.asarray(mask_var)
+        where = "mask_var"
+        if mask.shape != (adata.n_vars,):
+            msg = f"mask_var as an array must have one entry per gene ({adata.n_vars}), got shape {mask.shape}."
+            raise ValueError(msg)
+    if mask.dtype != bool:
+        msg = f"{where} must be boolean, got dtype {mask.dtype}."
+        raise TypeError(msg)
     if mask.sum() == 0:
-        msg = "adata.var['highly_variable'] selects no gene."
+        msg = f"{where} selects no gene."
         raise ValueError(msg)
     return mask
 
 
-def _xp_for(x: Any) -> Any:
-    if is_cupy_array(x):
-        import cupy
-
-        return cupy
-    return np
-
-
-def _sparse_of(x: Any) -> Any:
-    if is_cupy_array(x):
-        import cupyx.scipy.sparse
-
-        return cupyx.scipy.sparse
-    import scipy.sparse
-
-    return scipy.sparse
-
-
 def _prepare_block(
-    adata: AnnData, layer: str | None, use_highly_variable: bool, preprocessing: str
+    adata: AnnData, layer: str | None, mask_var: str | np.ndarray | None, preprocessing: str
 ) -> tuple[Any, np.ndarray]:
-    """Extract, check and (optionally) scale the cells x genes block that is factorised. Touches nothing in ``adata``.
-
-    Returns the block (same array family as the input: numpy/scipy or cupy/cupyx; float) and the gene mask.
+    """The checked (and optionally scaled) cells x genes block that is factorised, and the gene mask; touches
+    nothing in ``adata``. The block stays where the data lives (numpy/scipy or cupy/cupyx).
     """
-    check_choice("preprocessing", preprocessing, _PREPROCESSING)
+    check_choice("preprocessing", preprocessing, PREPROCESSING)
     mat = get_matrix(adata, layer=layer)
-    mask = _gene_mask(adata, use_highly_variable)
-    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    mask = _gene_mask(adata, mask_var)
     block = mat[:, np.flatnonzero(mask)] if not mask.all() else mat
-    if is_cupy_array(block):
-        block = block.astype(block.dtype if block.dtype.kind == "f" else "float32")
-    elif is_sparse(block):
-        block = block.tocsr().astype(np.float64 if block.dtype.kind != "f" else block.dtype)
-    else:
-        block = np.asarray(block)
-        if block.dtype.kind not in "fiub":
-            msg = f"{where} must be numeric, got dtype {block.dtype}."
-            raise TypeError(msg)
-        block = block.astype(np.float64) if block.dtype.kind != "f" else block
-    sparse = is_sparse(block)
-    data = block.data if sparse else block
-    xp = _xp_for(data)
-    if not bool(xp.isfinite(data).all()):
-        msg = f"{where} contains NaN or infinite values on the selected genes; NMF needs finite non-negative input."
-        raise ValueError(msg)
-    if data.size and float(data.min()) < 0:
-        msg = (
-            f"{where} has negative values on the selected genes (min {float(data.min()):.4g}); NMF needs non-negative "
-            "input: use raw counts (cNMF style, with preprocessing='sd') or a log-normalised layer, never scaled data."
-        )
-        raise ValueError(msg)
-    row_sums = xp.asarray(block.sum(axis=1)).ravel()
-    col_sums = xp.asarray(block.sum(axis=0)).ravel()
-    n_zero_cells = int((row_sums <= 0).sum())
-    if n_zero_cells:
-        msg = (
-            f"{n_zero_cells} cell(s) have no signal on the {block.shape[1]} selected genes; remove them first, e.g. "
-            "adata = adata[np.asarray(adata[:, adata.var.highly_variable].X.sum(1)).ravel() > 0].copy()."
-        )
-        raise ValueError(msg)
-    n_zero_genes = int((col_sums <= 0).sum())
-    if n_zero_genes:
-        names = list(np.asarray(adata.var_names[mask])[np.flatnonzero(to_host(col_sums <= 0))][:5])
-        msg = (
-            f"{n_zero_genes} selected gene(s) are zero in every cell (e.g. {names}); drop them "
-            "(sc.pp.filter_genes(adata, min_cells=1)) or leave them out of var['highly_variable']."
-        )
-        raise ValueError(msg)
-    if preprocessing != "none":
-        m = block.shape[0]
-        if m < 2:
-            msg = "preprocessing by SD needs at least 2 cells."
-            raise ValueError(msg)
-        mean = col_sums / m
-        sq = xp.asarray((block.multiply(block) if sparse else block * block).sum(axis=0)).ravel() / m
-        sd = xp.sqrt(xp.maximum(sq - mean * mean, 0.0) * m / (m - 1))
-        bad = sd <= 1e-12 * xp.maximum(mean, 1.0)
-        if bool(bad.any()):
-            names = list(np.asarray(adata.var_names[mask])[np.flatnonzero(to_host(bad))][:5])
-            msg = (
-                f"{int(bad.sum())} selected gene(s) have zero variance (e.g. {names}); preprocessing={preprocessing!r} "
-                "would divide by zero. Drop them from the gene selection or use preprocessing='none'."
-            )
-            raise ValueError(msg)
-        factor = 1.0 / (sd if preprocessing == "sd" else xp.sqrt(sd))
-        if sparse:
-            block = (block @ _sparse_of(block).diags(factor)).tocsr()
-        else:
-            block = block * factor[None, :]
-    return block, mask
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    return prepare_matrix(block, preprocessing, gene_names=adata.var_names[mask], where=where), mask
 
 
 def _check_common(
@@ -235,7 +174,7 @@ def nmf_k_sweep(
     *,
     n_runs: int = 10,
     layer: str | None = None,
-    use_highly_variable: bool = True,
+    mask_var: str | np.ndarray | None = "highly_variable",
     preprocessing: Preprocessing = "none",
     density_threshold: float = 2.0,
     metric: Literal["cosine", "euclidean"] = "cosine",
@@ -246,9 +185,9 @@ def nmf_k_sweep(
     warmup: int = WARMUP,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
-    device: Device | None = "auto",
+    device: Device | None = None,
     dtype: Any = None,
-    random_state: int = 0,
+    random_state: SeedLike = 0,
     key_added: str = _keys.NMF_K_SWEEP,
     copy: bool = False,
 ) -> AnnData | None:
@@ -272,8 +211,9 @@ def nmf_k_sweep(
     layer
         Layer to factorise (default ``adata.X``): raw counts with ``preprocessing="sd"`` for cNMF-style programmes,
         a log-normalised layer with ``"none"`` for bixverse-style ones. Must be finite and non-negative.
-    use_highly_variable
-        Restrict to ``adata.var['highly_variable']``.
+    mask_var
+        Genes to factorise: a boolean ``var`` column (``"highly_variable"``, the default, as left by
+        :func:`scanpy.pp.highly_variable_genes`), a boolean array over genes, or ``None`` for every gene.
     preprocessing
         ``"none"``, ``"sd"`` (divide each gene by its SD, ddof=1, no centring, as cNMF) or ``"sqrt_sd"``.
     density_threshold
@@ -301,12 +241,13 @@ def nmf_k_sweep(
     kmeans_n_init
         k-means restarts for the consensus clustering.
     device
-        ``"auto"``, ``"cpu"`` or ``"gpu"`` (see :func:`gpuc.settings`).
+        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     dtype
         Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
         in float64) or float64.
     random_state
-        Master seed.
+        Master seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once);
+        the int used is recorded in ``params``.
     key_added
         ``uns`` key of the result.
     copy
@@ -340,9 +281,9 @@ def nmf_k_sweep(
         raise ValueError(msg)
     _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate, warmup, update_order)
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
-    check_int("random_state", random_state)
+    random_state = resolve_random_state(random_state)
     check_key_added(key_added)
-    block, _ = _prepare_block(adata, layer, use_highly_variable, preprocessing)
+    block, _ = _prepare_block(adata, layer, mask_var, preprocessing)
     ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
     backend, op = _backend_and_op(block, device, dtype)
     # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
@@ -404,7 +345,7 @@ def nmf_k_sweep(
             "k_range": np.asarray(ks, dtype=np.int64),
             "n_runs": n_runs,
             "layer": layer,
-            "use_highly_variable": use_highly_variable,
+            "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
             "preprocessing": preprocessing,
             "density_threshold": float(density_threshold),
             "metric": metric,
@@ -415,10 +356,12 @@ def nmf_k_sweep(
             "warmup": warmup,
             "update_order": update_order,
             "kmeans_n_init": kmeans_n_init,
-            "dtype": str(op.dtype),
+            "dtype": None if dtype is None else str(np.dtype(dtype)),
             "random_state": random_state,
-            "device": backend.name,
+            "device": device,
         },
+        "device": backend.name,
+        "dtype": str(op.dtype),
         "table": table,
         "seconds": time.perf_counter() - t0,
     }
@@ -435,7 +378,7 @@ def consensus_nmf(
     *,
     n_runs: int = 20,
     layer: str | None = None,
-    use_highly_variable: bool = True,
+    mask_var: str | np.ndarray | None = "highly_variable",
     preprocessing: Preprocessing = "none",
     density_threshold: float = 0.5,
     metric: Literal["cosine", "euclidean"] = "cosine",
@@ -448,9 +391,9 @@ def consensus_nmf(
     warmup: int = WARMUP,
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
-    device: Device | None = "auto",
+    device: Device | None = None,
     dtype: Any = None,
-    random_state: int = 0,
+    random_state: SeedLike = 0,
     key_added: str = _keys.NMF,
     copy: bool = False,
 ) -> AnnData | None:
@@ -470,7 +413,7 @@ def consensus_nmf(
         Number of programmes (>= 2, smaller than the number of cells and of genes).
     n_runs
         Restarts (>= 2).
-    layer, use_highly_variable, preprocessing
+    layer, mask_var, preprocessing
         The factorised block, as in :func:`nmf_k_sweep`.
     density_threshold
         Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
@@ -525,12 +468,12 @@ def consensus_nmf(
         n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order
     )
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
-    check_int("random_state", random_state)
+    random_state = resolve_random_state(random_state)
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
         msg = f"neighborhood={neighborhood!r} must be in (0, 1]."
         raise ValueError(msg)
     check_key_added(key_added)
-    block, mask = _prepare_block(adata, layer, use_highly_variable, preprocessing)
+    block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     k = _check_k(k, block.shape)
     backend, op = _backend_and_op(block, device, dtype)
     _check_nmf_memory(backend, op, [[k]], n_runs, target)
@@ -584,7 +527,7 @@ def consensus_nmf(
             "k": k,
             "n_runs": n_runs,
             "layer": layer,
-            "use_highly_variable": use_highly_variable,
+            "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
             "preprocessing": preprocessing,
             "density_threshold": float(density_threshold),
             "metric": metric,
@@ -597,10 +540,12 @@ def consensus_nmf(
             "warmup": warmup,
             "update_order": update_order,
             "kmeans_n_init": kmeans_n_init,
-            "dtype": str(op.dtype),
+            "dtype": None if dtype is None else str(np.dtype(dtype)),
             "random_state": random_state,
-            "device": backend.name,
+            "device": device,
         },
+        "device": backend.name,
+        "dtype": str(op.dtype),
         "stability": res.stability,
         "rel_error": res.rel_error,
         "run_errors": fits.rel_errors.astype(np.float64),

@@ -1,6 +1,6 @@
 """``gpuc demo``: the whole chain on the bundled data, with figures and a summary table.
 
-Each tool contributes one step module (``gpuc.<tool>._demo``) exposing ``run(ctx) -> list[dict]``; a step whose module
+Each tool contributes one step module (``gpuc._demo.<tool>``) exposing ``run(ctx) -> list[dict]``; a step whose module
 is not there yet is reported as missing instead of failing the demo.
 """
 
@@ -17,9 +17,9 @@ import pandas as pd
 
 # (step name, module with run(ctx) -> list of summary rows)
 DEMO_STEPS: list[tuple[str, str]] = [
-    ("metacells", "gpuc.metacells._demo"),
-    ("consensus NMF", "gpuc.nmf._demo"),
-    ("DESeq2", "gpuc.deseq._demo"),
+    ("metacells", "gpuc._demo.metacells"),
+    ("consensus NMF", "gpuc._demo.nmf"),
+    ("DESeq2", "gpuc._demo.deseq"),
 ]
 
 

@@ -61,9 +61,9 @@ def run(ctx: Any) -> list[dict]:
 
             t0 = time.perf_counter()
             mc = mc[:, np.asarray(mc.X.sum(axis=0)).ravel() > 0].copy()  # genes no metacell expresses cannot be scaled
-            use_hv = "highly_variable" in mc.var
+            mask_var = "highly_variable" if "highly_variable" in mc.var else None
             gpuc.tl.consensus_nmf(
-                mc, K, n_runs=20, use_highly_variable=use_hv, preprocessing="sd", device=ctx.device, random_state=0
+                mc, K, n_runs=20, mask_var=mask_var, preprocessing="sd", device=ctx.device, random_state=0
             )
             um = mc.uns["nmf"]
             rows.append(

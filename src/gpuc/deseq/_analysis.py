@@ -1,0 +1,178 @@
+"""One DESeq2 analysis: design and contrasts from a sample table, the fit, and a results table per contrast.
+
+:func:`plan_analysis` turns what the user wrote (formula, contrasts, reduced model) into matrices and vectors,
+raising :class:`ValueError` for anything R DESeq2 would refuse, before any fit. :func:`run_analysis` fits and tests.
+Both take a pandas sample table and arrays, never an AnnData; :func:`gpuc.tl.deseq` calls them once per group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuc._backend import Backend
+from gpuc.deseq._design import Design, build_design, contrast_vector
+from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
+
+RESULT_COLUMNS = ("baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
+# what results() reports about independent filtering and Cook's outliers that is kept with each table
+_FILTER_FIELDS = ("filter_threshold", "filter_theta", "n_cooks_outliers", "theta", "num_rejections", "lowess")
+
+
+@dataclass
+class Contrast:
+    """A contrast as R names it, its coefficient vector, and the sample groups it compares (for R's rule that a
+    gene with zero counts in both compared groups gets a zero fold change), when it names two factor levels.
+    """
+
+    name: str
+    vector: np.ndarray
+    zero_groups: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass
+class AnalysisPlan:
+    """The design, the reduced design of a likelihood-ratio test and the contrasts of one analysis."""
+
+    design: Design
+    contrasts: list[Contrast]
+    reduced: Design | None = None
+
+
+@dataclass
+class Analysis:
+    """A fitted analysis: the fit, and per contrast name a results table and its filtering summary."""
+
+    plan: AnalysisPlan
+    fit: DeseqFit
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    filtering: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def split_contrasts(contrast: Any) -> list[Any]:
+    """One contrast or a list of contrasts -> list (a 3-string list is one ``[factor, numerator, reference]``)."""
+    if contrast is None or isinstance(contrast, str):
+        return [contrast]
+    if isinstance(contrast, np.ndarray):
+        return [contrast] if contrast.ndim == 1 else list(contrast)
+    if isinstance(contrast, list | tuple):
+        if (
+            len(contrast) > 0
+            and all(isinstance(c, list | tuple | np.ndarray | str) for c in contrast)
+            and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast))
+        ):
+            return list(contrast)
+        return [contrast]
+    return [contrast]
+
+
+def _zero_groups(obs: pd.DataFrame, contrast: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    if isinstance(contrast, list | tuple) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
+        col = obs[contrast[0]].astype(str).to_numpy()
+        return col == contrast[1], col == contrast[2]
+    return None
+
+
+def plan_analysis(
+    obs: pd.DataFrame, design: str | pd.DataFrame, contrast: Any = None, *, reduced: str | pd.DataFrame | None = None
+) -> AnalysisPlan:
+    """Build and check the design, the reduced design (likelihood-ratio test) and every contrast.
+
+    Raises :class:`ValueError` for a design R would refuse (unknown variables, missing values, single-level
+    factors, confounded columns), no residual degrees of freedom, a reduced model not nested in the design, and a
+    contrast that cannot be formed from the design.
+    """
+    obs = obs.assign(
+        **{
+            c: obs[c].cat.remove_unused_categories()
+            for c in obs.columns
+            if isinstance(obs[c].dtype, pd.CategoricalDtype)
+        }
+    )
+    dsg = build_design(obs, design)
+    n, p = dsg.matrix.shape
+    if n <= p:
+        msg = (
+            f"no residual degrees of freedom ({n} samples, {p} design columns {dsg.columns}); DESeq2 needs replicates."
+        )
+        raise ValueError(msg)
+    red = None
+    if reduced is not None:
+        red = build_design(obs, reduced)
+        coef, *_ = np.linalg.lstsq(dsg.matrix, red.matrix, rcond=None)
+        if red.matrix.shape[1] >= p or not np.allclose(dsg.matrix @ coef, red.matrix, atol=1e-8):
+            msg = (
+                f"reduced={reduced!r} must be nested in design={design!r} with fewer columns "
+                f"(columns {red.columns} vs {dsg.columns})."
+            )
+            raise ValueError(msg)
+    contrasts = []
+    for c in split_contrasts(contrast):
+        vec, name = contrast_vector(dsg, c)
+        contrasts.append(Contrast(name, vec, _zero_groups(obs, c)))
+    return AnalysisPlan(dsg, contrasts, red)
+
+
+def run_analysis(
+    backend: Backend,
+    counts: Any,
+    plan: AnalysisPlan,
+    *,
+    gene_names: pd.Index,
+    size_factors: str | np.ndarray = "ratio",
+    fit_type: str = "parametric",
+    refit_cooks: bool = True,
+    min_replicates: int = 7,
+    max_iter: int = 100,
+    alpha: float = 0.05,
+    cooks_filter: bool = True,
+    independent_filter: bool = True,
+    lfc_threshold: float = 0.0,
+    alt_hypothesis: str = "greaterAbs",
+    lfc_shrink: str | None = None,
+) -> Analysis:
+    """Fit DESeq2 on samples x genes ``counts`` and test every contrast of ``plan`` (Wald, or the likelihood-ratio
+    test when the plan has a reduced design); with ``lfc_shrink`` the tables also get shrunken fold changes.
+    """
+    test = "wald" if plan.reduced is None else "lrt"
+    fit = run_deseq(
+        backend,
+        counts,
+        plan.design.matrix,
+        size_factors=size_factors,
+        fit_type=fit_type,
+        refit_cooks=refit_cooks,
+        min_replicates=min_replicates,
+        max_iter=max_iter,
+        reduced=None if plan.reduced is None else plan.reduced.matrix,
+    )
+    out = Analysis(plan, fit)
+    for c in plan.contrasts:
+        res, info = results(
+            fit,
+            c.vector,
+            zero_groups=c.zero_groups,
+            alpha=alpha,
+            cooks_filter=cooks_filter,
+            independent_filter=independent_filter,
+            lfc_threshold=lfc_threshold,
+            alt_hypothesis=alt_hypothesis,
+            test=test,
+        )
+        table = pd.DataFrame(
+            {col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy()
+        )
+        if lfc_shrink is not None:
+            from gpuc.deseq._shrink import shrink_lfc
+
+            table["log2FoldChange_shrunk"], table["lfcSE_shrunk"] = shrink_lfc(
+                backend, fit, c.vector, method=lfc_shrink, design=plan.design
+            )
+        out.tables[c.name] = table
+        out.filtering[c.name] = {
+            k: (float(v) if np.isscalar(v) else np.asarray(v)) for k, v in info.items() if k in _FILTER_FIELDS
+        }
+    return out
