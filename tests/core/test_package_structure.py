@@ -65,7 +65,7 @@ def test_tools_writing_results_have_copy_and_key_added(name: str, func: Callable
 @pytest.mark.parametrize(("name", "func"), PL, ids=_ids(PL))
 def test_plots_take_ax_and_show_and_return_axes_or_figure(name: str, func: Callable) -> None:
     params = inspect.signature(func).parameters
-    for arg in ("ax", "show"):
+    for arg in ("ax", "show", "save"):
         assert arg in params, f"{name} needs `{arg}=`"
         assert params[arg].kind is inspect.Parameter.KEYWORD_ONLY and params[arg].default is None
     ret = str(inspect.signature(func).return_annotation)
@@ -77,3 +77,35 @@ def test_numpydoc_with_returns(name: str, func: Callable) -> None:
     doc = inspect.getdoc(func) or ""
     assert "Parameters\n----------" in doc, f"{name}: numpydoc Parameters section missing"
     assert "Returns\n-------" in doc, f"{name}: numpydoc Returns section missing"
+
+
+# ---- one convention for every public function (parameter names and defaults as in Scanpy) -------------------------
+RENAMED = {"use_highly_variable": "mask_var", "deseq_key": "key"}
+# parameters that name obs columns or a second table, not the results a tool reads
+OBS_COLUMN_KEYS = {"sample_key", "celltype_key", "quality_key"}
+
+
+@pytest.mark.parametrize(("name", "func"), ALL, ids=_ids(ALL))
+def test_shared_parameter_names_and_defaults(name: str, func: Callable) -> None:
+    params = inspect.signature(func).parameters
+    for old, new in RENAMED.items():
+        assert old not in params, f"{name}: `{old}` is spelled `{new}` in gpuc (as in Scanpy)"
+    if "layer" in params:
+        assert params["layer"].default is None, f"{name}: layer defaults to None (adata.X), as in Scanpy"
+    if "device" in params:
+        p = params["device"]
+        assert p.default is None, f"{name}: device=None means gpuc.settings.device"
+        assert "None" in str(p.annotation), f"{name}: device is annotated `Device | None`"
+    if "random_state" in params:
+        assert params["random_state"].default == 0 and "SeedLike" in str(params["random_state"].annotation), name
+    if "mask_var" in params:
+        assert params["mask_var"].default == "highly_variable", name
+    for flag in ("inplace", "copy"):
+        if flag in params:
+            assert params[flag].kind is inspect.Parameter.KEYWORD_ONLY, f"{name}: `{flag}` is keyword-only"
+    if "inplace" in params:
+        assert params["inplace"].default is True, name
+    if "key_added" in params:
+        assert params["key_added"].kind is inspect.Parameter.KEYWORD_ONLY, name
+    read_keys = [p for p in params if p == "key" or (p.endswith("_key") and p not in OBS_COLUMN_KEYS)]
+    assert read_keys in ([], ["key"]), f"{name}: what a tool reads is named `key`, got {read_keys}"

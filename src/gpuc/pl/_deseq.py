@@ -44,6 +44,7 @@ def volcano(
     n_top: int = 10,
     ax: Any = None,
     show: bool | None = None,
+    save: str | None = None,
 ) -> Axes | None:
     """Volcano plot: log2 fold change against -log10 p-value; genes with padj < alpha coloured, top genes labelled.
 
@@ -66,7 +67,10 @@ def volcano(
     ax
         Axes to draw into.
     show
-        Show the figure; with ``show=False`` the Axes is returned.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -95,7 +99,7 @@ def volcano(
         fontsize=9,
     )
     ax.legend(frameon=False, fontsize=8, markerscale=2)
-    return finish(ax, show)
+    return finish(ax, show, save=save)
 
 
 def ma(
@@ -110,6 +114,7 @@ def ma(
     ylim: float | None = None,
     ax: Any = None,
     show: bool | None = None,
+    save: str | None = None,
 ) -> Axes | None:
     """MA plot (R ``plotMA``): log2 fold change against mean of normalised counts, padj < alpha in colour.
 
@@ -127,8 +132,13 @@ def ma(
         Number of most significant genes to label.
     ylim
         Symmetric y limit; points beyond are drawn as triangles at the edge.
-    ax, show
-        Axes to draw into; ``show=False`` returns it.
+    ax
+        Axes to draw into; a new figure if None.
+    show
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -153,11 +163,17 @@ def ma(
     _label_top(ax, bm, y, df.index, order, n_top)
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
-    return finish(ax, show)
+    return finish(ax, show, save=save)
 
 
 def dispersion(
-    adata: AnnData, *, key: str = _keys.DESEQ, group: str | None = None, ax: Any = None, show: bool | None = None
+    adata: AnnData,
+    *,
+    key: str = _keys.DESEQ,
+    group: str | None = None,
+    ax: Any = None,
+    show: bool | None = None,
+    save: str | None = None,
 ) -> Axes | None:
     """Dispersion estimates against the mean (R ``plotDispEsts``): genewise (black), trend (red), final (blue),
     dispersion outliers circled.
@@ -168,8 +184,13 @@ def dispersion(
         AnnData after :func:`gpuc.tl.deseq`.
     key, group
         As in :func:`gpuc.get.deseq_results`.
-    ax, show
-        Axes to draw into; ``show=False`` returns it.
+    ax
+        Axes to draw into; a new figure if None.
+    show
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -203,4 +224,4 @@ def dispersion(
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("dispersion")
     ax.legend(frameon=False, fontsize=8, markerscale=2)
-    return finish(ax, show)
+    return finish(ax, show, save=save)

@@ -63,9 +63,10 @@ def metacells(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
     save
-        Path to save the figure to.
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -137,9 +138,10 @@ def metacell_sizes(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
     save
-        Path to save the figure to.
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -179,9 +181,10 @@ def metacell_quality(
     ax
         Unused placeholder for API symmetry (the figure has several panels); must be None.
     show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
     save
-        Path to save the figure to.
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -230,9 +233,10 @@ def metacell_convergence(
     ax
         Axes to draw into; a new figure if None.
     show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy).
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
     save
-        Path to save the figure to.
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------

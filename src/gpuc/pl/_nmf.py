@@ -25,7 +25,12 @@ def _uns(adata: AnnData, key: str, what: str) -> dict:
 
 
 def nmf_k_sweep(
-    adata: AnnData, *, key: str = _keys.NMF_K_SWEEP, ax: Sequence[Axes] | None = None, show: bool | None = None
+    adata: AnnData,
+    *,
+    key: str = _keys.NMF_K_SWEEP,
+    ax: Sequence[Axes] | None = None,
+    show: bool | None = None,
+    save: str | None = None,
 ) -> Figure | None:
     """Stability and relative reconstruction error against k, from :func:`gpuc.tl.nmf_k_sweep`.
 
@@ -42,7 +47,10 @@ def nmf_k_sweep(
     ax
         Two Axes (stability, error); a new figure when ``None``.
     show
-        Show the figure (default) or return it.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -79,7 +87,7 @@ def nmf_k_sweep(
         a.grid(alpha=0.3)
     fig.suptitle("High stability with error still falling is the sweet spot", fontsize=9, y=1.0)
     fig.tight_layout()
-    return finish(fig, show)
+    return finish(fig, show, save=save)
 
 
 def nmf_density(
@@ -90,6 +98,7 @@ def nmf_density(
     bins: int = 50,
     ax: Axes | None = None,
     show: bool | None = None,
+    save: str | None = None,
 ) -> Axes | None:
     """Histogram of the pooled components' local densities with the density threshold and the number dropped.
 
@@ -106,7 +115,10 @@ def nmf_density(
     ax
         Axes to draw into; a new figure when ``None``.
     show
-        Show the figure (default) or return the Axes.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -131,11 +143,17 @@ def nmf_density(
         ylabel="components",
         title=f"{n_drop} of {dens.size} dropped",
     )
-    return finish(ax, show)
+    return finish(ax, show, save=save)
 
 
 def nmf_clustergram(
-    adata: AnnData, *, key: str = _keys.NMF, cmap: str = "viridis_r", ax: Axes | None = None, show: bool | None = None
+    adata: AnnData,
+    *,
+    key: str = _keys.NMF,
+    cmap: str = "viridis_r",
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | None = None,
 ) -> Axes | None:
     """Pairwise distances between the kept pooled components, ordered by consensus cluster (cNMF's clustergram).
 
@@ -150,7 +168,10 @@ def nmf_clustergram(
     ax
         Axes to draw into; a new figure when ``None``.
     show
-        Show the figure (default) or return the Axes.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -179,7 +200,7 @@ def nmf_clustergram(
         ax.axvline(b, color="white", lw=0.6)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=f"{u['params'].get('metric', '')} distance")
     ax.set(xticks=[], yticks=[], title=f"{len(order)} components in {len(np.unique(cl[order]))} clusters")
-    return finish(ax, show)
+    return finish(ax, show, save=save)
 
 
 def nmf_programs(
@@ -190,6 +211,7 @@ def nmf_programs(
     ncols: int = 4,
     ax: Any = None,
     show: bool | None = None,
+    save: str | None = None,
 ) -> Figure | None:
     """Top genes of each programme (bar charts of the consensus spectra weights).
 
@@ -206,7 +228,10 @@ def nmf_programs(
     ax
         A sequence of at least k Axes; a new figure when ``None``.
     show
-        Show the figure (default) or return it.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -237,7 +262,7 @@ def nmf_programs(
     for a in axes[k:]:
         a.set_visible(False)
     fig.tight_layout()
-    return finish(fig, show)
+    return finish(fig, show, save=save)
 
 
 def nmf_usage(
@@ -252,6 +277,7 @@ def nmf_usage(
     cmap: str = "viridis",
     ax: Any = None,
     show: bool | None = None,
+    save: str | None = None,
 ) -> Figure | None:
     """Programme usages on an embedding (``obsm['X_' + basis]``), one panel per programme.
 
@@ -276,7 +302,10 @@ def nmf_usage(
     ax
         A sequence of Axes, one per programme; a new figure when ``None``.
     show
-        Show the figure (default) or return it.
+        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+        returns it for further drawing.
+    save
+        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
 
     Returns
     -------
@@ -316,4 +345,4 @@ def nmf_usage(
     for a in axes[len(sel) :]:
         a.set_visible(False)
     fig.tight_layout()
-    return finish(fig, show)
+    return finish(fig, show, save=save)
