@@ -59,7 +59,7 @@ def volcano(
     alpha
         Significance threshold on padj (default: the ``alpha`` used in the fit).
     lfc_threshold
-        Also require |log2 fold change| above this to colour a gene; drawn as dashed lines.
+        Also require an absolute log2 fold change above this to colour a gene; drawn as dashed lines.
     shrunk
         Plot the shrunken fold changes (needs ``lfc_shrink``).
     n_top
