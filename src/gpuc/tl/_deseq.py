@@ -127,7 +127,7 @@ def deseq(
     lfc_threshold
         log2 fold-change threshold for the Wald test.
     alt_hypothesis
-        ``"greaterAbs"`` (|LFC| > threshold; with a threshold, R's "greaterAbs2014" form used by DESeq2
+        ``"greaterAbs"`` (absolute log2 fold change > threshold; with a threshold, R's "greaterAbs2014" form used by DESeq2
         1.34-1.42), ``"lessAbs"``, ``"greater"``, ``"less"``.
     min_replicates
         Minimum samples per design cell for outlier replacement.
