@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from anndata import AnnData
 
-from gpuc._backend import Backend, is_cupy_array, is_sparse
+from gpuc._backend import Backend, backend_of, is_sparse
 from gpuc._errors import InsufficientMemoryError
 
 _GIB = float(1 << 30)
@@ -141,7 +141,7 @@ def check_key(mapping: Any, key: str, where: str, hint: str = "") -> None:
 def check_finite(name: str, x: Any) -> None:
     """Raise a :class:`ValueError` if a dense or sparse array holds NaN or inf."""
     data = x.data if is_sparse(x) else x
-    xp = _xp_of(data)
+    xp = backend_of(data).xp
     if not bool(xp.isfinite(xp.asarray(data)).all()):
         msg = f"{name} contains NaN or infinite values; remove or impute them first."
         raise ValueError(msg)
@@ -162,11 +162,3 @@ def get_matrix(adata: AnnData, *, layer: str | None = None, use_rep: str | None 
         msg = "adata.X is empty; pass layer= naming the matrix to use."
         raise ValueError(msg)
     return check_in_memory(adata.X, "adata.X")
-
-
-def _xp_of(x: Any) -> Any:
-    if is_cupy_array(x):
-        import cupy
-
-        return cupy
-    return np

@@ -13,7 +13,7 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Device, get_backend, is_cupy_array, is_sparse, to_host
+from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._validate import (
     check_adata,
@@ -33,11 +33,8 @@ from gpuc.deseq._analysis import Analysis, plan_analysis, run_analysis, split_co
 def _check_counts(x: Any, what: str) -> None:
     """Raise unless ``x`` holds finite, non-negative whole numbers and every sample has a positive total."""
     data = x.data if is_sparse(x) else x
-    if is_cupy_array(data):
-        import cupy as xp
-    else:
-        xp = np
-        data = np.asarray(data)
+    xp = backend_of(data).xp
+    data = xp.asarray(data)
     if data.dtype.kind not in "iufb":
         msg = f"{what} must be numeric counts, got dtype {data.dtype}."
         raise TypeError(msg)

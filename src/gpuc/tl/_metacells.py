@@ -372,10 +372,9 @@ def metacells(
             f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}"
         )
         offset += k
-    k_total = offset
-    weights = _assemble(weights_blocks, n, k_total, plan)
-    arche = _assemble(arche_blocks, n, k_total, plan)
-    kernel = _assemble_square(kernel_blocks, n)
+    weights = _assemble(weights_blocks, n)
+    arche = _assemble(arche_blocks, n)
+    kernel = _assemble(kernel_blocks, n, square=True)
     table = pd.concat(tables)
     present = [lab for lab in table.index if lab in set(labels)]
     uns: dict[str, Any] = {
@@ -437,32 +436,24 @@ def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _assemble(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int, k_total: int, plan: list[Any]) -> sp.csr_matrix:
+def _assemble(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int, *, square: bool = False) -> sp.csr_matrix:
+    """Place per-group matrices (the group's cell positions, a group-cells x columns matrix) into one n-row CSR.
+
+    Columns of successive groups are stacked side by side; with ``square`` the columns are cells too (the kernel),
+    so each block lands on its group's rows and columns (block-diagonal).
+    """
     if len(blocks) == 1 and np.array_equal(blocks[0][0], np.arange(n)):
         return blocks[0][1].tocsr()
     rows, cols, vals = [], [], []
-    off = 0
+    offset = 0
     for idx, m in blocks:
         c = m.tocoo()
         rows.append(idx[c.row])
-        cols.append(c.col + off)
+        cols.append(idx[c.col] if square else c.col + offset)
         vals.append(c.data)
-        off += m.shape[1]
-    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, k_total))
-    out.sort_indices()
-    return out
-
-
-def _assemble_square(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int) -> sp.csr_matrix:
-    if len(blocks) == 1 and np.array_equal(blocks[0][0], np.arange(n)):
-        return blocks[0][1]
-    rows, cols, vals = [], [], []
-    for idx, m in blocks:
-        c = m.tocoo()
-        rows.append(idx[c.row])
-        cols.append(idx[c.col])
-        vals.append(c.data)
-    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+        offset += m.shape[1]
+    shape = (n, n if square else offset)
+    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
     out.sort_indices()
     return out
 

@@ -14,7 +14,7 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Backend, Device, get_backend, to_host
-from gpuc._errors import ConvergenceWarning
+from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._utils import progress
 from gpuc._validate import (
     SeedLike,
@@ -332,11 +332,14 @@ def nmf_k_sweep(
     bar.close()
     table = pd.DataFrame(rows)
     if table["consensus_failed"].any():
-        logg.warning(
-            f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()} (too few components passed the density filter)"
+        msg = (
+            f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()}: too few components passed the "
+            "density filter; their stability is NaN. Raise density_threshold (2.0 keeps every component)."
         )
+        warnings.warn(msg, GpucWarning, stacklevel=2)
     if (table["n_empty_clusters"] > 0).any():
-        logg.warning(f"empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}")
+        msg = f"the consensus k-means left empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}"
+        warnings.warn(msg, GpucWarning, stacklevel=2)
     _warn_not_converged(dict(zip(table["k"], n_runs - table["n_converged"], strict=True)), n_runs, max_iter, tol)
 
     adata = adata.copy() if copy else adata
@@ -512,7 +515,12 @@ def consensus_nmf(
     except ConsensusError as err:
         raise ValueError(str(err)) from None
     if res.n_empty_clusters:
-        logg.warning(f"{res.n_empty_clusters} of the {k} k-means clusters are empty")
+        warnings.warn(
+            f"{res.n_empty_clusters} of the {k} consensus k-means clusters are empty; their programmes are zero. "
+            "Use a smaller k or a higher density_threshold.",
+            GpucWarning,
+            stacklevel=2,
+        )
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, tol)
 
     spectra = np.zeros((adata.n_vars, k))
