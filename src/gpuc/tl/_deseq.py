@@ -352,8 +352,7 @@ def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
     """Estimated peak memory of one DESeq2 fit, beyond the input counts.
 
     About 14 float64 genes x samples arrays are alive at once (counts, normalised counts, means, IRLS weights and
-    work arrays, Cook's distances) plus ~100 float64 values per gene (per-gene fields, coefficient covariances);
-    tracemalloc peaks of 10-21 x ``8 * n_samples * n_genes`` bytes were seen from 20 to 200 samples.
+    work arrays, Cook's distances) plus ~100 float64 values per gene (per-gene fields, coefficient covariances).
     """
     return (14.0 * n_samples + 100.0) * 8.0 * n_genes
 

@@ -225,9 +225,9 @@ def nmf_k_sweep(
     max_iter, tol
         HALS iteration limit and tolerance: a run stops when its loss changed by less than ``tol * ||V||^2`` over the
         last 10 iterations (checked every 5).
-        On cNMF's pbmc3k matrix, from identical random starts, the defaults (``tol=1e-6, warmup=5``) give the
-        restart-to-restart stability of cNMF's solver (mean over k = 2..12 +0.001, every k within one standard error);
-        ``tol=1e-5`` takes ~15% less work and is ~0.006 less stable on average (docs/benchmarks.md).
+        From identical random starts the defaults (``tol=1e-6, warmup=5``) give the restart-to-restart stability of
+        cNMF's solver (scikit-learn coordinate descent); a looser ``tol`` is faster and slightly less stable (see
+        the benchmarks page).
     extrapolate
         Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts) after the ``warmup``
         iterations: far fewer iterations than plain HALS. ``False`` gives plain HALS throughout.
