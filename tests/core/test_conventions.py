@@ -155,3 +155,26 @@ def test_pseudobulk_equals_scanpy_aggregate_and_drops_missing_labels():
     with warnings.catch_warnings():
         warnings.simplefilter("error", gpuc.GpucWarning)
         gpuc.tl.pseudobulk(cells[10:].copy(), "donor", groupby="cell_type", min_cells=1)
+
+
+# ---- metacells: hard sums as scanpy's aggregate, multi-panel plots take their Axes ---------------------------------
+def test_aggregate_metacells_equals_scanpy_aggregate_and_quality_plot_takes_axes():
+    import matplotlib.pyplot as plt
+
+    a = sc.datasets.pbmc68k_reduced()
+    a.X = sp.csr_matrix(np.rint(np.abs(a.X) * 3).astype(np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpuc.ConvergenceWarning)
+        gpuc.tl.metacells(a, device="cpu", max_iter=3, min_iter=1)
+    mc = gpuc.tl.aggregate_metacells(a, celltype_key="bulk_labels")
+    ref = sc.get.aggregate(a, by="metacell", func="sum")
+    ref_sums = pd.DataFrame(np.asarray(ref.layers["sum"]), index=ref.obs_names.astype(str))
+    np.testing.assert_array_equal(mc.X.toarray(), ref_sums.loc[mc.obs_names].to_numpy())
+
+    gpuc.tl.metacell_quality(a, celltype_key="bulk_labels", device="cpu")
+    fig, axes = plt.subplots(1, 3)
+    assert gpuc.pl.metacell_quality(a, ax=axes, show=False) is fig
+    assert [ax.get_title().split("\n")[0] for ax in axes] == ["compactness", "separation", "bulk_labels_purity"]
+    with pytest.raises(ValueError, match="one per panel"):
+        gpuc.pl.metacell_quality(a, ax=axes[:2], show=False)
+    plt.close("all")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -164,7 +165,7 @@ def metacell_quality(
     key: str = _keys.METACELL,
     *,
     quality_key: str | None = None,
-    ax: Axes | None = None,
+    ax: Sequence[Axes] | None = None,
     show: bool | None = None,
     save: str | None = None,
 ) -> Figure | None:
@@ -179,7 +180,8 @@ def metacell_quality(
     quality_key
         ``uns`` key of the quality table (default ``key + "_quality"``).
     ax
-        Unused placeholder for API symmetry (the figure has several panels); must be None.
+        One Axes per panel (compactness, separation, then each purity column), e.g. from
+        ``plt.subplots(1, 3)``; a new figure when ``None``.
     show
         Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
         returns it for further drawing.
@@ -196,13 +198,17 @@ def metacell_quality(
     if qk not in adata.uns:
         msg = f"No quality table at adata.uns[{qk!r}]: run gpuc.tl.metacell_quality(adata, {key!r}) first."
         raise KeyError(msg)
-    if ax is not None:
-        msg = "metacell_quality draws several panels; pass ax=None."
-        raise ValueError(msg)
     df = adata.uns[qk]
     cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith("_purity")]
-    fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
-    axes = np.atleast_1d(axes)
+    if ax is None:
+        fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
+        axes = np.atleast_1d(axes)
+    else:
+        axes = list(ax)
+        if len(axes) != len(cols):
+            msg = f"ax must hold {len(cols)} Axes, one per panel ({', '.join(cols)}); got {len(axes)}."
+            raise ValueError(msg)
+        fig = axes[0].figure
     for a, c in zip(axes, cols, strict=True):
         v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy()
         a.boxplot(v, widths=0.5, showfliers=False)
@@ -210,7 +216,8 @@ def metacell_quality(
         a.set_xticks([])
         better = "lower is better" if c == "compactness" else "higher is better"
         a.set_title(f"{c}\n({better})", fontsize=10)
-    fig.tight_layout()
+    if ax is None:
+        fig.tight_layout()
     return finish(fig, show, save=save)
 
 
