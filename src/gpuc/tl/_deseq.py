@@ -357,6 +357,13 @@ def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
     return (14.0 * n_samples + 100.0) * 8.0 * n_genes
 
 
+def vst_peak_bytes(n_samples: int, n_genes: int) -> float:
+    """Estimated peak memory of :func:`vst`: the dense float64 counts, their transpose, the genewise dispersion fit's
+    work arrays and the output (about 8 genes x samples arrays), plus per-gene values.
+    """
+    return (8.0 * n_samples + 50.0) * 8.0 * n_genes
+
+
 def _warn_not_converged(analyses: list, max_iter: int) -> None:
     """One :class:`ConvergenceWarning` for the genes whose GLM did not converge (all groups together)."""
     parts = []
@@ -543,6 +550,11 @@ def vst(
     -----
     GpucWarning
         When the trend fit fell back to another type, as R does.
+
+    Raises
+    ------
+    InsufficientMemoryError
+        Before anything is computed, when the estimated peak memory exceeds the device's free memory.
     """
     from gpuc.deseq._dispersion import DispersionFunction
     from gpuc.deseq._vst import variance_stabilize
@@ -565,6 +577,12 @@ def vst(
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
         trend = DispersionFunction.from_dict(adata.uns[key]["trend"])
     backend = get_backend(device, counts)
+    check_memory(
+        backend,
+        vst_peak_bytes(adata.n_obs, adata.n_vars),
+        f"the VST of {adata.n_obs} samples x {adata.n_vars} genes",
+        "Drop genes with low counts first, or transform subsets of genes separately.",
+    )
     out, trend, note = variance_stabilize(backend, counts, size_factors=sf, trend=trend, fit_type=fit_type)
     if note:
         warnings.warn(note, GpucWarning, stacklevel=2)
