@@ -126,29 +126,24 @@ class Operator:
         return Operator(self.vt, self.v, (self.shape[1], self.shape[0]), self.norm2, self.mean, self.sparse, self.dtype)
 
 
-def _as_dense(xp: Any, y: Any) -> Any:
-    # scipy returns ndarray for sparse @ dense; np.matrix never appears with csr_matrix @ ndarray, but be safe
-    return xp.asarray(y)
-
-
 def gram(xp: Any, x: Any) -> Any:
     """Per-run Gram matrices ``(R, k, k)`` of stacked factors ``x: (rows, R, k)``."""
     xr = xp.ascontiguousarray(x.transpose(1, 0, 2))  # (R, rows, k)
     return xr.transpose(0, 2, 1) @ xr
 
 
-def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None:
+def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
     """One Gauss-Seidel HALS sweep over the ``k`` components of ``x: (rows, R, k)``, in place.
 
     Minimises ``||V - W H||^2`` over ``x`` with the other factor fixed through ``q`` (the data product, same shape as
     ``x``) and ``g`` (the other factor's per-run Gram, ``(R, k, k)``): for each component ``r`` in order,
     ``x[:, :, r] <- max(eps, x[:, :, r] + (q[:, :, r] - x g[:, :, r]) / g[:, r, r])``; components whose Gram diagonal
-    is not positive are left unchanged. ``mask`` (``(R, k)`` of 0/1) pins padded components at zero.
+    is not positive are left unchanged.
 
     On the CPU the same update runs as one compiled loop (numba, a scanpy dependency) when it is importable: the
     vectorised form below costs ~8 array passes per component, which for k >= 10 is as slow as the data products.
     """
-    if xp is np and mask is None:
+    if xp is np:
         kern = _numba_sweep()
         if kern is not None:
             kern(x, np.ascontiguousarray(q, dtype=x.dtype), np.ascontiguousarray(g, dtype=x.dtype), float(eps))
@@ -161,8 +156,6 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None
         gr = g[:, :, r]  # (R, k), symmetric Gram: column r == row r
         num = q[:, :, r] - xp.einsum("irk,rk->ir", x, gr)
         new = xp.maximum(x[:, :, r] + num * inv[None, :, r], eps)
-        if mask is not None:
-            new = new * mask[None, :, r]
         x[:, :, r] = xp.where(ok[None, :, r], new, x[:, :, r])
 
 
@@ -576,10 +569,8 @@ def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
     the matrix width, and a run's iterates must not depend on the other ranks in the batch).
     """
     if sparse:
-        return _as_dense(xp, dot(x))
-    return xp.concatenate(
-        [_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k]))) for k, _, nr, c0 in layout.blocks], axis=1
-    )
+        return dot(x)
+    return xp.concatenate([dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k])) for k, _, nr, c0 in layout.blocks], axis=1)
 
 
 def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -627,7 +618,7 @@ def nnls_refit(
     m = op.shape[0]
     h = backend.asarray(fixed, dtype=op.dtype)
     k = h.shape[0]
-    c = _as_dense(xp, op.dot(xp.ascontiguousarray(h.T))).reshape(m, 1, k)
+    c = op.dot(xp.ascontiguousarray(h.T)).reshape(m, 1, k)
     d = (h @ h.T)[None]
     if warm_start:
         d64 = d[0].astype(xp.float64)
