@@ -118,7 +118,7 @@ def lowess(
         if it >= iters:
             break
         sc = np.sum(np.abs(res)) / n
-        cmad = 6.0 * _r_median_abs(res)
+        cmad = 6.0 * float(np.median(np.abs(res)))
         if cmad < 1e-7 * sc:
             break
         c9, c1 = 0.999 * cmad, 0.001 * cmad
@@ -126,15 +126,6 @@ def lowess(
         with np.errstate(divide="ignore", invalid="ignore"):
             rw = np.where(r <= c1, 1.0, np.where(r <= c9, (1 - (r / cmad) ** 2) ** 2, 0.0))
     return ys
-
-
-def _r_median_abs(res: np.ndarray) -> float:
-    r = np.sort(np.abs(res))
-    n = r.shape[0]
-    m1 = n // 2
-    if n % 2 == 0:
-        return 0.5 * (r[m1 - 1] + r[m1])
-    return float(r[m1])
 
 
 def _lowest(

@@ -8,7 +8,7 @@ once. Runs that converge are taken out of the batch at the next check, so the ot
 run's fit does not depend on which runs it was batched with.
 
 Written once against ``backend.xp`` / ``backend.sparse``; only scalars (one loss per active run per check) leave the
-device during a fit.
+device during a fit. Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
     is not positive are left unchanged.
 
     On the CPU the same update runs as one compiled loop (numba, a scanpy dependency) when it is importable: the
-    vectorised form below costs ~8 array passes per component, which for k >= 10 is as slow as the data products.
+    vectorised form below makes ~8 passes over the factor per component.
     """
     if xp is np:
         kern = _numba_sweep()
@@ -319,8 +319,8 @@ def fit_hals_groups(
 
     The factors of every run of every group sit side by side in flat ``(rows, C)`` arrays, ``C = sum k * runs``, so
     one product with ``V`` and one with ``V^T`` per iteration serve all of them (a k sweep in one pass over ``V``
-    instead of one per k; on the CPU the pass over ``V``'s non-zeros costs as much as 30-60 factor columns). Every
-    sum is per run, so each run's iterates are those of a fit of that run alone.
+    instead of one per k, so the fixed cost of walking ``V``'s non-zeros is paid once). Every sum is per run, so
+    each run's iterates are those of a fit of that run alone.
 
     One outer iteration for all active runs: ``A^T = V^T W`` (one product), per-run Grams ``W^T W``, Gauss-Seidel
     sweep of the spectra; ``C = V H^T`` (one product), Grams ``H H^T``, sweep of the usages (with ``update_order=
@@ -350,10 +350,9 @@ def fit_hals_groups(
     warmup
         Iterations of plain HALS before the extrapolation is switched on (ignored when ``extrapolate`` is False).
         Which local optimum a random start ends in is decided in the first iterations. Plain HALS there, from the
-        usages first, follows scikit-learn's ``cd`` (cNMF's solver): on cNMF's pbmc3k matrix (k = 2..12) the
-        default schedule ends in the optimum ``cd`` reaches from the same start in ~88% of runs, against ~50% when
-        extrapolating from the first iteration, so the restart-to-restart stability is cNMF's. Once the basin is
-        chosen the extrapolation converges fast.
+        usages first, follows scikit-learn's ``cd`` (cNMF's solver) into the same optimum far more often than
+        extrapolating from the first iteration does, so the restart-to-restart stability is cNMF's (measured in
+        docs/benchmarks.md). Once the basin is chosen the extrapolation converges fast.
     update_order
         ``"usages"``: the usages are updated first, from the random spectra (W, H, W, H, ...; scikit-learn's
         ``solver='cd'``, cNMF's solver); ``"spectra"``: the spectra first (H, W, H, W, ...; bixverse).
