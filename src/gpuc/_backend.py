@@ -1,10 +1,10 @@
-"""The one place that knows about devices: numpy/scipy/faiss-cpu on the CPU, CuPy/cupyx/FAISS-GPU on NVIDIA GPUs.
+"""The one place that knows about devices: numpy/scipy/faiss-cpu on the CPU, CuPy/cupyx on NVIDIA GPUs.
 
 Engines receive a :class:`Backend` and write their maths once against ``backend.xp`` (numpy or cupy),
 ``backend.sparse`` (scipy.sparse or cupyx.scipy.sparse) and ``backend.special``. What the two stacks do not share
-(kNN, k-means, batched solves, host/device transfers) is a method here with a CPU twin.
+(kNN, batched solves, host/device transfers) is a method here with a CPU twin.
 
-Nothing here imports cupy, cupyx, cuml or faiss at module import time: ``import gpuc`` works on a machine without them.
+Nothing here imports cupy, cupyx or faiss at module import time: ``import gpuc`` works on a machine without them.
 """
 
 from __future__ import annotations
@@ -21,20 +21,25 @@ import scipy.sparse as sp
 import scipy.special
 
 Device = Literal["auto", "cpu", "gpu"]
-_DEVICES = ("auto", "cpu", "gpu")
-GPU_EXTRA_HINT = "pip install 'gpuc[gpu]'  (cupy-cuda12x, cuml-cu12, faiss-gpu-cu12)"
+DEVICES: tuple[Device, ...] = ("auto", "cpu", "gpu")
+GPU_EXTRA_HINT = "pip install 'gpuc[gpu-cu12]' (or 'gpuc[gpu-cu13]' for CUDA 13)"
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # optional imports
 # --------------------------------------------------------------------------------------------------------------------
 def optional_import(module: str, extra: str, purpose: str = "") -> ModuleType:
-    """Import an optional dependency or raise an :class:`ImportError` naming the extra that provides it."""
+    """Import an optional dependency or raise an :class:`ImportError` naming the gpuc extra that provides it.
+
+    ``extra="gpu"`` names the CUDA extras (``gpu-cu12`` / ``gpu-cu13``, see :data:`GPU_EXTRA_HINT`); any other value
+    is the name of the extra itself.
+    """
     try:
         return importlib.import_module(module)
     except ImportError as err:
         what = f" for {purpose}" if purpose else ""
-        msg = f"{module!r} is needed{what} but could not be imported ({err}). Install it with: pip install 'gpuc[{extra}]'"
+        install = GPU_EXTRA_HINT if extra == "gpu" else f"pip install 'gpuc[{extra}]'"
+        msg = f"{module!r} is needed{what} but could not be imported ({err}). Install it with: {install}"
         raise ImportError(msg) from err
 
 
@@ -85,8 +90,8 @@ def resolve_device(device: Device | None = None, data: Any = None) -> Literal["c
         from gpuc._settings import settings
 
         device = settings.device
-    if device not in _DEVICES:
-        msg = f"device={device!r} is not valid; use one of {_DEVICES}."
+    if device not in DEVICES:
+        msg = f"device={device!r} is not valid; use one of {DEVICES}."
         raise ValueError(msg)
     if device == "cpu":
         return "cpu"
@@ -113,11 +118,13 @@ def get_backend(device: Device | None = None, data: Any = None) -> Backend:
 def _backend_for(name: str) -> Backend:
     if name == "cpu":
         return Backend("cpu", np, sp, scipy.special)
-    import cupy
-    import cupyx.scipy.sparse
-    import cupyx.scipy.special
-
-    return Backend("gpu", cupy, cupyx.scipy.sparse, cupyx.scipy.special)
+    purpose = "the GPU backend"
+    return Backend(
+        "gpu",
+        optional_import("cupy", "gpu", purpose),
+        optional_import("cupyx.scipy.sparse", "gpu", purpose),
+        optional_import("cupyx.scipy.special", "gpu", purpose),
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -239,62 +246,6 @@ class Backend:
         dist = np.sqrt(np.maximum(dist2, 0.0))
         return self.asarray(dist), self.asarray(idx.astype(np.int64))
 
-    def knn_graph(self, x: Any, n_neighbors: int, **kwargs: Any) -> sp.csr_matrix:
-        """Scanpy-style kNN distance graph: host CSR ``(n, n)``, ``n_neighbors - 1`` non-self neighbours per row.
-
-        This is what ``scanpy.pp.neighbors`` stores in ``obsp['distances']`` (self excluded, Euclidean distances).
-        """
-        dist, idx = self.knn(x, n_neighbors, **kwargs)
-        return neighbors_to_csr(to_host(dist), to_host(idx), drop_self=True)
-
-    # ---- k-means ---------------------------------------------------------------------------------------------------
-    def kmeans(
-        self,
-        x: Any,
-        n_clusters: int,
-        *,
-        n_init: int = 1,
-        max_iter: int = 100,
-        random_state: int = 0,
-        method: Literal["auto", "faiss", "lloyd"] = "auto",
-    ) -> tuple[Any, Any, float]:
-        """k-means of the rows of ``x``.
-
-        Returns ``(centroids, labels, inertia)``: centroids ``(n_clusters, d)`` and labels ``(n,)`` on this device,
-        inertia (sum of squared distances to the assigned centroid) as a float. ``method="faiss"`` uses
-        ``faiss.Kmeans`` (float32); ``"lloyd"`` is k-means++ seeding and Lloyd iterations written once in ``xp``,
-        float64-capable; ``"auto"`` is FAISS where it is installed for this device, else Lloyd.
-        """
-        n = x.shape[0]
-        if not 1 <= n_clusters <= n:
-            msg = f"n_clusters={n_clusters} must be between 1 and the number of points ({n})."
-            raise ValueError(msg)
-        if method == "auto":
-            method = "faiss" if _import_faiss(gpu=self.is_gpu, required=False) is not None else "lloyd"
-        if method == "lloyd":
-            return kmeans_lloyd(
-                self.xp, self.asarray(x), n_clusters, n_init=n_init, max_iter=max_iter, random_state=random_state
-            )
-        if method != "faiss":
-            msg = f"method={method!r} is not valid; use 'auto', 'faiss' or 'lloyd'."
-            raise ValueError(msg)
-        faiss = _import_faiss(gpu=self.is_gpu, required=True)
-        xh = np.ascontiguousarray(to_host(x), dtype=np.float32)
-        km = faiss.Kmeans(
-            xh.shape[1],
-            n_clusters,
-            niter=max_iter,
-            nredo=n_init,
-            seed=int(random_state),
-            gpu=self.is_gpu,
-            verbose=False,
-            min_points_per_centroid=1,
-            max_points_per_centroid=max(256, n),
-        )
-        km.train(xh)
-        dist2, labels = km.index.search(xh, 1)
-        return self.asarray(km.centroids), self.asarray(labels[:, 0].astype(np.int64)), float(dist2.sum())
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # helpers written once for numpy and cupy
@@ -329,80 +280,6 @@ def knn_blocked(
     return out_d, out_i
 
 
-def neighbors_to_csr(dist: np.ndarray, idx: np.ndarray, *, drop_self: bool = True) -> sp.csr_matrix:
-    """Build an ``(n, n_ref)`` CSR distance graph from kNN results, optionally removing each point's self-match."""
-    n, k = idx.shape
-    rows = np.repeat(np.arange(n), k)
-    cols = idx.ravel()
-    vals = dist.ravel().astype(np.float64)
-    keep = cols >= 0
-    if drop_self:
-        # remove the self-match; if a duplicate point displaced self from the list, drop the last neighbour instead
-        is_self = cols == rows
-        has_self = is_self.reshape(n, k).any(axis=1)
-        last = np.zeros((n, k), dtype=bool)
-        last[~has_self, -1] = True
-        keep &= ~is_self & ~last.ravel()
-    g = sp.csr_matrix(
-        (vals[keep], (rows[keep], cols[keep])),
-        shape=(n, max(n, int(cols.max()) + 1) if drop_self else int(cols.max()) + 1),
-    )
-    g.sort_indices()
-    return g
-
-
-def kmeans_lloyd(
-    xp: ModuleType,
-    x: Any,
-    n_clusters: int,
-    *,
-    n_init: int = 1,
-    max_iter: int = 100,
-    random_state: int = 0,
-    tol: float = 1e-8,
-) -> tuple[Any, Any, float]:
-    """k-means++ seeding then Lloyd iterations, written once for numpy and cupy; best of ``n_init`` starts."""
-    x = xp.asarray(x)
-    x_sq = (x * x).sum(axis=1)
-    best: tuple[Any, Any, float] | None = None
-    for init in range(n_init):
-        gen = np.random.default_rng(np.random.SeedSequence([int(random_state), init]))
-        centres = _kmeanspp(xp, x, x_sq, n_clusters, gen)
-        prev = math.inf
-        for _ in range(max_iter):
-            d2 = x_sq[:, None] - 2.0 * (x @ centres.T) + (centres * centres).sum(axis=1)[None, :]
-            labels = xp.argmin(d2, axis=1)
-            inertia = float(xp.maximum(d2[xp.arange(x.shape[0]), labels], 0).sum())
-            counts = xp.bincount(labels, minlength=n_clusters).astype(x.dtype)
-            # cluster sums as one sparse (k x n) indicator product, the same call in scipy and cupyx
-            indicator = _sparse_module(xp).csr_matrix(
-                (xp.ones(x.shape[0], dtype=x.dtype), (labels, xp.arange(x.shape[0]))), shape=(n_clusters, x.shape[0])
-            )
-            sums = xp.asarray(indicator @ x)
-            empty = counts == 0
-            centres = xp.where(empty[:, None], centres, sums / xp.maximum(counts, 1)[:, None])
-            if prev - inertia <= tol * max(abs(prev), 1e-300) and prev != math.inf:
-                break
-            prev = inertia
-        if best is None or inertia < best[2]:
-            best = (centres, labels, inertia)
-    assert best is not None
-    return best
-
-
-def _kmeanspp(xp: ModuleType, x: Any, x_sq: Any, k: int, gen: np.random.Generator) -> Any:
-    n = x.shape[0]
-    centres = [int(gen.integers(n))]
-    closest = xp.maximum(x_sq - 2.0 * (x @ x[centres[0]]) + x_sq[centres[0]], 0)
-    for _ in range(1, k):
-        p = to_host(closest).astype(np.float64)
-        total = p.sum()
-        nxt = int(gen.choice(n, p=p / total)) if total > 0 else int(gen.integers(n))
-        centres.append(nxt)
-        closest = xp.minimum(closest, xp.maximum(x_sq - 2.0 * (x @ x[nxt]) + x_sq[nxt], 0))
-    return x[xp.asarray(centres)].copy()
-
-
 def _cupyx_from_scipy(cpsparse: ModuleType, x: Any) -> Any:
     if x.format not in ("csr", "csc", "coo"):
         x = x.tocsr()
@@ -412,27 +289,22 @@ def _cupyx_from_scipy(cpsparse: ModuleType, x: Any) -> Any:
     return fmt(x)
 
 
-def _sparse_module(xp: ModuleType) -> ModuleType:
-    if xp is np:
-        return sp
-    import cupyx.scipy.sparse
-
-    return cupyx.scipy.sparse
-
-
 def _import_faiss(*, gpu: bool, required: bool) -> ModuleType | None:
-    """FAISS for this device: any faiss on the CPU; on the GPU, only a build with GPU support (else ``None``)."""
+    """FAISS for this device: faiss-cpu on the CPU; on the GPU, only a build with GPU support (else ``None``).
+
+    gpuc's GPU extras do not install FAISS-GPU (the GPU path needs CuPy only): without it, exact kNN on the GPU runs
+    as blocked CuPy products and approximate (IVF) kNN is unavailable there.
+    """
     try:
         faiss = importlib.import_module("faiss")
     except ImportError as err:
         if required:
-            extra = "gpu" if gpu else "cpu"
-            msg = f"faiss could not be imported ({err}); reinstall gpuc (faiss-cpu is a dependency) or pip install 'gpuc[{extra}]'"
+            msg = f"faiss could not be imported ({err}); it comes with gpuc (faiss-cpu): reinstall gpuc."
             raise ImportError(msg) from err
         return None
     if gpu and not hasattr(faiss, "StandardGpuResources"):
         if required:
-            msg = f"approximate kNN on the GPU needs FAISS-GPU: {GPU_EXTRA_HINT}; or use method='exact'."
+            msg = "approximate (IVF) kNN on the GPU needs a FAISS build with GPU support, which gpuc does not install; use method='exact'."
             raise ImportError(msg)
         return None
     return faiss

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_DEVICES = ("auto", "cpu", "gpu")
+from gpuc._backend import DEVICES, Device
 
 
 @dataclass
@@ -21,18 +21,18 @@ class _Settings:
         ``sc.settings.verbosity = 0``) to hide them.
     """
 
-    _device: str = "auto"
+    _device: Device = "auto"
     progress: bool = True
 
     @property
-    def device(self) -> str:
+    def device(self) -> Device:
         """Default device: ``"auto"``, ``"cpu"`` or ``"gpu"``."""
         return self._device
 
     @device.setter
-    def device(self, value: str) -> None:
-        if value not in _DEVICES:
-            msg = f"gpuc.settings.device must be one of {_DEVICES}, got {value!r}."
+    def device(self, value: Device) -> None:
+        if value not in DEVICES:
+            msg = f"gpuc.settings.device must be one of {DEVICES}, got {value!r}."
             raise ValueError(msg)
         self._device = value
 

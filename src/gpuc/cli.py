@@ -28,10 +28,16 @@ def info() -> str:
         lines.append(f"  {pkg:<14} {_version(pkg)}")
     ok, reason = gpu_status()
     lines.append(f"GPU: {'usable' if ok else 'not usable'} ({reason})")
-    for pkg in ("cupy-cuda12x", "cupy-cuda13x", "cuml-cu12", "faiss-gpu-cu12", "rapids-singlecell"):
+    for pkg in (
+        "cupy-cuda12x",
+        "cupy-cuda13x",
+        "rapids-singlecell",
+        "rapids-singlecell-cu12",
+        "rapids-singlecell-cu13",
+    ):
         v = _version(pkg)
         if v != "not installed":
-            lines.append(f"  {pkg:<17} {v}")
+            lines.append(f"  {pkg:<22} {v}")
     try:
         import faiss
 

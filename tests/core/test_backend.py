@@ -7,7 +7,7 @@ from sklearn.neighbors import NearestNeighbors
 
 import gpuc
 from gpuc import _backend
-from gpuc._backend import get_backend, kmeans_lloyd, knn_blocked, neighbors_to_csr, resolve_device
+from gpuc._backend import get_backend, knn_blocked, resolve_device
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_resolve_cpu_and_auto_without_gpu(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_forced_gpu_without_device_raises_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "cupy is not installed"))
-    with pytest.raises(RuntimeError, match=r"gpuc\[gpu\].*device='cpu'"):
+    with pytest.raises(RuntimeError, match=r"gpuc\[gpu-cu12\].*gpu-cu13.*device='cpu'"):
         resolve_device("gpu")
 
 
@@ -54,8 +54,10 @@ def test_auto_is_gpu_when_usable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_optional_import_names_the_extra() -> None:
-    with pytest.raises(ImportError, match=r"pip install 'gpuc\[gpu\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'gpuc\[gpu-cu12\]' \(or 'gpuc\[gpu-cu13\]'"):
         _backend.optional_import("surely_not_a_module_xyz", "gpu", "testing")
+    with pytest.raises(ImportError, match=r"for testing .* pip install 'gpuc\[dask\]'"):
+        _backend.optional_import("surely_not_a_module_xyz", "dask", "testing")
 
 
 # ---- kNN ----------------------------------------------------------------------------------------------------------
@@ -82,49 +84,9 @@ def test_knn_ivf_recall(points: np.ndarray) -> None:
     assert recall >= 0.999
 
 
-def test_knn_graph_is_scanpy_style(points: np.ndarray) -> None:
-    g = get_backend("cpu").knn_graph(points, 15)
-    assert sp.issparse(g) and g.shape == (400, 400)
-    assert (g.getnnz(axis=1) == 14).all()
-    assert g.diagonal().sum() == 0
-    ref = NearestNeighbors(n_neighbors=14).fit(points).kneighbors_graph(mode="distance")
-    np.testing.assert_array_equal(g.indices, ref.tocsr().sorted_indices().indices)
-
-
-def test_knn_graph_with_duplicates_keeps_k_minus_one() -> None:
-    x = np.vstack([np.zeros((3, 2)), np.random.default_rng(0).normal(size=(20, 2))])
-    dist = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
-    idx = np.array([[1, 2, 0], [0, 1, 5]])  # row 0: self ranked last among ties; row 1: self present
-    g = neighbors_to_csr(dist, idx, drop_self=True)
-    assert g.getnnz(axis=1).tolist() == [2, 2]
-    assert get_backend("cpu").knn_graph(x, 4).getnnz(axis=1).min() == 3
-
-
 def test_knn_bad_k(points: np.ndarray) -> None:
     with pytest.raises(ValueError, match="between 1 and the number of points"):
         get_backend("cpu").knn(points, 0)
-
-
-# ---- k-means -----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", ["faiss", "lloyd"])
-def test_kmeans_separable(method: str) -> None:
-    rng = np.random.default_rng(3)
-    centres = np.array([[0.0, 0.0], [10.0, 10.0], [-10.0, 10.0], [10.0, -10.0]])
-    truth = np.repeat(np.arange(4), 50)
-    x = centres[truth] + rng.normal(scale=0.3, size=(200, 2))
-    c, labels, inertia = get_backend("cpu").kmeans(x, 4, n_init=3, random_state=0, method=method)
-    # the partition is the true one up to relabelling
-    pairs = {(int(a), int(b)) for a, b in zip(truth, labels, strict=True)}
-    assert len(pairs) == 4
-    assert inertia < 200 * 2 * 0.3**2 * 1.5
-    np.testing.assert_allclose(np.sort(np.linalg.norm(c, axis=1)), np.sort(np.linalg.norm(centres, axis=1)), atol=0.2)
-
-
-def test_kmeans_lloyd_is_reproducible() -> None:
-    x = np.random.default_rng(0).normal(size=(100, 3))
-    a = kmeans_lloyd(np, x, 5, random_state=7)
-    b = kmeans_lloyd(np, x, 5, random_state=7)
-    np.testing.assert_array_equal(a[1], b[1])
 
 
 # ---- transfers and small solves ------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_to_gpu_without_device_raises_and_leaves_adata(monkeypatch: pytest.Monke
     monkeypatch.setattr(_backend, "gpu_status", lambda: (False, "cupy is not installed"))
     a = _adata()
     before = a.X.copy()
-    with pytest.raises(RuntimeError, match="gpuc\\[gpu\\]"):
+    with pytest.raises(RuntimeError, match="gpuc\\[gpu-cu12\\]"):
         gpuc.get.to_gpu(a)
     assert (a.X != before).nnz == 0 and sp.issparse(a.X)
 

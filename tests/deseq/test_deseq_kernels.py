@@ -33,7 +33,7 @@ def test_logpost_kernel_matches_numpy(monkeypatch, derivs, prior):
     la = rng.uniform(np.log(1e-4), np.log(20), G)
     pm = rng.normal(-2, 1, G) if prior else None
     bk = get_backend("cpu")
-    xx = outer_rows(np, x)
+    xx = outer_rows(x)
     got = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)
     _no_kernels(monkeypatch)
     ref = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)

@@ -8,6 +8,7 @@ import scipy.sparse as sp
 
 from gpuc._backend import get_backend
 from gpuc.metacells import build_kernel, compute_knn, greedy_centers, initial_archetypes
+from gpuc.metacells._kernel import KnnResult, non_self
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +75,23 @@ def test_greedy_selection_matches_a_dense_replay(mc_ref_kernel, cpu):
     want = _greedy_dense_reference(k.toarray(), 12)
     assert list(got) == want
     assert len(set(want)) == 12
+
+
+def test_non_self_neighbours_are_scanpy_style(cpu):
+    from sklearn.neighbors import NearestNeighbors
+
+    points = np.random.default_rng(0).normal(size=(400, 8))
+    _, idx = non_self(cpu, compute_knn(cpu, points, 15), 15)
+    assert idx.shape == (400, 14) and not (idx == np.arange(400)[:, None]).any()
+    ref = NearestNeighbors(n_neighbors=14).fit(points).kneighbors_graph(mode="distance").tocsr().sorted_indices()
+    np.testing.assert_array_equal(np.sort(idx, axis=1).ravel(), ref.indices)
+
+
+def test_non_self_with_duplicates_keeps_k_minus_one(cpu):
+    dist = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    idx = np.array([[1, 2, 0], [0, 1, 5]])  # row 0: self ranked last among ties; row 1: self present
+    d, i = non_self(cpu, KnnResult(dist, idx), 3)
+    assert i.tolist() == [[1, 2], [0, 5]] and d.tolist() == [[0.0, 0.0], [0.0, 1.0]]
+    x = np.vstack([np.zeros((3, 2)), np.random.default_rng(0).normal(size=(20, 2))])
+    _, i = non_self(cpu, compute_knn(cpu, x, 4), 4)
+    assert i.shape == (23, 3) and not (i == np.arange(23)[:, None]).any()

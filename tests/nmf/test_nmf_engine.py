@@ -237,9 +237,17 @@ def test_nmf_silhouette_matches_sklearn(metric):
     labels[0] = 1
     sim = x @ x.T
     dist = 1 - sim if metric == "cosine" else np.sqrt(np.maximum(2 - 2 * sim, 0))
+    ours = silhouette(dist, labels).mean()  # the ~1e-8 Euclidean diagonal is zeroed, as scikit-learn requires
     np.fill_diagonal(dist, 0)
-    ours = silhouette(np, dist, labels, 4).mean()
     assert ours == pytest.approx(silhouette_score(dist, labels, metric="precomputed"), abs=1e-10)
+
+
+def test_nmf_silhouette_degenerate_labels_are_zero():
+    dist = 1 - np.eye(5)
+    assert np.array_equal(silhouette(dist, np.zeros(5, dtype=int)), np.zeros(5))  # one cluster
+    assert np.array_equal(silhouette(dist, np.arange(5)), np.zeros(5))  # only singletons
+    s = silhouette(dist, np.array([0, 0, 1, 1, 2]))
+    assert s[4] == 0.0  # a singleton scores 0
 
 
 def test_nmf_consensus_matches_cnmf_k7(cnmf_matrix, cnmf_k7_spectra):

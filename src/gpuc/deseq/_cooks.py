@@ -53,7 +53,7 @@ def robust_disp(bk: Backend, norm: Any, x: np.ndarray) -> Any:
     return xp.maximum(xp.where(xp.isfinite(alpha), alpha, 0.04), 0.04)
 
 
-def cooks_distance(bk: Backend, y: Any, mu: Any, hat: Any, robust_alpha: Any, p: int) -> Any:
+def cooks_distance(y: Any, mu: Any, hat: Any, robust_alpha: Any, p: int) -> Any:
     """(y - mu)^2 / (mu + a mu^2) / p * h / (1 - h)^2 with the robust dispersion (R ``calculateCooksDistance``)."""
     v = mu + robust_alpha[:, None] * mu**2
     return (y - mu) ** 2 / v / p * hat / (1.0 - hat) ** 2

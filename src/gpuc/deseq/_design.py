@@ -78,19 +78,22 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
 
 
 def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
-    import re
+    """The columns of ``obs`` that ``formula`` reads (formulaic's ``required_variables``), in ``obs`` order.
 
-    rhs = formula.split("~", 1)[1]
-    names = set(re.findall(r"[A-Za-z_.][A-Za-z0-9_.]*", rhs))
-    names -= {"C", "contr", "treatment", "sum", "poly", "np", "log", "exp", "I", "Treatment"}
-    out = [n for n in obs.columns if n in names]
-    unknown = [n for n in names if n not in obs.columns and not n.isdigit()]
-    # tokens inside C(x, contr.treatment('A')) levels are quoted; ignore names that appear only quoted
-    unknown = [n for n in unknown if not re.search(rf"['\"]{re.escape(n)}['\"]", rhs)]
+    Raises a :class:`ValueError` naming the variables that are not columns of ``obs``.
+    """
+    from formulaic import Formula
+
+    try:
+        names = {str(v) for v in Formula(formula).required_variables}
+    except Exception as err:  # formulaic raises many types
+        msg = f"could not build the design matrix for {formula!r}: {err}"
+        raise ValueError(msg) from err
+    unknown = sorted(names - {str(c) for c in obs.columns})
     if unknown:
-        msg = f"design {formula!r} names {sorted(unknown)} which are not columns of adata.obs (available: {list(obs.columns)})."
+        msg = f"design {formula!r} names {unknown} which are not columns of adata.obs (available: {list(obs.columns)})."
         raise ValueError(msg)
-    return out
+    return [c for c in obs.columns if str(c) in names]
 
 
 def check_full_rank(design: Design) -> None:

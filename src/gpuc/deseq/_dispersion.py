@@ -297,7 +297,7 @@ def _fit_log_alpha(
     xp = bk.xp
     G = y.shape[0]
     p = x.shape[1]
-    xx = outer_rows(xp, x)
+    xx = outer_rows(x)
     lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
     la = xp.clip(xp.log(alpha0), lo, hi)
     pm_all = prior_mean

@@ -19,7 +19,7 @@ from gpuc._backend import Backend
 LN2 = float(np.log(2.0))
 
 
-def outer_rows(xp: Any, x: Any) -> Any:
+def outer_rows(x: Any) -> Any:
     """(n, p*p) matrix of the row outer products of ``x``."""
     n, p = x.shape
     return (x[:, :, None] * x[:, None, :]).reshape(n, p * p)
@@ -118,7 +118,7 @@ def _fit_nb_glm(
     G = y.shape[0]
     p = x.shape[1]
     lam = xp.full(p, 1e-6 / LN2**2) if lam is None else xp.asarray(lam, dtype=xp.float64)
-    xx = outer_rows(xp, x)
+    xx = outer_rows(x)
     ridge = xp.diag(lam)
     beta = init_beta(bk, y, sf, x) if beta_init is None else xp.array(beta_init, dtype=xp.float64)
     iters = xp.zeros(G, dtype=xp.int64)
@@ -210,7 +210,6 @@ def _fit_nb_glm(
             alpha[ridx],
             lam=lam,
             beta_init=start,
-            min_mu=min_mu,
             bound=large * LN2,
             maxit=2 * maxit,
         )
@@ -250,7 +249,7 @@ def glm_covariance(
     """
     xp = bk.xp
     p = x.shape[1]
-    xx = outer_rows(xp, x) if xx is None else xx
+    xx = outer_rows(x) if xx is None else xx
     mu_raw = sf[None, :] * xp.exp(beta @ x.T)
     mu = xp.maximum(mu_raw, min_mu)
     w = mu / (1.0 + alpha[:, None] * mu)
@@ -273,7 +272,6 @@ def fit_nb_glm_bounded(
     *,
     lam: Any,
     beta_init: Any,
-    min_mu: float = 0.5,
     bound: float = 30.0 * LN2,
     maxit: int = 200,
     tol: float = 1e-10,
@@ -288,7 +286,7 @@ def fit_nb_glm_bounded(
     xp = bk.xp
     G = y.shape[0]
     p = x.shape[1]
-    xx = outer_rows(xp, x)
+    xx = outer_rows(x)
     ridge = xp.diag(lam)
     beta = xp.array(beta_init, dtype=xp.float64)
 

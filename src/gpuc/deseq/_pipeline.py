@@ -204,7 +204,7 @@ def run_deseq(
 
     # ---- Cook's
     rob = robust_disp(bk, norm, x)
-    cooks = cooks_distance(bk, y, mu, fit.hat, rob, p)
+    cooks = cooks_distance(y, mu, fit.hat, rob, p)
     cutoff = cooks_cutoff(n, p)
     for_cooks = bk.asarray(n_or_more_in_cell(x, 3))
     max_cooks = (
@@ -260,7 +260,7 @@ def run_deseq(
                 beta[ridx], cov[ridx], mu[ridx], dev[ridx] = fit_r.beta, fit_r.cov, fit_r.mu, fit_r.deviance
                 beta_conv[ridx], beta_iter[ridx] = fit_r.converged, fit_r.iters
                 rob_r = robust_disp(bk, norm_r[ridx], x)
-                cooks_r = cooks_distance(bk, yr, fit_r.mu, fit_r.hat, rob_r, p)
+                cooks_r = cooks_distance(yr, fit_r.mu, fit_r.hat, rob_r, p)
                 if bool(for_cooks.any()):
                     mc = xp.where(for_cooks[None, :], cooks_r, -xp.inf).max(axis=1)
                     max_cooks[ridx] = xp.where(xp.isfinite(mc), mc, xp.nan)

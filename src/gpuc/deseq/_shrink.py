@@ -178,7 +178,7 @@ def shrink_apeglm(
     s = prior_scale(beta_mle[:, coef], se_mle) if scale is None else float(scale)
     x = bk.asarray(fit.design)
     p = fit.design.shape[1]
-    xx = outer_rows(xp, x)
+    xx = outer_rows(x)
     y = bk.asarray(fit.counts[nz])
     sf = bk.asarray(fit.size_factors)
     alpha = bk.asarray(fit.genes["dispersion"][nz])

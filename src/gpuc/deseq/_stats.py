@@ -53,20 +53,12 @@ def lrt(dev_reduced: np.ndarray, dev_full: np.ndarray, df: int) -> tuple[np.ndar
 
 
 def p_adjust_bh(p: np.ndarray) -> np.ndarray:
-    """R ``p.adjust(method="BH")`` ignoring NaN (n = number of non-NaN p-values)."""
+    """R ``p.adjust(method="BH")`` ignoring NaN (n = number of non-NaN p-values; NaN stays NaN)."""
     p = np.asarray(p, dtype=np.float64)
     out = np.full(p.shape, np.nan)
     ok = ~np.isnan(p)
-    m = int(ok.sum())
-    if m == 0:
-        return out
-    pv = p[ok]
-    order = np.argsort(pv)[::-1]
-    ranks = np.arange(m, 0, -1)
-    adj = np.minimum.accumulate(m / ranks * pv[order])
-    res = np.empty(m)
-    res[order] = np.minimum(adj, 1.0)
-    out[ok] = res
+    if ok.any():
+        out[ok] = scipy.stats.false_discovery_control(p[ok], method="bh")
     return out
 
 
@@ -75,7 +67,9 @@ def lowess(
 ) -> np.ndarray:
     """R ``stats::lowess`` (Cleveland's clowess): local linear fits with tricube weights and robustness iterations.
 
-    ``x`` must be sorted. Returns the fitted values at ``x``.
+    ``x`` must be sorted. Returns the fitted values at ``x``. Written out rather than taken from statsmodels because
+    the independent-filtering threshold must follow R's clowess, whose robustness weights statsmodels' lowess
+    computes differently.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -124,7 +118,7 @@ def lowess(
         if it >= iters:
             break
         sc = np.sum(np.abs(res)) / n
-        cmad = 6.0 * _r_median_abs(res)
+        cmad = 6.0 * float(np.median(np.abs(res)))
         if cmad < 1e-7 * sc:
             break
         c9, c1 = 0.999 * cmad, 0.001 * cmad
@@ -132,15 +126,6 @@ def lowess(
         with np.errstate(divide="ignore", invalid="ignore"):
             rw = np.where(r <= c1, 1.0, np.where(r <= c9, (1 - (r / cmad) ** 2) ** 2, 0.0))
     return ys
-
-
-def _r_median_abs(res: np.ndarray) -> float:
-    r = np.sort(np.abs(res))
-    n = r.shape[0]
-    m1 = n // 2
-    if n % 2 == 0:
-        return 0.5 * (r[m1 - 1] + r[m1])
-    return float(r[m1])
 
 
 def _lowest(

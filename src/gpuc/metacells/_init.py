@@ -1,4 +1,4 @@
-"""Archetype initialisation as SEACells 0.3.3 does it (anchors/seacells.md section 3).
+"""Archetype initialisation as SEACells 0.3.3 does it (Persad et al. 2023, Nat. Biotechnol. 41:1746).
 
 Waypoints: Palantir diffusion map (adaptive exponential kernel on a 30-NN graph, top eigenvectors of the Markov
 matrix), multiscale scaling, per-component max-min sampling; then greedy column-subset selection on K (Farahat et

@@ -1,4 +1,4 @@
-"""SEACells kernel: adaptive-bandwidth Gaussian affinities on a symmetrised kNN graph (anchors/seacells.md section 2).
+"""SEACells kernel: adaptive-bandwidth Gaussian affinities on a symmetrised kNN graph (SEACells 0.3.3).
 
 Only neighbour pairs are ever touched: O(n k d) work and O(n k) memory, the same code for numpy and cupy.
 """

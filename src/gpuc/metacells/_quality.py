@@ -1,4 +1,4 @@
-"""SEACells' metacell quality metrics (its ``evaluate`` module): compactness, separation, purity.
+"""SEACells' metacell quality metrics (SEACells 0.3.3 ``evaluate``): compactness, separation, purity.
 
 Both geometric metrics live in Palantir's multiscale diffusion space (10 components, 30-NN adaptive kernel, scaled
 components 1..9).

@@ -1,4 +1,4 @@
-"""Kernel archetypal analysis by alternating Frank-Wolfe, exactly as SEACells 0.3.3 (anchors/seacells.md sections 4-5).
+"""Kernel archetypal analysis by alternating Frank-Wolfe, exactly as SEACells 0.3.3 (Persad et al. 2023).
 
 A (k x n) and B (n x k) are kept sparse: after T Frank-Wolfe steps with step 2/(t+2) every column is
 ``sum_t w_t e_{i_t}`` with ``w_t = 2(t+1) / (T(T+1))``, so it has at most T non-zeros and is built directly from the
@@ -50,9 +50,9 @@ class FitResult:
     seconds_per_iter: list[float] = field(default_factory=list)
 
 
-# n x k above which the CPU B-update keeps nothing dense n x k (gradient="restricted"). K A^T fills ~80% of n x k
-# at 6,881 cells (k = 92) and ~40% at 20k (k = 267), where the dense kernel is faster or equal; 6.5% at 100k
-# (k = 1,333), where the restricted one is 3x faster. 1e7 is ~27k cells at one metacell per 75.
+# n x k above which the CPU B-update keeps nothing dense n x k (gradient="restricted"): K A^T fills a shrinking
+# share of n x k as n grows, so above this the pattern-restricted update is smaller and faster than the dense one
+# (docs/benchmarks.md, metacells "Memory"). 1e7 is ~27k cells at one metacell per 75.
 DENSE_GRADIENT_MAX = 10_000_000
 
 

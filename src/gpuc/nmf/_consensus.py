@@ -1,8 +1,8 @@
 """Consensus of pooled NMF restarts (cNMF / bixverse): density filter, k-means, silhouette, median, NNLS refit.
 
 The pool has ``n_runs * k`` components (rows) in gene space (``target="spectra"``) or cell space (``"usage"``); it is
-small in the number of rows, so every pairwise distance is computed exactly as one ``(P, P)`` matrix product on the
-backend device.
+small in the number of rows, so the pool is brought to the host and clustered there on either device (every
+pairwise distance exactly, as one ``(P, P)`` matrix product); only the NNLS refit runs on the device.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gpuc._backend import Backend, get_backend
+from gpuc._backend import Backend, get_backend, to_host
 from gpuc.nmf._hals import TOL, UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
@@ -130,21 +130,21 @@ def local_density(
     return PoolDensity(unit, dist, density, run, component, nn, metric)
 
 
-def silhouette(xp: Any, dist: Any, labels: Any, k: int) -> Any:
-    """Per-sample silhouette from a precomputed distance matrix (singletons 0; fewer than 2 clusters -> all 0)."""
+def silhouette(dist: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per-sample silhouette from a precomputed distance matrix: scikit-learn's ``silhouette_samples`` (singletons 0).
+
+    The diagonal is set to 0 (Euclidean distances between unit rows leave ~1e-8 there, which scikit-learn refuses);
+    with fewer than 2 clusters, or only singletons, every sample gets 0 (scikit-learn raises there).
+    """
+    from sklearn.metrics import silhouette_samples
+
     n = dist.shape[0]
-    onehot = (labels[:, None] == xp.arange(k)[None, :]).astype(dist.dtype)  # (n, k)
-    sizes = onehot.sum(axis=0)  # (k,)
-    sums = dist @ onehot  # (n, k): sum of distances to each cluster
-    own = sizes[labels]
-    a = sums[xp.arange(n), labels] / xp.maximum(own - 1, 1)
-    other = xp.where((onehot > 0) | (sizes[None, :] == 0), xp.inf, sums / xp.maximum(sizes[None, :], 1))
-    b = other.min(axis=1)
-    s = (b - a) / xp.maximum(xp.maximum(a, b), 1e-300)
-    s = xp.where(own > 1, s, 0.0)
-    if int((sizes > 0).sum()) < 2:
-        s = xp.zeros_like(s)
-    return xp.where(xp.isfinite(s), s, 0.0)
+    n_labels = np.unique(labels).size
+    if n_labels < 2 or n_labels == n:
+        return np.zeros(n)
+    dist = np.array(to_host(dist), dtype=np.float64)
+    np.fill_diagonal(dist, 0.0)
+    return silhouette_samples(dist, labels, metric="precomputed")
 
 
 def cluster_median(xp: Any, unit: Any, labels_h: np.ndarray, k: int) -> tuple[Any, int]:
@@ -172,7 +172,6 @@ def consensus(
     neighborhood: float = 0.3,
     normalization: Normalization = "sum",
     kmeans_n_init: int = 10,
-    kmeans_method: Literal["sklearn", "lloyd", "faiss", "auto"] = "sklearn",
     random_state: int = 0,
     refit_max_iter: int = 1000,
     refit_tol: float = 1e-6,
@@ -182,12 +181,9 @@ def consensus(
     """Consensus programmes from a batch of restarts.
 
     Steps: pool the runs' components (``target``), L2-normalise and drop collapsed ones, local density under
-    ``metric`` (keep ``density < density_threshold``; 2.0 keeps every live component), k-means (Euclidean on the unit
-    rows, best of ``kmeans_n_init`` starts; the pool has only ``n_runs * k`` rows and stays on the host, so the default
-    ``kmeans_method="sklearn"`` is scikit-learn's ``KMeans`` as in cNMF: greedy k-means++ seeding and relocation of
-    empty clusters, which at k >= 11 on pbmc3k found lower-inertia partitions than plain k-means++ Lloyd (``"lloyd"``,
-    gpuc's own; it merged two programmes into one cluster plus singletons in some pools and so under-reported the
-    stability); ``"faiss"`` uses FAISS), silhouette under ``metric`` (the stability), per-cluster per-coordinate median,
+    ``metric`` (keep ``density < density_threshold``; 2.0 keeps every live component), k-means (scikit-learn's
+    ``KMeans`` as in cNMF, Euclidean on the unit rows, best of ``kmeans_n_init`` starts), silhouette under ``metric``
+    (the stability), per-cluster per-coordinate median,
     rows rescaled (``normalization``: ``"sum"`` to sum 1 like cNMF, ``"l2"`` to unit norm like bixverse), then the
     partner factor refitted by NNLS against the fixed consensus. Programmes are ordered by total usage after
     normalising each cell's usage to sum 1 (cNMF's order).
@@ -220,18 +216,11 @@ def consensus(
         raise ConsensusError(msg)
     ki = xp.asarray(np.flatnonzero(kept))
     unit_k = density.unit[ki]
-    if kmeans_method == "sklearn":
-        from sklearn.cluster import KMeans
+    from sklearn.cluster import KMeans
 
-        km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state).fit(np.asarray(unit_k))
-        labels = km.labels_
-    else:
-        _, labels, _ = hb.kmeans(unit_k, k, n_init=kmeans_n_init, random_state=random_state, method=kmeans_method)
-    labels = xp.asarray(labels).astype(xp.int64)
-    labels_h = np.asarray(labels, dtype=np.int64)
-    dist_k = density.dist[ki][:, ki]
-    sil = silhouette(xp, dist_k, labels, k)
-    sil_h = np.asarray(sil, dtype=np.float64)
+    km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state).fit(np.asarray(unit_k))
+    labels_h = np.asarray(km.labels_, dtype=np.int64)
+    sil_h = silhouette(density.dist[ki][:, ki], labels_h)
     stability = float(sil_h.mean())
     centres, n_empty = cluster_median(xp, unit_k, labels_h, k)
     if normalization == "sum":

@@ -8,7 +8,7 @@ once. Runs that converge are taken out of the batch at the next check, so the ot
 run's fit does not depend on which runs it was batched with.
 
 Written once against ``backend.xp`` / ``backend.sparse``; only scalars (one loss per active run per check) leave the
-device during a fit.
+device during a fit. Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
 """
 
 from __future__ import annotations
@@ -126,29 +126,24 @@ class Operator:
         return Operator(self.vt, self.v, (self.shape[1], self.shape[0]), self.norm2, self.mean, self.sparse, self.dtype)
 
 
-def _as_dense(xp: Any, y: Any) -> Any:
-    # scipy returns ndarray for sparse @ dense; np.matrix never appears with csr_matrix @ ndarray, but be safe
-    return xp.asarray(y)
-
-
 def gram(xp: Any, x: Any) -> Any:
     """Per-run Gram matrices ``(R, k, k)`` of stacked factors ``x: (rows, R, k)``."""
     xr = xp.ascontiguousarray(x.transpose(1, 0, 2))  # (R, rows, k)
     return xr.transpose(0, 2, 1) @ xr
 
 
-def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None:
+def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
     """One Gauss-Seidel HALS sweep over the ``k`` components of ``x: (rows, R, k)``, in place.
 
     Minimises ``||V - W H||^2`` over ``x`` with the other factor fixed through ``q`` (the data product, same shape as
     ``x``) and ``g`` (the other factor's per-run Gram, ``(R, k, k)``): for each component ``r`` in order,
     ``x[:, :, r] <- max(eps, x[:, :, r] + (q[:, :, r] - x g[:, :, r]) / g[:, r, r])``; components whose Gram diagonal
-    is not positive are left unchanged. ``mask`` (``(R, k)`` of 0/1) pins padded components at zero.
+    is not positive are left unchanged.
 
     On the CPU the same update runs as one compiled loop (numba, a scanpy dependency) when it is importable: the
-    vectorised form below costs ~8 array passes per component, which for k >= 10 is as slow as the data products.
+    vectorised form below makes ~8 passes over the factor per component.
     """
-    if xp is np and mask is None:
+    if xp is np:
         kern = _numba_sweep()
         if kern is not None:
             kern(x, np.ascontiguousarray(q, dtype=x.dtype), np.ascontiguousarray(g, dtype=x.dtype), float(eps))
@@ -161,8 +156,6 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float, mask: Any = None) -> None
         gr = g[:, :, r]  # (R, k), symmetric Gram: column r == row r
         num = q[:, :, r] - xp.einsum("irk,rk->ir", x, gr)
         new = xp.maximum(x[:, :, r] + num * inv[None, :, r], eps)
-        if mask is not None:
-            new = new * mask[None, :, r]
         x[:, :, r] = xp.where(ok[None, :, r], new, x[:, :, r])
 
 
@@ -326,8 +319,8 @@ def fit_hals_groups(
 
     The factors of every run of every group sit side by side in flat ``(rows, C)`` arrays, ``C = sum k * runs``, so
     one product with ``V`` and one with ``V^T`` per iteration serve all of them (a k sweep in one pass over ``V``
-    instead of one per k; on the CPU the pass over ``V``'s non-zeros costs as much as 30-60 factor columns). Every
-    sum is per run, so each run's iterates are those of a fit of that run alone.
+    instead of one per k, so the fixed cost of walking ``V``'s non-zeros is paid once). Every sum is per run, so
+    each run's iterates are those of a fit of that run alone.
 
     One outer iteration for all active runs: ``A^T = V^T W`` (one product), per-run Grams ``W^T W``, Gauss-Seidel
     sweep of the spectra; ``C = V H^T`` (one product), Grams ``H H^T``, sweep of the usages (with ``update_order=
@@ -357,10 +350,9 @@ def fit_hals_groups(
     warmup
         Iterations of plain HALS before the extrapolation is switched on (ignored when ``extrapolate`` is False).
         Which local optimum a random start ends in is decided in the first iterations. Plain HALS there, from the
-        usages first, follows scikit-learn's ``cd`` (cNMF's solver): on cNMF's pbmc3k matrix (k = 2..12) the
-        default schedule ends in the optimum ``cd`` reaches from the same start in ~88% of runs, against ~50% when
-        extrapolating from the first iteration, so the restart-to-restart stability is cNMF's. Once the basin is
-        chosen the extrapolation converges fast.
+        usages first, follows scikit-learn's ``cd`` (cNMF's solver) into the same optimum far more often than
+        extrapolating from the first iteration does, so the restart-to-restart stability is cNMF's (measured in
+        docs/benchmarks.md). Once the basin is chosen the extrapolation converges fast.
     update_order
         ``"usages"``: the usages are updated first, from the random spectra (W, H, W, H, ...; scikit-learn's
         ``solver='cd'``, cNMF's solver); ``"spectra"``: the spectra first (H, W, H, W, ...; bixverse).
@@ -576,10 +568,8 @@ def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
     the matrix width, and a run's iterates must not depend on the other ranks in the batch).
     """
     if sparse:
-        return _as_dense(xp, dot(x))
-    return xp.concatenate(
-        [_as_dense(xp, dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k]))) for k, _, nr, c0 in layout.blocks], axis=1
-    )
+        return dot(x)
+    return xp.concatenate([dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k])) for k, _, nr, c0 in layout.blocks], axis=1)
 
 
 def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -627,7 +617,7 @@ def nnls_refit(
     m = op.shape[0]
     h = backend.asarray(fixed, dtype=op.dtype)
     k = h.shape[0]
-    c = _as_dense(xp, op.dot(xp.ascontiguousarray(h.T))).reshape(m, 1, k)
+    c = op.dot(xp.ascontiguousarray(h.T)).reshape(m, 1, k)
     d = (h @ h.T)[None]
     if warm_start:
         d64 = d[0].astype(xp.float64)
