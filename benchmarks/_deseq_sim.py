@@ -1,4 +1,4 @@
-"""Simulated NB counts for the DESeq2 benchmarks (anchors/deseq.md section 4.2 recipe)."""
+"""Simulated negative-binomial counts for the DESeq2 benchmarks (a PyDESeq2/DESeq2-style simulation)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Synthetic scale-up data for the metacell benchmarks, built from real cells (scanpy's pbmc68k_reduced X_pca).
 
-* :func:`jittered_pcs` - the recipe of anchors/seacells.md section 10 (used for the SEACells comparison at the
-  CD34 size): draw N cells with replacement and add Gaussian noise with 15% of each component's SD. Past ~10k cells
+* :func:`jittered_pcs` - resampled real cells with jitter (used for the SEACells comparison at the size of
+  SEACells' CD34 tutorial data): draw N cells with replacement and add Gaussian noise with 15% of each component's SD. Past ~10k cells
   this gives ~700 tight, mutually disconnected clumps (every cell's neighbours are copies of the same real cell).
 * :func:`manifold_pcs` - for the scaling runs: each new cell is a random point on the segment between a real cell and
   one of its 15 nearest real neighbours, plus 5%-SD noise, so the data stay one connected manifold at any N.

@@ -6,7 +6,7 @@ JSON lines, writes ``benchmarks/results/metacells_cpu.json`` and a markdown tabl
 Datasets
 --------
 * ``cd34like``: 6,881 cells (the CD34 tutorial size), k = 92: scanpy's pbmc68k_reduced PCs resampled with 15%-SD
-  jitter (``_metacells_data.jittered_pcs``), the recipe of anchors/seacells.md section 10.
+  jitter (``_metacells_data.jittered_pcs``).
 * ``pbmc68k``: scanpy's ``pbmc68k_reduced`` (700 cells), k = 9.
 * ``pbmc3k``: gpuc's bundled pbmc3k after the demo preprocessing (2,638 cells, 50 PCs), k = 35.
 * ``manifold<N>``: N cells interpolated between real neighbouring cells (``_metacells_data.manifold_pcs``; the
