@@ -1,4 +1,6 @@
-"""Shared test configuration: the ``gpu`` mark skips without a usable CUDA device; ``shared_data`` locates ../shared."""
+"""Shared test configuration: the ``gpu`` mark skips without a usable CUDA device; ``shared_data`` locates ../shared;
+``unchanged`` and ``same`` are the one deep AnnData comparison every test uses (test modules import nothing from each
+other: shared helpers are fixtures here or in a folder's conftest.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +73,14 @@ def assert_same(got: object, want: object, path: str = "adata") -> None:
         return
     if sp.issparse(want):
         assert sp.issparse(got), f"{path}: not sparse"
-        assert got.shape == want.shape and (got != want).nnz == 0, f"{path}: sparse contents differ"
+        assert got.shape == want.shape, f"{path}: shape {got.shape} != {want.shape}"
+        g, w = sp.csr_matrix(got, copy=True), sp.csr_matrix(want, copy=True)  # canonical form; NaN equals NaN
+        for m in (g, w):
+            m.sum_duplicates()
+            m.eliminate_zeros()
+        np.testing.assert_array_equal(g.indptr, w.indptr, err_msg=f"{path}: sparse pattern differs")
+        np.testing.assert_array_equal(g.indices, w.indices, err_msg=f"{path}: sparse pattern differs")
+        np.testing.assert_array_equal(g.data, w.data, err_msg=f"{path}: sparse values differ")
         return
     if want is None:
         assert got is None, f"{path}: {got!r} is not None"
@@ -99,6 +108,9 @@ def unchanged():
         before = adata.copy()
         yield
         assert_same(adata, before)
+        for slot in ("layers", "obsm", "varm", "obsp", "varp", "uns"):  # nothing re-inserted in another order either
+            got, want = list(getattr(adata, slot).keys()), list(getattr(before, slot).keys())
+            assert got == want, f"adata.{slot}: key order {got} != {want}"
 
     return check
 

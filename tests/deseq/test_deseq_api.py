@@ -16,40 +16,8 @@ import gpuc
 matplotlib.use("Agg")
 
 
-def _sim(n_per: int = 4, n_genes: int = 300, seed: int = 0, levels: tuple[str, ...] = ("A", "B")) -> ad.AnnData:
-    rng = np.random.default_rng(seed)
-    n = n_per * len(levels)
-    mean = 2 ** rng.normal(5, 2, n_genes)
-    lfc = np.where(rng.random(n_genes) < 0.2, rng.normal(0, 2, n_genes), 0.0)
-    cond = np.repeat(levels, n_per)
-    grp = np.tile(["X", "Y"], n // 2)
-    sf = np.exp(rng.normal(0, 0.2, n))
-    mu = sf[:, None] * mean[None, :] * 2 ** (np.outer(cond != levels[0], lfc))
-    disp = 0.05 + 2 / mean
-    counts = rng.negative_binomial(1 / disp, 1 / (1 + mu * disp))
-    obs = pd.DataFrame(
-        {"condition": pd.Categorical(cond, list(levels)), "batch": grp, "x": rng.normal(size=n)},
-        index=[f"s{i}" for i in range(n)],
-    )
-    return ad.AnnData(X=counts.astype(np.int64), obs=obs, var=pd.DataFrame(index=[f"g{j}" for j in range(n_genes)]))
-
-
-def _snapshot(a: ad.AnnData) -> tuple:
-    return (a.obs.copy(), a.var.copy(), dict(a.uns), list(a.layers.keys()), list(a.varm.keys()), a.X.copy())
-
-
-def _assert_unchanged(a: ad.AnnData, snap: tuple) -> None:
-    obs, var, uns, layers, varm, x = snap
-    pd.testing.assert_frame_equal(a.obs, obs)
-    pd.testing.assert_frame_equal(a.var, var)
-    assert set(a.uns) == set(uns)
-    assert list(a.layers.keys()) == layers
-    assert list(a.varm.keys()) == varm
-    np.testing.assert_array_equal(a.X.toarray() if sp.issparse(a.X) else a.X, x.toarray() if sp.issparse(x) else x)
-
-
-def test_writes_and_copy():
-    a = _sim()
+def test_writes_and_copy(sim_bulk):
+    a = sim_bulk()
     out = gpuc.tl.deseq(a, "~condition", contrast=["condition", "B", "A"], device="cpu")
     assert out is None
     for f in ("baseMean", "dispGeneEst", "dispFit", "dispMAP", "dispersion", "dispOutlier", "betaConv", "maxCooks"):
@@ -62,14 +30,14 @@ def test_writes_and_copy():
     assert list(res.columns) == ["baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"]
     assert res.index.equals(a.var_names)
     np.testing.assert_allclose(res["log2FoldChange"], a.varm["deseq_coef"][:, 1])
-    b = _sim()
+    b = sim_bulk()
     c = gpuc.tl.deseq(b, "~condition", device="cpu", copy=True, key_added="other")
     assert "other" not in b.uns and "other" in c.uns
     pd.testing.assert_frame_equal(gpuc.get.deseq_results(c, key="other"), res)
 
 
-def test_contrast_list_and_vector_one_fit():
-    a = _sim(levels=("A", "B", "C"))
+def test_contrast_list_and_vector_one_fit(sim_bulk):
+    a = sim_bulk(levels=("A", "B", "C"))
     gpuc.tl.deseq(
         a,
         "~condition",
@@ -94,8 +62,8 @@ def test_contrast_list_and_vector_one_fit():
     assert (b_a["log2FoldChange"][zero("A", "B")] == 0).all()
 
 
-def test_sparse_equals_dense_and_layer():
-    a = _sim()
+def test_sparse_equals_dense_and_layer(sim_bulk):
+    a = sim_bulk()
     b = a.copy()
     b.layers["counts"] = sp.csr_matrix(b.X)
     b.X = np.zeros(b.shape)
@@ -104,8 +72,8 @@ def test_sparse_equals_dense_and_layer():
     pd.testing.assert_frame_equal(gpuc.get.deseq_results(a), gpuc.get.deseq_results(b))
 
 
-def test_all_zero_gene_is_nan_like_r():
-    a = _sim()
+def test_all_zero_gene_is_nan_like_r(sim_bulk):
+    a = sim_bulk()
     a.X[:, 3] = 0
     gpuc.tl.deseq(a, "~condition", device="cpu")
     res = gpuc.get.deseq_results(a)
@@ -115,8 +83,8 @@ def test_all_zero_gene_is_nan_like_r():
     assert res.loc[res["baseMean"] > 0, "log2FoldChange"].notna().all()
 
 
-def test_poscounts_fallback_warns():
-    a = _sim()
+def test_poscounts_fallback_warns(sim_bulk):
+    a = sim_bulk()
     a.X[0, 1:] = 0
     a.X[1, 0] = 0
     with pytest.warns(UserWarning, match="poscounts"):
@@ -124,8 +92,8 @@ def test_poscounts_fallback_warns():
     assert a.uns["deseq"]["size_factor_type"] == "poscounts"
 
 
-def test_small_pseudobulk_uses_r_prior_simulation():
-    a = _sim(n_per=2)
+def test_small_pseudobulk_uses_r_prior_simulation(sim_bulk):
+    a = sim_bulk(n_per=2)
     with pytest.warns(UserWarning, match="simulation"):
         gpuc.tl.deseq(a, "~condition", device="cpu")
     assert a.uns["deseq"]["prior_disp_var_method"] == "simulation"
@@ -156,32 +124,30 @@ def test_small_pseudobulk_uses_r_prior_simulation():
         (lambda a: None, {"layer": "missing"}, "missing"),
     ],
 )
-def test_bad_input_leaves_adata_unchanged(mutate, kwargs, match):
+def test_bad_input_leaves_adata_unchanged(mutate, kwargs, match, sim_bulk, unchanged):
     kwargs = dict(kwargs)
     n_per = 1 if kwargs.pop("_n", None) else 4
-    a = _sim(n_per=n_per)
+    a = sim_bulk(n_per=n_per)
     mutate(a)
-    snap = _snapshot(a)
     design = kwargs.pop("design", "~condition")
-    with pytest.raises((ValueError, TypeError, KeyError), match=match):
+    with unchanged(a), pytest.raises((ValueError, TypeError, KeyError), match=match):
         gpuc.tl.deseq(a, design, device="cpu", **kwargs)
-    _assert_unchanged(a, snap)
 
 
-def test_rank_deficient_message_names_columns():
-    a = _sim()
+def test_rank_deficient_message_names_columns(sim_bulk):
+    a = sim_bulk()
     a.obs["dup"] = a.obs["condition"].astype(str)
     with pytest.raises(ValueError, match=r"dup\[T\.B\].*condition\[T\.B\]"):
         gpuc.tl.deseq(a, "~condition + dup", device="cpu")
 
 
-def test_lrt_and_refit_outlier():
+def test_lrt_and_refit_outlier(sim_bulk):
     """LRT with ~1 matches the Wald p-values closely for one factor; an injected outlier is replaced with 7+ replicates."""
-    a = _sim(n_per=8)
+    a = sim_bulk(n_per=8)
     a.X[0, 5] = a.X[:, 5].max() * 50 + 1000
     gpuc.tl.deseq(a, "~condition", device="cpu")
     assert bool(a.var.loc["g5", "deseq_replace"]) and bool(a.var.loc["g5", "deseq_refitted"])
-    b = _sim(n_per=8)
+    b = sim_bulk(n_per=8)
     gpuc.tl.deseq(b, "~condition", test="lrt", reduced="~1", device="cpu")
     lrt = gpuc.get.deseq_results(b)
     gpuc.tl.deseq(b, "~condition", device="cpu", key_added="w")
@@ -230,8 +196,8 @@ def test_pseudobulk_and_groupby():
         gpuc.get.deseq_results(pb)
 
 
-def test_vst_and_plots():
-    a = _sim()
+def test_vst_and_plots(sim_bulk):
+    a = sim_bulk()
     gpuc.tl.deseq(a, "~condition", lfc_shrink="apeglm", device="cpu")
     gpuc.tl.vst(a, device="cpu")
     assert a.layers["vst"].shape == a.shape and np.isfinite(a.layers["vst"]).all()
@@ -245,10 +211,10 @@ def test_vst_and_plots():
     assert ax.get_yscale() == "log" and len(ax.lines) == 1
 
 
-def test_interaction_design_wald_matches_lrt():
+def test_interaction_design_wald_matches_lrt(sim_bulk):
     import scipy.stats
 
-    a = _sim(n_per=8, n_genes=400, seed=3)
+    a = sim_bulk(n_per=8, n_genes=400, seed=3)
     gpuc.tl.deseq(a, "~batch + condition + batch:condition", device="cpu")
     assert a.uns["deseq"]["design_columns"][-1] == "batch[T.Y]:condition[T.B]"
     wald = gpuc.get.deseq_results(a, "batch_Y:condition_B")
@@ -265,26 +231,23 @@ def test_interaction_design_wald_matches_lrt():
     assert scipy.stats.spearmanr(wald["pvalue"][ok], lrt["pvalue"][ok])[0] > 0.98
 
 
-def test_groupby_skips_untestable_group_with_warning():
-    a = _sim(n_per=4)
-    extra = _sim(n_per=1, seed=5)[:1].copy()  # one sample of a group that cannot be tested
+def test_groupby_skips_untestable_group_with_warning(sim_bulk, unchanged):
+    a = sim_bulk(n_per=4)
+    extra = sim_bulk(n_per=1, seed=5)[:1].copy()  # one sample of a group that cannot be tested
     extra.obs_names = ["lonely"]
     both = ad.concat([a, extra])
     both.obs["cell_type"] = ["T"] * a.n_obs + ["X"]
     both.obs["condition"] = pd.Categorical(both.obs["condition"].astype(str), ["A", "B"])
-    snap = _snapshot(both)
     with pytest.warns(UserWarning, match="'X' skipped"):
         gpuc.tl.deseq(both, "~condition", groupby="cell_type", device="cpu")
     assert list(both.uns["deseq"]["groups"]) == ["T"] and "X" in both.uns["deseq"]["skipped_groups"]
     assert np.isnan(both.obs.loc["lonely", "deseq_size_factors"])
     only = both[both.obs["cell_type"] == "X"].copy()
-    snap = _snapshot(only)
-    with pytest.raises(ValueError, match="no group"):
+    with unchanged(only), pytest.raises(ValueError, match="no group"):
         gpuc.tl.deseq(only, "~condition", groupby="cell_type", device="cpu")
-    _assert_unchanged(only, snap)
 
 
-def test_whole_batch_path_equals_cpu_blocks():
+def test_whole_batch_path_equals_cpu_blocks(sim_bulk):
     """The GPU path solves all genes in one batch; run that code path with numpy (a Backend flagged as GPU) and
     compare with the CPU path, which works in cache-sized gene blocks."""
     import scipy.special
@@ -293,7 +256,7 @@ def test_whole_batch_path_equals_cpu_blocks():
     from gpuc.deseq import build_design, contrast_vector, results, run_deseq
     from gpuc.deseq._threads import gene_blocks
 
-    a = _sim(n_per=30, n_genes=3000, seed=7)
+    a = sim_bulk(n_per=30, n_genes=3000, seed=7)
     d = build_design(a.obs, "~condition")
     c = contrast_vector(d, ["condition", "B", "A"])[0]
     cpu = get_backend("cpu")

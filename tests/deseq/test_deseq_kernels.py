@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.special
-from test_deseq_api import _sim
 
 from gpuc._backend import get_backend
 from gpuc.deseq import _kernels
@@ -56,10 +55,10 @@ def test_const_kernel_matches_gammaln():
 
 
 @pytest.mark.parametrize("formula", ["~condition", "~batch + x + condition"])
-def test_pipeline_compiled_equals_numpy(monkeypatch, formula):
+def test_pipeline_compiled_equals_numpy(monkeypatch, formula, sim_bulk):
     from gpuc.deseq import build_design, contrast_vector, results, run_deseq
 
-    a = _sim(n_per=12, n_genes=1500, seed=11)
+    a = sim_bulk(n_per=12, n_genes=1500, seed=11)
     d = build_design(a.obs, formula)
     c = contrast_vector(d, ["condition", "B", "A"])[0]
     bk = get_backend("cpu")

@@ -103,6 +103,7 @@ def test_pasilla_vst_blind_vs_r():
     assert np.corrcoef(got.ravel(), ref.to_numpy().ravel())[0, 1] > 0.99999
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tag", "design"), [("dex", "~dex"), ("cell_dex", "~cell + dex")])
 def test_airway_vs_r(shared_data, tag, design):
     base = shared_data / "bulk" / "airway"

@@ -14,27 +14,6 @@ import gpuc
 from gpuc.metacells import MetacellConvergenceWarning
 
 
-def _snapshot(ad: AnnData) -> dict:
-    return {
-        "obs": ad.obs.copy(),
-        "obsm": {k: v.copy() for k, v in ad.obsm.items()},
-        "obsp": {k: v.copy() for k, v in ad.obsp.items()},
-        "uns": set(ad.uns.keys()),
-        "neighbors": dict(ad.uns.get("neighbors", {})),
-    }
-
-
-def _assert_unchanged(ad: AnnData, snap: dict) -> None:
-    pd.testing.assert_frame_equal(ad.obs, snap["obs"])
-    assert set(ad.obsm.keys()) == set(snap["obsm"])
-    for k, v in snap["obsm"].items():
-        np.testing.assert_array_equal(np.asarray(ad.obsm[k]), np.asarray(v))
-    assert set(ad.obsp.keys()) == set(snap["obsp"])
-    for k, v in snap["obsp"].items():
-        assert (ad.obsp[k] != v).nnz == 0
-    assert set(ad.uns.keys()) == snap["uns"]
-
-
 def test_end_to_end_reproduces_seacells_run(pbmc68k_fitted, mc_ref):
     ad = pbmc68k_fitted
     info = ad.uns["metacell"]
@@ -80,22 +59,22 @@ def test_outputs_and_untouched_neighbors(pbmc68k):
     np.testing.assert_array_equal(again.obs["mc"].to_numpy(), ad.obs["mc"].to_numpy())
 
 
-def test_default_n_and_copy(pbmc68k):
-    snap = _snapshot(pbmc68k)
-    out = gpuc.tl.metacells(pbmc68k, device="cpu", copy=True, max_iter=12)
-    _assert_unchanged(pbmc68k, snap)
+def test_default_n_and_copy(pbmc68k, unchanged):
+    with unchanged(pbmc68k):
+        out = gpuc.tl.metacells(pbmc68k, device="cpu", copy=True, max_iter=12)
     assert out is not pbmc68k
     assert out.obsm["metacell_weights"].shape[1] == round(700 / 75)
     assert gpuc.tl.metacells(pbmc68k, device="cpu", max_iter=12) is None
     assert "metacell" in pbmc68k.obs
 
 
-def test_h5ad_roundtrip(pbmc68k_fitted, tmp_path):
+def test_h5ad_roundtrip(pbmc68k_fitted, tmp_path, same):
     import anndata
 
     path = tmp_path / "mc.h5ad"
     pbmc68k_fitted.write_h5ad(path)
     back = anndata.read_h5ad(path)
+    same(back, pbmc68k_fitted)
     np.testing.assert_array_equal(back.uns["metacell"]["rss"], pbmc68k_fitted.uns["metacell"]["rss"])
     assert (back.obsm["metacell_weights"] != pbmc68k_fitted.obsm["metacell_weights"]).nnz == 0
 
@@ -129,33 +108,27 @@ def _dup_adata(n_distinct: int, copies: int) -> AnnData:
         (None, {"device": "tpu"}, ValueError, "device"),
     ],
 )
-def test_bad_input_raises_and_leaves_adata_unchanged(pbmc68k, mutate, kwargs, err, match):
+def test_bad_input_raises_and_leaves_adata_unchanged(pbmc68k, mutate, kwargs, err, match, unchanged):
     ad = pbmc68k
     if mutate is not None:
         x = ad.obsm["X_pca"].copy()
         x[3, 2] = np.nan if mutate == "nan" else np.inf
         ad.obsm["X_pca"] = x
-    snap = _snapshot(ad)
     kwargs = {"device": "cpu", **kwargs}
-    with pytest.raises(err, match=match):
+    with unchanged(ad), pytest.raises(err, match=match):
         gpuc.tl.metacells(ad, **kwargs)
-    _assert_unchanged(ad, snap)
 
 
-def test_more_metacells_than_distinct_cells_raises():
+def test_more_metacells_than_distinct_cells_raises(unchanged):
     ad = _dup_adata(40, 3)
-    snap = _snapshot(ad)
-    with pytest.raises(ValueError, match="40 distinct"):
+    with unchanged(ad), pytest.raises(ValueError, match="40 distinct"):
         gpuc.tl.metacells(ad, 41, device="cpu")
-    _assert_unchanged(ad, snap)
 
 
-def test_duplicate_cells_zero_bandwidth_raises():
+def test_duplicate_cells_zero_bandwidth_raises(unchanged):
     ad = _dup_adata(60, 10)  # every cell has 9 exact copies: no non-zero distance among its 14 neighbours
-    snap = _snapshot(ad)
-    with pytest.raises(ValueError, match="zero kernel bandwidth"):
+    with unchanged(ad), pytest.raises(ValueError, match="zero kernel bandwidth"):
         gpuc.tl.metacells(ad, 5, device="cpu")
-    _assert_unchanged(ad, snap)
 
 
 def test_non_convergence_warns_and_writes(pbmc68k):

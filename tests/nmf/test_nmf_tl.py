@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import copy as _copy
-
+import anndata
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,33 +12,6 @@ from anndata import AnnData
 import gpuc
 from gpuc._backend import gpu_available
 from gpuc.nmf._hals import WARMUP
-
-
-def _snapshot(ad: AnnData) -> dict:
-    x = ad.X.toarray() if sp.issparse(ad.X) else np.array(ad.X)
-    return {
-        "X": x,
-        "layers": {k: (v.toarray() if sp.issparse(v) else np.array(v)) for k, v in ad.layers.items()},
-        "obs": ad.obs.copy(),
-        "var": ad.var.copy(),
-        "obsm": sorted(ad.obsm.keys()),
-        "varm": sorted(ad.varm.keys()),
-        "uns": _copy.deepcopy(dict(ad.uns)),
-    }
-
-
-def _assert_unchanged(ad: AnnData, snap: dict) -> None:
-    x = ad.X.toarray() if sp.issparse(ad.X) else np.asarray(ad.X)
-    np.testing.assert_array_equal(x, snap["X"])
-    assert set(ad.layers.keys()) == set(snap["layers"])
-    for k, v in snap["layers"].items():
-        got = ad.layers[k]
-        np.testing.assert_array_equal(got.toarray() if sp.issparse(got) else np.asarray(got), v)
-    pd.testing.assert_frame_equal(ad.obs, snap["obs"])
-    pd.testing.assert_frame_equal(ad.var, snap["var"])
-    assert sorted(ad.obsm.keys()) == snap["obsm"]
-    assert sorted(ad.varm.keys()) == snap["varm"]
-    assert set(ad.uns.keys()) == set(snap["uns"])
 
 
 def test_nmf_consensus_nmf_cnmf_settings_match_cnmf(cnmf_counts, cnmf_k7_spectra):
@@ -65,7 +37,7 @@ def test_nmf_consensus_nmf_cnmf_settings_match_cnmf(cnmf_counts, cnmf_k7_spectra
     assert u["params"]["preprocessing"] == "sd" and u["params"]["metric"] == "euclidean"
 
 
-def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
+def test_nmf_consensus_nmf_writes_fields(programs, tmp_path, same):
     ad = programs
     hv = ad.var["highly_variable"].to_numpy()
     gpuc.tl.consensus_nmf(ad, 3, n_runs=6, layer="counts", device="cpu", random_state=1)
@@ -104,6 +76,7 @@ def test_nmf_consensus_nmf_writes_fields(programs, tmp_path):
     np.testing.assert_allclose(ad2.obsm["X_rerun"], ad.obsm["X_nmf"])
     assert "rerun_spectra" in ad2.varm and "rerun" in ad2.uns
     ad.write_h5ad(tmp_path / "nmf.h5ad")
+    same(anndata.read_h5ad(tmp_path / "nmf.h5ad"), ad)
 
 
 @pytest.mark.parametrize("schedule", [{"update_order": "spectra", "warmup": 0}, {"warmup": 0}, {"extrapolate": False}])
@@ -136,14 +109,13 @@ def test_nmf_tl_schedule_defaults_match_engine():
         assert sig["update_order"].default == UPDATE_ORDER == "usages"
 
 
-def test_nmf_copy_returns_copy_and_leaves_input(programs):
-    snap = _snapshot(programs)
-    out = gpuc.tl.consensus_nmf(programs, 3, n_runs=3, layer="counts", device="cpu", copy=True)
+def test_nmf_copy_returns_copy_and_leaves_input(programs, unchanged):
+    with unchanged(programs):
+        out = gpuc.tl.consensus_nmf(programs, 3, n_runs=3, layer="counts", device="cpu", copy=True)
     assert isinstance(out, AnnData) and "X_nmf" in out.obsm
-    _assert_unchanged(programs, snap)
-    out = gpuc.tl.nmf_k_sweep(programs, [2, 3], n_runs=3, layer="counts", device="cpu", copy=True)
+    with unchanged(programs):
+        out = gpuc.tl.nmf_k_sweep(programs, [2, 3], n_runs=3, layer="counts", device="cpu", copy=True)
     assert "nmf_k_sweep" in out.uns
-    _assert_unchanged(programs, snap)
     assert gpuc.tl.consensus_nmf(programs, 2, n_runs=3, layer="counts", device="cpu") is None
 
 
@@ -231,29 +203,24 @@ BAD_INPUT = [
 @pytest.mark.parametrize(
     ("kind", "kwargs", "match"), BAD_INPUT, ids=[f"{b[0]}-{next(iter(b[1]), '')}" for b in BAD_INPUT]
 )
-def test_nmf_consensus_nmf_bad_input_leaves_adata_unchanged(programs, kind, kwargs, match):
+def test_nmf_consensus_nmf_bad_input_leaves_adata_unchanged(programs, kind, kwargs, match, unchanged):
     ad = _bad(programs, kind) if kind else programs[:, :]
     ad = ad.copy()
     ad.var["highly_variable"] = np.arange(ad.n_vars) < 40  # small block: 40 genes, so k=40 is too large
-    snap = _snapshot(ad)
     call = {"k": 3, "n_runs": 3, "layer": "counts", "device": "cpu"} | kwargs
-    with pytest.raises((ValueError, TypeError, KeyError), match=match):
+    with unchanged(ad), pytest.raises((ValueError, TypeError, KeyError), match=match):
         gpuc.tl.consensus_nmf(ad, **call)
-    _assert_unchanged(ad, snap)
     sweep = {k: v for k, v in call.items() if k not in ("k",)}
     if kind is None and ("k" in kwargs or ("density_threshold" in kwargs and kwargs["density_threshold"] == 0.0)):
         return  # k is checked per entry below; a failed consensus is a row in the sweep
-    with pytest.raises((ValueError, TypeError, KeyError), match=match):
+    with unchanged(ad), pytest.raises((ValueError, TypeError, KeyError), match=match):
         gpuc.tl.nmf_k_sweep(ad, [2, 3], **sweep)
-    _assert_unchanged(ad, snap)
 
 
-def test_nmf_k_sweep_bad_k_range(programs):
-    snap = _snapshot(programs)
+def test_nmf_k_sweep_bad_k_range(programs, unchanged):
     for k_range, match in [([2, 300], "smaller than min"), ([], "empty"), ([1, 2], "too small"), ([2.5], "integer")]:
-        with pytest.raises((ValueError, TypeError), match=match):
+        with unchanged(programs), pytest.raises((ValueError, TypeError), match=match):
             gpuc.tl.nmf_k_sweep(programs, k_range, n_runs=3, layer="counts", device="cpu")
-    _assert_unchanged(programs, snap)
 
 
 def test_nmf_missing_hvg_column(programs):
