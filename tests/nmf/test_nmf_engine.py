@@ -33,7 +33,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_nmf_single_fit_reaches_sklearn_optimum(cnmf_matrix, sparse, dtype, extrapolate):
-    # sklearn cd (cNMF's solver) reaches ||V-WH||^2/||V||^2 = 0.5904612 on this matrix at k=7 (anchors/nmf.md §6)
+    # sklearn cd (cNMF's solver) reaches ||V-WH||^2/||V||^2 = 0.5904612 on this matrix at k=7 (scikit-learn 1.x, cNMF 1.7.1 settings)
     v = sp.csr_matrix(cnmf_matrix) if sparse else cnmf_matrix
     op = Operator.build(CPU, v, dtype=dtype)
     res = fit_hals(CPU, op, 7, [derive_seed(3, 7, 0)], extrapolate=extrapolate)
