@@ -62,7 +62,7 @@ def test_aggregate_requires_a_run(pbmc68k):
 
 def test_quality_matches_seacells_evaluate_numbers(fitted):
     # SEACells 0.3.3 evaluate.compactness / separation / compute_celltype_purity on the same run
-    # (run on SEACells 0.3.3 with its tutorial settings): compactness mean 0.152 (median 0.027), separation mean 1.09
+    # gave compactness mean 0.152 (median 0.027), separation mean 1.09
     # (median 0.57), bulk_labels purity mean 0.715 (min 0.349, max 1.0)
     q = gpuc.tl.metacell_quality(fitted, celltype_key="bulk_labels", inplace=False)
     assert isinstance(q, pd.DataFrame) and len(q) == 9
