@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+from _nmf_data import cd34_sized
 
 ROOT = Path(__file__).resolve().parents[1]
 # GPU_NMF_DRY=1: run the whole script on the CPU with a smaller matrix, to check it without a device
@@ -64,34 +65,6 @@ def fixture_counts():
     ad.var["highly_variable"] = True
     d = x.toarray().astype(np.float64)
     return ad, d / d.std(axis=0, ddof=1)
-
-
-def cd34_sized(n_cells: int = 6881, n_genes: int = 2000, seed: int = 0) -> sp.csr_matrix:
-    import gpuc
-
-    ad = gpuc.datasets.pbmc3k()
-    x = ad.layers["counts"].tocsr().astype(np.float64)
-    keep = np.asarray(ad.obs["passed_seurat_qc"]).astype(bool)
-    x = x[keep]
-    rng = np.random.default_rng(seed)
-    rows = rng.integers(0, x.shape[0], n_cells)
-    y = x[rows].tocsr()
-    y.data = rng.binomial(y.data.astype(np.int64), 0.85).astype(np.float64)
-    y.eliminate_zeros()
-    lib = np.asarray(y.sum(1)).ravel()
-    y = sp.diags(1e4 / np.maximum(lib, 1)) @ y
-    y.data = np.log1p(y.data)
-    y = y.tocsr()
-    mean = np.asarray(y.mean(0)).ravel()
-    var = np.asarray(y.multiply(y).mean(0)).ravel() - mean**2
-    detected = np.asarray((y > 0).mean(0)).ravel()
-    disp = np.where(detected >= 0.06, var / np.maximum(mean, 1e-12), -np.inf)
-    genes = np.argsort(-disp)[
-        :n_genes
-    ]  # most dispersed genes seen in >= 6% of cells (10.6% non-zero; CD34's HVGs: 10.4%)
-    y = y[:, np.sort(genes)].tocsr()
-    y = y[np.asarray(y.sum(1)).ravel() > 0]
-    return y.astype(np.float32)
 
 
 def parity() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -43,19 +44,35 @@ def progress_enabled() -> bool:
     return bool(getattr(stream, "isatty", None) and stream.isatty())
 
 
-def numba_kernels(build: Callable[[Any], Any]) -> Callable[[], Any]:
-    """Decorator for a builder of numba-compiled CPU kernels: ``build(numba)`` runs once, on the first call of the
-    returned loader (numba compiles lazily and caches on disk with ``cache=True``); the loader returns ``None`` when
-    numba cannot be imported, and callers then use their array code (the code the GPU runs).
+def numba_kernels(module: str, name: str | None = None) -> Callable[[], Any]:
+    """A loader of numba-compiled CPU kernels kept in their own module.
+
+    The kernels are module-level ``@numba.njit(cache=True)`` functions, so numba compiles each one lazily on its first
+    call and a fresh process reloads it from the on-disk cache instead of compiling it again. (A kernel built inside a
+    function and capturing another compiled function is cached under a key that changes from process to process, so
+    every process would compile it again.) The module is imported on the first call of the loader, keeping numba out
+    of the import of the modules that use it.
+
+    Parameters
+    ----------
+    module
+        Dotted name of the module that defines the kernels.
+    name
+        An attribute of ``module`` to return instead of the module itself.
+
+    Returns
+    -------
+    A cached function of no arguments that returns the module (or its attribute ``name``), or ``None`` when numba
+    cannot be imported; callers then use their array code (the code the GPU runs).
     """
 
     @functools.cache
-    @functools.wraps(build)
     def load() -> Any:
         try:
-            import numba
+            import numba  # noqa: F401
         except ImportError:  # pragma: no cover - numba comes with scanpy
             return None
-        return build(numba)
+        kernels = importlib.import_module(module)
+        return kernels if name is None else getattr(kernels, name)
 
     return load

@@ -2,7 +2,9 @@
 
 They perform exactly the floating-point operations of the array code in :mod:`gpuc.metacells._solver` (same
 operation order, no fast-math), so the picks are identical; they only avoid the many passes over (n, k) arrays that
-numpy needs. When numba cannot be imported the solver uses its array code (the same code the GPU runs).
+numpy needs. The kernels are module-level so that numba's disk cache serves fresh processes; the solver imports this
+module on first use through a loader that gives ``None`` when numba cannot be imported, and then uses its array code
+(the same code the GPU runs).
 """
 
 from __future__ import annotations
@@ -10,193 +12,182 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numba import njit
 
-from gpuc._utils import numba_kernels
+
+@njit(cache=True, nogil=True, inline="always")
+def fw_blend(y: float, z: float, gam: float) -> float:  # pragma: no cover - compiled
+    """``y + g (z - y)`` in the reference's operation order (every B-update kernel must round alike)."""
+    d = z - y
+    d = d * gam
+    return y + d
 
 
-@numba_kernels
-def kernels(numba: Any) -> Any:
-    """The compiled kernels as a namespace, or None when numba is unavailable."""
+@njit(cache=True, nogil=True)
+def fw_a_block(q: Any, p: Any, qa: Any, picks: Any, s0: int) -> None:  # pragma: no cover - compiled
+    """T Frank-Wolfe steps of the A-update for the cells of one block (rows of ``qa``/``p``), one cell at a time."""
+    c, k = qa.shape
+    n_steps = picks.shape[0]
+    for i in range(c):
+        for t in range(n_steps):
+            best = np.inf
+            bi = 0
+            for m in range(k):
+                g = qa[i, m] - p[i, m]
+                if g < best:
+                    best = g
+                    bi = m
+            picks[t, s0 + i] = bi
+            if t + 1 < n_steps:
+                if t == 0:
+                    for m in range(k):
+                        qa[i, m] = q[bi, m]
+                else:
+                    gam = 2.0 / (t + 2.0)
+                    for m in range(k):
+                        d = q[bi, m] - qa[i, m]
+                        d = d * gam
+                        qa[i, m] = qa[i, m] + d
 
-    @numba.njit(cache=True, nogil=True, inline="always")
-    def fw_blend(y: float, z: float, gam: float) -> float:  # pragma: no cover - compiled
-        """``y + g (z - y)`` in the reference's operation order (every B-update kernel must round alike)."""
-        d = z - y
-        d = d * gam
-        return y + d
 
-    @numba.njit(cache=True, nogil=True)
-    def fw_a_block(q: Any, p: Any, qa: Any, picks: Any, s0: int) -> None:  # pragma: no cover - compiled
-        """T Frank-Wolfe steps of the A-update for the cells of one block (rows of ``qa``/``p``), one cell at a time."""
-        c, k = qa.shape
-        n_steps = picks.shape[0]
-        for i in range(c):
-            for t in range(n_steps):
-                best = np.inf
-                bi = 0
-                for m in range(k):
-                    g = qa[i, m] - p[i, m]
-                    if g < best:
-                        best = g
-                        bi = m
-                picks[t, s0 + i] = bi
-                if t + 1 < n_steps:
-                    if t == 0:
-                        for m in range(k):
-                            qa[i, m] = q[bi, m]
-                    else:
-                        gam = 2.0 / (t + 2.0)
-                        for m in range(k):
-                            d = q[bi, m] - qa[i, m]
-                            d = d * gam
-                            qa[i, m] = qa[i, m] + d
+@njit(cache=True, nogil=True)
+def col_argmin_diff(y: Any, s: Any) -> Any:  # pragma: no cover - compiled
+    """Column argmin of ``y - s`` (first index on ties, as numpy)."""
+    n, k = y.shape
+    best = np.full(k, np.inf)
+    idx = np.zeros(k, dtype=np.int64)
+    for i in range(n):
+        for j in range(k):
+            g = y[i, j] - s[i, j]
+            if g < best[j]:
+                best[j] = g
+                idx[j] = i
+    return idx
 
-    @numba.njit(cache=True, nogil=True)
-    def col_argmin_diff(y: Any, s: Any) -> Any:  # pragma: no cover - compiled
-        """Column argmin of ``y - s`` (first index on ties, as numpy)."""
-        n, k = y.shape
-        best = np.full(k, np.inf)
-        idx = np.zeros(k, dtype=np.int64)
-        for i in range(n):
+
+@njit(cache=True, nogil=True)
+def fw_b_step(
+    y: Any, s: Any, indptr: Any, indices: Any, data: Any, r: Any, gam: float, first: bool
+) -> Any:  # pragma: no cover
+    """One B-step: ``y += gam (K[:, picks] R - y)`` (``y = ...`` when ``first``), then the column argmin of
+    ``y - s``. ``(indptr, indices, data)`` is K[:, picks] as an (n, k) CSR matrix. Row chunks are merged keeping
+    the earliest row on ties (numpy's rule).
+    """
+    n, k = y.shape
+    n_chunks = 1  # one row chunk: chunks would merge like blocks, in order
+    step = (n + n_chunks - 1) // n_chunks
+    best = np.full((n_chunks, k), np.inf)
+    idx = np.zeros((n_chunks, k), dtype=np.int64)
+    for c in range(n_chunks):
+        z = np.zeros(k)
+        for i in range(c * step, min(n, (c + 1) * step)):
             for j in range(k):
-                g = y[i, j] - s[i, j]
-                if g < best[j]:
-                    best[j] = g
-                    idx[j] = i
-        return idx
-
-    @numba.njit(cache=True, nogil=True)
-    def fw_b_step(
-        y: Any, s: Any, indptr: Any, indices: Any, data: Any, r: Any, gam: float, first: bool
-    ) -> Any:  # pragma: no cover
-        """One B-step: ``y += gam (K[:, picks] R - y)`` (``y = ...`` when ``first``), then the column argmin of
-        ``y - s``. ``(indptr, indices, data)`` is K[:, picks] as an (n, k) CSR matrix. Row chunks are merged keeping
-        the earliest row on ties (numpy's rule).
-        """
-        n, k = y.shape
-        n_chunks = 1  # row chunks merge like blocks; serial (threads lost to contention on small machines)
-        step = (n + n_chunks - 1) // n_chunks
-        best = np.full((n_chunks, k), np.inf)
-        idx = np.zeros((n_chunks, k), dtype=np.int64)
-        for c in range(n_chunks):
-            z = np.zeros(k)
-            for i in range(c * step, min(n, (c + 1) * step)):
+                z[j] = 0.0
+            for pp in range(indptr[i], indptr[i + 1]):
+                m = indices[pp]
+                v = data[pp]
                 for j in range(k):
-                    z[j] = 0.0
-                for pp in range(indptr[i], indptr[i + 1]):
-                    m = indices[pp]
-                    v = data[pp]
-                    for j in range(k):
-                        z[j] += v * r[m, j]
-                for j in range(k):
-                    yv = z[j] if first else fw_blend(y[i, j], z[j], gam)
-                    y[i, j] = yv
-                    g = yv - s[i, j]
-                    if g < best[c, j]:
-                        best[c, j] = g
-                        idx[c, j] = i
-        out = idx[0].copy()
-        val = best[0].copy()
-        for c in range(1, n_chunks):
+                    z[j] += v * r[m, j]
             for j in range(k):
-                if best[c, j] < val[j]:
-                    val[j] = best[c, j]
-                    out[j] = idx[c, j]
-        return out
+                yv = z[j] if first else fw_blend(y[i, j], z[j], gam)
+                y[i, j] = yv
+                g = yv - s[i, j]
+                if g < best[c, j]:
+                    best[c, j] = g
+                    idx[c, j] = i
+    out = idx[0].copy()
+    val = best[0].copy()
+    for c in range(1, n_chunks):
+        for j in range(k):
+            if best[c, j] < val[j]:
+                val[j] = best[c, j]
+                out[j] = idx[c, j]
+    return out
 
-    @numba.njit(cache=True, nogil=True)
-    def fw_b_step_restricted(
-        y: Any, s_ip: Any, s_ix: Any, s_dx: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, k: int
-    ) -> Any:  # pragma: no cover - compiled
-        """:func:`fw_b_step` on the stored entries of ``S = K A^T`` only (``y`` holds K B R on that pattern).
 
-        Returns the column minima of ``y - s`` over the pattern and their rows (first row on ties). Off the
-        pattern the gradient is ``K B R >= 0``, so a negative pattern minimum is the column's true minimum.
-        """
-        n = s_ip.shape[0] - 1
-        best = np.full(k, np.inf)
-        idx = np.zeros(k, dtype=np.int64)
-        width = 0
-        for i in range(n):
-            width = max(width, s_ip[i + 1] - s_ip[i])
-        z = np.zeros(max(width, 1))
-        for i in range(n):
-            a0 = s_ip[i]
-            w = s_ip[i + 1] - a0
+@njit(cache=True, nogil=True)
+def fw_b_step_restricted(
+    y: Any, s_ip: Any, s_ix: Any, s_dx: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, k: int
+) -> Any:  # pragma: no cover - compiled
+    """:func:`fw_b_step` on the stored entries of ``S = K A^T`` only (``y`` holds K B R on that pattern).
+
+    Returns the column minima of ``y - s`` over the pattern and their rows (first row on ties). Off the
+    pattern the gradient is ``K B R >= 0``, so a negative pattern minimum is the column's true minimum.
+    """
+    n = s_ip.shape[0] - 1
+    best = np.full(k, np.inf)
+    idx = np.zeros(k, dtype=np.int64)
+    width = 0
+    for i in range(n):
+        width = max(width, s_ip[i + 1] - s_ip[i])
+    z = np.zeros(max(width, 1))
+    for i in range(n):
+        a0 = s_ip[i]
+        w = s_ip[i + 1] - a0
+        for p in range(w):
+            z[p] = 0.0
+        for q in range(ip[i], ip[i + 1]):
+            m = ix[q]
+            v = dx[q]
             for p in range(w):
-                z[p] = 0.0
-            for q in range(ip[i], ip[i + 1]):
-                m = ix[q]
-                v = dx[q]
-                for p in range(w):
-                    z[p] += v * r[m, s_ix[a0 + p]]
-            for p in range(w):
-                yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
-                y[a0 + p] = yv
-                g = yv - s_dx[a0 + p]
-                j = s_ix[a0 + p]
-                if g < best[j]:
-                    best[j] = g
-                    idx[j] = i
-        return best, idx
+                z[p] += v * r[m, s_ix[a0 + p]]
+        for p in range(w):
+            yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
+            y[a0 + p] = yv
+            g = yv - s_dx[a0 + p]
+            j = s_ix[a0 + p]
+            if g < best[j]:
+                best[j] = g
+                idx[j] = i
+    return best, idx
 
-    @numba.njit(cache=True, nogil=True)
-    def dense_columns_step(
-        ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, replace: bool
-    ) -> None:  # pragma: no cover - compiled
-        """The dense-path update of a few whole columns of ``K B R`` (same operations as :func:`fw_b_step`).
 
-        With ``z = X @ R[:, cols]`` (X an (n, k) CSR, accumulated in stored order): ``y = z`` when ``replace``
-        (X = K B_prev at the start of the update, or the first step, whose g is 1), else ``y += gam (z - y)``.
-        """
-        n = ip.shape[0] - 1
-        m_cols = cols.shape[0]
-        z = np.zeros(m_cols)
-        for i in range(n):
+@njit(cache=True, nogil=True)
+def dense_columns_step(
+    ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, replace: bool
+) -> None:  # pragma: no cover - compiled
+    """The dense-path update of a few whole columns of ``K B R`` (same operations as :func:`fw_b_step`).
+
+    With ``z = X @ R[:, cols]`` (X an (n, k) CSR, accumulated in stored order): ``y = z`` when ``replace``
+    (X = K B_prev at the start of the update, or the first step, whose g is 1), else ``y += gam (z - y)``.
+    """
+    n = ip.shape[0] - 1
+    m_cols = cols.shape[0]
+    z = np.zeros(m_cols)
+    for i in range(n):
+        for c in range(m_cols):
+            z[c] = 0.0
+        for q in range(ip[i], ip[i + 1]):
+            m = ix[q]
+            v = dx[q]
             for c in range(m_cols):
-                z[c] = 0.0
-            for q in range(ip[i], ip[i + 1]):
-                m = ix[q]
-                v = dx[q]
-                for c in range(m_cols):
-                    z[c] += v * r[m, cols[c]]
-            for c in range(m_cols):
-                ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
+                z[c] += v * r[m, cols[c]]
+        for c in range(m_cols):
+            ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
 
-    @numba.njit(cache=True, nogil=True)
-    def gram_of_columns(indptr: Any, indices: Any, data: Any, k: int) -> Any:  # pragma: no cover - compiled
-        """``A A^T`` (dense k x k) of a CSC (k, n) matrix: a sum of per-column outer products."""
-        out = np.zeros((k, k))
-        for c in range(indptr.shape[0] - 1):
-            for p in range(indptr[c], indptr[c + 1]):
-                lp = indices[p]
-                vp = data[p]
-                for q in range(indptr[c], indptr[c + 1]):
-                    out[lp, indices[q]] += vp * data[q]
-        return out
 
-    @numba.njit(cache=True, nogil=True)
-    def csr_times_csr_dense(ip: Any, ix: Any, dx: Any, jp: Any, jx: Any, dj: Any, k: int) -> Any:  # pragma: no cover
-        """Dense ``X @ Y`` of two CSR matrices (n x m) and (m x k), accumulated in scipy's order."""
-        n = ip.shape[0] - 1
-        out = np.zeros((n, k))
-        for i in range(n):
-            for p in range(ip[i], ip[i + 1]):
-                j = ix[p]
-                v = dx[p]
-                for q in range(jp[j], jp[j + 1]):
-                    out[i, jx[q]] += v * dj[q]
-        return out
+@njit(cache=True, nogil=True)
+def gram_of_columns(indptr: Any, indices: Any, data: Any, k: int) -> Any:  # pragma: no cover - compiled
+    """``A A^T`` (dense k x k) of a CSC (k, n) matrix: a sum of per-column outer products."""
+    out = np.zeros((k, k))
+    for c in range(indptr.shape[0] - 1):
+        for p in range(indptr[c], indptr[c + 1]):
+            lp = indices[p]
+            vp = data[p]
+            for q in range(indptr[c], indptr[c + 1]):
+                out[lp, indices[q]] += vp * data[q]
+    return out
 
-    class _K:
-        pass
 
-    ns = _K()
-    ns.fw_a_block = fw_a_block
-    ns.col_argmin_diff = col_argmin_diff
-    ns.fw_b_step = fw_b_step
-    ns.fw_b_step_restricted = fw_b_step_restricted
-    ns.dense_columns_step = dense_columns_step
-    ns.gram_of_columns = gram_of_columns
-    ns.csr_times_csr_dense = csr_times_csr_dense
-    return ns
+@njit(cache=True, nogil=True)
+def csr_times_csr_dense(ip: Any, ix: Any, dx: Any, jp: Any, jx: Any, dj: Any, k: int) -> Any:  # pragma: no cover
+    """Dense ``X @ Y`` of two CSR matrices (n x m) and (m x k), accumulated in scipy's order."""
+    n = ip.shape[0] - 1
+    out = np.zeros((n, k))
+    for i in range(n):
+        for p in range(ip[i], ip[i + 1]):
+            j = ix[p]
+            v = dx[p]
+            for q in range(jp[j], jp[j + 1]):
+                out[i, jx[q]] += v * dj[q]
+    return out

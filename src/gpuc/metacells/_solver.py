@@ -30,6 +30,7 @@ import numpy as np
 
 from gpuc._backend import Backend
 from gpuc._errors import ConvergenceWarning
+from gpuc._utils import numba_kernels
 
 
 class MetacellConvergenceWarning(ConvergenceWarning):
@@ -101,13 +102,15 @@ def _dense(x: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
 
 
+# the compiled Frank-Wolfe kernels (module gpuc.metacells._cpu_kernels), or None when numba is unavailable
+_kernels = numba_kernels("gpuc.metacells._cpu_kernels")
+
+
 def _fused(backend: Backend, accel: bool | None) -> Any:
     """The numba kernels when they should be used (CPU, available, not disabled), else None."""
     if backend.is_gpu or accel is False:
         return None
-    from gpuc.metacells._cpu_kernels import kernels
-
-    return kernels()
+    return _kernels()
 
 
 def gram(backend: Backend, a: Any, *, accel: bool | None = None) -> Any:

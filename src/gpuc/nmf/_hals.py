@@ -159,26 +159,8 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
         x[:, :, r] = xp.where(ok[None, :, r], new, x[:, :, r])
 
 
-@numba_kernels
-def _numba_sweep(numba: Any) -> Any:
-    """The CPU twin of :func:`sweep` compiled with numba, or ``None`` when numba is unavailable."""
-
-    @numba.njit(cache=True, nogil=True)
-    def kern(x, q, g, eps):  # pragma: no cover - compiled
-        rows, n_runs, k = x.shape
-        for i in range(rows):
-            for r in range(n_runs):
-                for c in range(k):
-                    d = g[r, c, c]
-                    if d <= 0:
-                        continue
-                    acc = 0.0
-                    for j in range(k):
-                        acc += x[i, r, j] * g[r, j, c]
-                    v = x[i, r, c] + (q[i, r, c] - acc) / d
-                    x[i, r, c] = v if v > eps else eps
-
-    return kern
+# the CPU twin of `sweep` compiled with numba, or None when numba is unavailable
+_numba_sweep = numba_kernels("gpuc.nmf._hals_numba", "sweep")
 
 
 def random_init(
@@ -351,8 +333,8 @@ def fit_hals_groups(
         Iterations of plain HALS before the extrapolation is switched on (ignored when ``extrapolate`` is False).
         Which local optimum a random start ends in is decided in the first iterations. Plain HALS there, from the
         usages first, follows scikit-learn's ``cd`` (cNMF's solver) into the same optimum far more often than
-        extrapolating from the first iteration does, so the restart-to-restart stability is cNMF's (measured in
-        docs/benchmarks.md). Once the basin is chosen the extrapolation converges fast.
+        extrapolating from the first iteration does, so the restart-to-restart stability is cNMF's (see the
+        benchmarks page). Once the basin is chosen the extrapolation converges fast.
     update_order
         ``"usages"``: the usages are updated first, from the random spectra (W, H, W, H, ...; scikit-learn's
         ``solver='cd'``, cNMF's solver); ``"spectra"``: the spectra first (H, W, H, W, ...; bixverse).
@@ -408,7 +390,7 @@ def fit_hals_groups(
         _sweep_blocks(xp, w, c0, d0, layout, eps, inner_sweeps)
         del c0, d0
     # CPU + sparse V: one fused numba pass per half-iteration (product row, sweep, extrapolation and Gram/loss terms
-    # together; see _hals_cpu). Same iterates as the generic path up to float rounding.
+    # together; see _hals_numba). Same iterates as the generic path up to float rounding.
     fused = None
     if xp is np and op.sparse:
         from gpuc.nmf._hals_cpu import kernels
@@ -430,10 +412,9 @@ def fit_hals_groups(
         check = it % check_every == 0 or it == max_iter
         plain = it <= n_plain
         if fused is not None:
-            spectra_half, usage_half = fused
             vt, v = op.vt, op.v
             b_use = np.zeros(ra, dtype=dt) if plain else beta
-            d64 = spectra_half(
+            d64 = fused.spectra_half(
                 vt.indptr,
                 vt.indices,
                 vt.data,
@@ -447,7 +428,7 @@ def fit_hals_groups(
                 *layout.kernel_args,
                 inner_sweeps,
             )
-            cross, g_new, g_what = usage_half(
+            cross, g_new, g_what = fused.usage_half(
                 v.indptr,
                 v.indices,
                 v.data,
