@@ -119,3 +119,13 @@ def unchanged():
 def same():
     """:func:`assert_same` as a fixture, for tests that compare AnnData contents (e.g. after a round trip)."""
     return assert_same
+
+
+@pytest.fixture
+def disable_numba(monkeypatch):
+    """Call it to run the rest of the test on the engines' array code instead of the numba CPU kernels
+    (``gpuc.settings.numba = False``, the one switch, restored after the test).
+    """
+    from gpuc._settings import settings
+
+    return lambda: monkeypatch.setattr(settings, "numba", False)

@@ -62,17 +62,20 @@ def numba_kernels(module: str, name: str | None = None) -> Callable[[], Any]:
 
     Returns
     -------
-    A cached function of no arguments that returns the module (or its attribute ``name``), or ``None`` when numba
-    cannot be imported; callers then use their array code (the code the GPU runs).
+    A function of no arguments that returns the module (or its attribute ``name``), or ``None`` when numba cannot be
+    imported or ``gpuc.settings.numba`` is False; callers then use their array code (the code the GPU runs).
     """
 
     @functools.cache
-    def load() -> Any:
+    def import_kernels() -> Any:
         try:
             import numba  # noqa: F401
         except ImportError:  # pragma: no cover - numba comes with scanpy
             return None
         kernels = importlib.import_module(module)
         return kernels if name is None else getattr(kernels, name)
+
+    def load() -> Any:
+        return import_kernels() if settings.numba else None
 
     return load

@@ -15,14 +15,9 @@ from gpuc.deseq._glm import outer_rows
 pytest.importorskip("numba")
 
 
-def _no_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("nb_logpost_kernel", "irls_kernel", "nb_const_kernel"):
-        monkeypatch.setattr(_kernels, name, lambda: None)
-
-
 @pytest.mark.parametrize("derivs", [False, True])
 @pytest.mark.parametrize("prior", [False, True])
-def test_logpost_kernel_matches_numpy(monkeypatch, derivs, prior):
+def test_logpost_kernel_matches_numpy(disable_numba, derivs, prior):
     rng = np.random.default_rng(3)
     G, n = 400, 15
     x = np.column_stack([np.ones(n), np.repeat([0.0, 1.0], [7, 8]), rng.normal(size=n)])
@@ -34,7 +29,7 @@ def test_logpost_kernel_matches_numpy(monkeypatch, derivs, prior):
     bk = get_backend("cpu")
     xx = outer_rows(x)
     got = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)
-    _no_kernels(monkeypatch)
+    disable_numba()
     ref = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)
     for a, b in zip(got, ref, strict=True):
         if b is not None:
@@ -55,7 +50,7 @@ def test_const_kernel_matches_gammaln():
 
 
 @pytest.mark.parametrize("formula", ["~condition", "~batch + x + condition"])
-def test_pipeline_compiled_equals_numpy(monkeypatch, formula, sim_bulk):
+def test_pipeline_compiled_equals_numpy(disable_numba, formula, sim_bulk):
     from gpuc.deseq import build_design, contrast_vector, results, run_deseq
 
     a = sim_bulk(n_per=12, n_genes=1500, seed=11)
@@ -64,7 +59,7 @@ def test_pipeline_compiled_equals_numpy(monkeypatch, formula, sim_bulk):
     bk = get_backend("cpu")
     f1 = run_deseq(bk, a.X, d.matrix)
     r1, _ = results(f1, c)
-    _no_kernels(monkeypatch)
+    disable_numba()
     f2 = run_deseq(bk, a.X, d.matrix)
     r2, _ = results(f2, c)
     for k in ("dispGeneEst", "dispersion", "deviance"):

@@ -93,7 +93,7 @@ def _dense_update_b(k, a, b, steps):
 
 @pytest.mark.parametrize("accel", [True, False])
 @pytest.mark.parametrize("start", ["dense", "sparse", "uniform"])
-def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cpu, start, accel):
+def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cpu, start, accel, disable_numba):
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
     kd = kmat.toarray()
     n, k = 700, 9
@@ -104,10 +104,12 @@ def test_updates_match_dense_reference_for_every_start(mc_ref, mc_ref_kernel, cp
         a_start, a_dense = sp.csc_matrix(mc_ref["A"]), mc_ref["A"]
     else:
         a_start, a_dense = "uniform", np.full((k, n), 1.0 / k)
-    a = update_a(cpu, kmat, b0, a_start, 20, block=256, accel=accel)  # several blocks; numba or array code
+    if not accel:
+        disable_numba()
+    a = update_a(cpu, kmat, b0, a_start, 20, block=256)  # several blocks; numba or array code
     want_a = _dense_update_a(kd, b0.toarray(), a_dense, 20)
     np.testing.assert_allclose(a.toarray(), want_a, rtol=1e-12, atol=1e-14)
-    b = update_b(cpu, kmat, a, sp.csc_matrix(mc_ref["B"]), 20, block=128, accel=accel)  # several row blocks
+    b = update_b(cpu, kmat, a, sp.csc_matrix(mc_ref["B"]), 20, block=128)  # several row blocks
     want_b = _dense_update_b(kd, a.toarray(), mc_ref["B"], 20)
     np.testing.assert_allclose(b.toarray(), want_b, rtol=1e-12, atol=1e-14)
 
@@ -147,14 +149,13 @@ def test_restricted_b_update_promotes_columns_without_a_negative_pattern_minimum
     assert got[0, 1] > 0  # the unused archetype's column picks row 0, like numpy's argmin of an all-zero column
 
 
-def test_b_update_rejects_unknown_gradient(mc_ref, mc_ref_kernel, cpu):
+def test_b_update_rejects_unknown_gradient(mc_ref, mc_ref_kernel, cpu, disable_numba):
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
     with pytest.raises(ValueError, match="gradient"):
         update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="sparse")
+    disable_numba()
     with pytest.raises(ValueError, match="numba"):
-        update_b(
-            cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="restricted", accel=False
-        )
+        update_b(cpu, kmat, sp.csc_matrix(mc_ref["A"]), sp.csc_matrix(mc_ref["B"]), 2, gradient="restricted")
 
 
 def test_reduced_rss_equals_direct_norm_on_small_data(cpu):

@@ -86,7 +86,7 @@ RANK_GROUPS = {"merged": [(4, 3), (2, 3), (3, 3)], "unmerged": [(2, 6), (6, 1)]}
     "schedule", [SCHEDULES[0], SCHEDULES[2], SCHEDULES[4]], ids=["default", "spectra-w0", "plain-usages"]
 )
 @pytest.mark.parametrize("layout", list(RANK_GROUPS))
-def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout, monkeypatch):
+def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout, disable_numba):
     # a k sweep fits all ranks in the same products; every run must be bit-identical to its rank fitted alone,
     # including after other ranks' runs have left the batch (columns shift, arrays are compacted)
     from gpuc.nmf._hals import _Layout
@@ -99,9 +99,7 @@ def test_nmf_rank_groups_equal_separate_fits(cnmf_matrix, schedule, path, layout
     )
     assert n_lane_groups == (1 if layout == "merged" else 2)
     if path == "generic-sparse":
-        import gpuc.nmf._hals_cpu as hals_cpu
-
-        monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
+        disable_numba()
     v = cnmf_matrix[:300, :200].astype(np.float32)
     op = Operator.build(CPU, v if path == "dense" else sp.csr_matrix(v))
     groups = [(k, [derive_seed(5, k, r) for r in range(n)]) for k, n in RANK_GROUPS[layout]]
@@ -294,15 +292,13 @@ def test_nmf_consensus_too_few_components(cnmf_matrix):
     ids=["default", "spectra-w0", "plain"],
 )
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, monkeypatch, dtype, schedule):
+def test_nmf_fused_cpu_kernel_matches_generic_path(cnmf_matrix, disable_numba, dtype, schedule):
     # the numba-fused half-iterations (sparse V, extrapolation) follow the same iterates as the generic xp code
     pytest.importorskip("numba")
-    import gpuc.nmf._hals_cpu as hals_cpu
-
     op = Operator.build(CPU, sp.csr_matrix(cnmf_matrix), dtype=dtype)
     seeds = [derive_seed(2, 5, r) for r in range(4)]
     fused = fit_hals(CPU, op, 5, seeds, **schedule)
-    monkeypatch.setattr(hals_cpu, "kernels", lambda: None)
+    disable_numba()
     generic = fit_hals(CPU, op, 5, seeds, **schedule)
     if dtype == np.float64:
         np.testing.assert_array_equal(fused.n_iter, generic.n_iter)

@@ -106,18 +106,16 @@ def _dense(x: Any, xp: Any) -> Any:
 _kernels = numba_kernels("gpuc.metacells._cpu_kernels")
 
 
-def _fused(backend: Backend, accel: bool | None) -> Any:
-    """The numba kernels when they should be used (CPU, available, not disabled), else None."""
-    if backend.is_gpu or accel is False:
-        return None
-    return _kernels()
+def _fused(backend: Backend) -> Any:
+    """The numba kernels when they are used (CPU, numba available, ``gpuc.settings.numba``), else None."""
+    return None if backend.is_gpu else _kernels()
 
 
-def gram(backend: Backend, a: Any, *, accel: bool | None = None) -> Any:
+def gram(backend: Backend, a: Any) -> Any:
     """``R = A A^T`` (dense k x k): from a sparse kernel, O(n T^2), when cells use few archetypes relative to k."""
     xp = backend.xp
     k, n = a.shape
-    fused = _fused(backend, accel)
+    fused = _fused(backend)
     if fused is not None and k > 4 * a.nnz / max(n, 1):
         ac = backend.sparse.csc_matrix(a)
         return fused.gram_of_columns(ac.indptr, ac.indices, ac.data, k)
@@ -125,7 +123,7 @@ def gram(backend: Backend, a: Any, *, accel: bool | None = None) -> Any:
     return xp.ascontiguousarray(at.T @ at)
 
 
-def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None) -> tuple[Any, Any]:
+def gram_and_s(backend: Backend, kmat: Any, a: Any) -> tuple[Any, Any]:
     """``R = A A^T`` (dense k x k) and ``S = K A^T`` (dense n x k) for the dense-gradient B-update.
 
     With few archetypes per cell relative to k (large k, CPU) both come from sparse kernels, O(n T^2) and
@@ -134,12 +132,12 @@ def gram_and_s(backend: Backend, kmat: Any, a: Any, *, accel: bool | None = None
     """
     xp = backend.xp
     k, n = a.shape
-    fused = _fused(backend, accel)
+    fused = _fused(backend)
     if fused is not None and k > 4 * a.nnz / max(n, 1):
         at = backend.sparse.csr_matrix(a.T)
         at.sort_indices()
         s_mat = fused.csr_times_csr_dense(kmat.indptr, kmat.indices, kmat.data, at.indptr, at.indices, at.data, k)
-        return gram(backend, a, accel=accel), s_mat
+        return gram(backend, a), s_mat
     at = _dense(a.T, xp)  # (n, k), shared by R and S
     return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
 
@@ -153,17 +151,16 @@ def update_a(
     *,
     block: int = 2048,
     kb: Any = None,
-    accel: bool | None = None,
 ) -> Any:
     """SEACells ``_updateA``: T Frank-Wolfe steps on every column of A with B fixed.
 
     ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
     independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
     ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q. On the CPU the
-    inner loop runs in a fused numba kernel (same operations) unless ``accel=False``.
+    inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False.
     """
     xp, sparse = backend.xp, backend.sparse
-    fused = _fused(backend, accel)
+    fused = _fused(backend)
     n, k = b.shape
     if kb is None:
         kb = sparse.csr_matrix(kmat @ b)
@@ -262,7 +259,6 @@ def update_b(
     n_steps: int,
     *,
     block: int = 1024,
-    accel: bool | None = None,
     gradient: str = "auto",
     r: Any = None,
     s_mat: Any = None,
@@ -279,28 +275,28 @@ def update_b(
     * ``gradient="dense"``: ``K B R`` is kept as a dense (n, k) array and updated with the k gathered kernel
       columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
-      ``accel=False``. This is the GPU code.
+      ``gpuc.settings.numba`` is False. This is the GPU code.
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
     dense path) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
-    fused = _fused(backend, accel)
+    fused = _fused(backend)
     k, n = a.shape
     if gradient not in ("auto", "dense", "restricted"):
         msg = f"gradient={gradient!r} is not valid; use 'auto', 'dense' or 'restricted'."
         raise ValueError(msg)
     if gradient == "restricted" and fused is None:
-        msg = "gradient='restricted' needs the numba CPU kernels (CPU backend, accel not False)."
+        msg = "gradient='restricted' needs the numba CPU kernels (CPU backend, gpuc.settings.numba True)."
         raise ValueError(msg)
     if _restricted_gradient(gradient, fused, n, k):
         if r is None:
-            r = gram(backend, a, accel=accel)
+            r = gram(backend, a)
         s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
         return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr)
     if r is None or s_mat is None:
-        r, s_mat = gram_and_s(backend, kmat, a, accel=accel)  # A A^T (k, k) and K A^T (n, k)
+        r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
     y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
     picks = xp.empty((n_steps, k), dtype=xp.int64)
     if fused is not None:
@@ -444,7 +440,7 @@ def fit(
         t0 = time.perf_counter()
         n_iter += 1
         a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
-        if _restricted_gradient(gradient, _fused(backend, None), n, k):
+        if _restricted_gradient(gradient, _fused(backend), n, k):
             r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
         else:
             r, s_mat = gram_and_s(backend, kmat, a)
