@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.linalg
 import scipy.special
 
 Device = Literal["auto", "cpu", "gpu"]
@@ -64,17 +65,35 @@ def gpu_available() -> bool:
     return gpu_status()[0]
 
 
+# Array types of other device namespaces that behave as CuPy's (the stand-in GPU of gpuc._testing.standin, which
+# CPU CI uses to run the GPU code path): (dense types, sparse types).
+_EXTRA_DEVICE_TYPES: tuple[tuple[type, ...], tuple[type, ...]] = ((), ())
+
+
+def register_device_types(*, dense: type, sparse: type) -> None:
+    """Treat ``dense`` / ``sparse`` instances as device arrays (like cupy / cupyx ones) in :func:`is_cupy_array`,
+    :func:`is_sparse` and :func:`to_host` (their ``.get()`` returns the host copy, as CuPy's does).
+    """
+    global _EXTRA_DEVICE_TYPES
+    d, s = _EXTRA_DEVICE_TYPES
+    _EXTRA_DEVICE_TYPES = ((*d, dense) if dense not in d else d, (*s, sparse) if sparse not in s else s)
+
+
 def is_cupy_array(x: Any) -> bool:
-    """Whether ``x`` is a cupy ndarray or a cupyx sparse matrix, without importing cupy."""
-    mod = type(x).__module__
-    return mod.startswith("cupy")
+    """Whether ``x`` lives on the GPU: a cupy ndarray or a cupyx sparse matrix (checked without importing cupy)."""
+    if type(x).__module__.startswith("cupy"):
+        return True
+    dense, sparse = _EXTRA_DEVICE_TYPES
+    return bool(dense or sparse) and isinstance(x, dense + sparse)
 
 
 def is_sparse(x: Any) -> bool:
     """Whether ``x`` is a scipy or cupyx sparse matrix/array."""
     if sp.issparse(x):
         return True
-    return is_cupy_array(x) and type(x).__module__.startswith("cupyx.scipy.sparse")
+    if type(x).__module__.startswith("cupyx.scipy.sparse"):
+        return True
+    return bool(_EXTRA_DEVICE_TYPES[1]) and isinstance(x, _EXTRA_DEVICE_TYPES[1])
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -117,13 +136,14 @@ def get_backend(device: Device | None = None, data: Any = None) -> Backend:
 @functools.cache
 def _backend_for(name: str) -> Backend:
     if name == "cpu":
-        return Backend("cpu", np, sp, scipy.special)
+        return Backend("cpu", np, sp, scipy.special, scipy.sparse.linalg)
     purpose = "the GPU backend"
     return Backend(
         "gpu",
         optional_import("cupy", "gpu", purpose),
         optional_import("cupyx.scipy.sparse", "gpu", purpose),
         optional_import("cupyx.scipy.special", "gpu", purpose),
+        optional_import("cupyx.scipy.sparse.linalg", "gpu", purpose),
     )
 
 
@@ -144,12 +164,15 @@ class Backend:
         ``scipy.sparse`` or ``cupyx.scipy.sparse``.
     special
         ``scipy.special`` or ``cupyx.scipy.special`` (gammaln, digamma, polygamma, ...).
+    sparse_linalg
+        ``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg`` (eigsh).
     """
 
     name: str
     xp: ModuleType = field(repr=False)
     sparse: ModuleType = field(repr=False)
     special: ModuleType = field(repr=False)
+    sparse_linalg: ModuleType = field(repr=False)
 
     @property
     def is_gpu(self) -> bool:

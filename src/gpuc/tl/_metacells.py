@@ -14,7 +14,7 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Device, get_backend, is_sparse, to_host
+from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._errors import GpucWarning
 from gpuc._utils import progress
 from gpuc._validate import (
@@ -68,7 +68,12 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
 
 
 def _n_distinct(x: Any) -> int:
-    return int(np.unique(np.asarray(to_host(x)), axis=0).shape[0])
+    """Distinct rows of ``x``, computed where ``x`` lives: rows sorted lexicographically, then neighbours compared."""
+    xp = backend_of(x).xp
+    if x.shape[0] < 2:
+        return int(x.shape[0])
+    s = x[xp.lexsort(x.T)]
+    return 1 + int((s[1:] != s[:-1]).any(axis=1).sum())
 
 
 def _default_n(n_cells: int) -> int:
@@ -516,10 +521,10 @@ def aggregate_metacells(
     mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
-    mat = to_host(mat)
+    bk = backend_of(mat)  # the sums run where the matrix lives; only the metacells x genes result comes back
     table: pd.DataFrame = info["metacells"]
     if soft:
-        w = sp.csr_matrix(adata.obsm[_keys.metacell_weights(key)])  # (n, k)
+        w = sp.csr_matrix(to_host(adata.obsm[_keys.metacell_weights(key)]))  # (n, k), a result (host unless moved)
         agg = sp.csr_matrix(w.T)  # (k, n)
         names = list(table.index)
         keep = np.asarray(agg.sum(axis=1)).ravel() > 0
@@ -531,7 +536,8 @@ def aggregate_metacells(
         codes = lab.cat.codes.to_numpy()
         ok = codes >= 0
         agg = sp.csr_matrix((np.ones(int(ok.sum())), (codes[ok], np.flatnonzero(ok))), shape=(len(names), adata.n_obs))
-    sums = agg @ mat
+    agg_d = bk.asarray(agg)
+    sums = to_host(agg_d @ (mat if mat.dtype == np.float64 else mat.astype(np.float64)))  # float64 sums, as scipy
     if sp.issparse(sums):
         sums = sp.csr_matrix(sums)
     else:
@@ -550,10 +556,10 @@ def aggregate_metacells(
     for name, emb in adata.obsm.items():
         if not name.startswith("X_") or is_sparse(emb) or isinstance(emb, pd.DataFrame):
             continue
-        emb = np.asarray(to_host(emb))
-        if emb.ndim != 2 or not np.issubdtype(emb.dtype, np.number):
+        if emb.ndim != 2 or not np.issubdtype(np.dtype(emb.dtype), np.number):
             continue
-        out.obsm[name] = np.asarray(agg @ emb) / denom
+        eb = backend_of(emb)
+        out.obsm[name] = np.asarray(to_host(eb.asarray(agg) @ emb)) / denom
     out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft}
     return out
 
