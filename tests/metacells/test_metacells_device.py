@@ -69,3 +69,58 @@ def test_n_distinct_on_device(standin_gpu):
     x[20] = x[3]
     assert _n_distinct(x) == 48
     assert _n_distinct(standin_gpu.asarray(x)) == 48
+
+
+# ---- reusing an existing neighbour graph (sc.pp.neighbors / rsc.pp.neighbors) -------------------------------------
+@pytest.fixture(scope="module")
+def with_graphs():
+    import scanpy as sc
+
+    a = sc.datasets.pbmc68k_reduced()
+    for k, key in ((30, "nn30"), (15, "nn15")):
+        sc.pp.neighbors(a, n_neighbors=k, use_rep="X_pca", key_added=key)
+    sc.pp.neighbors(a, n_neighbors=30, use_rep="X_pca", metric="cosine", key_added="cos")
+    return a
+
+
+def test_neighbors_key_reuses_the_graph(with_graphs, pbmc68k_fitted):
+    a = with_graphs.copy()
+    graphs = {k: a.obsp[k].copy() for k in a.obsp}
+    kw = {"convergence_epsilon": 1e-5, "max_iter": 50, "min_iter": 10, "random_state": 0, "device": "cpu"}
+    gpuc.tl.metacells(a, neighbors_key="nn30", **kw)
+    # below 4,096 cells scanpy's graph is the exact kNN: the same metacells as building it
+    pd.testing.assert_series_equal(a.obs["metacell"], pbmc68k_fitted.obs["metacell"])
+    np.testing.assert_allclose(a.uns["metacell"]["rss"], pbmc68k_fitted.uns["metacell"]["rss"], rtol=1e-5)
+    assert a.uns["metacell"]["params"]["neighbors_key"] == "nn30"
+    assert set(a.obsp) == {*graphs, "metacell_kernel"}  # the graphs are read, not touched
+    assert all((a.obsp[k] != g).nnz == 0 for k, g in graphs.items())
+
+
+def test_neighbors_key_on_device_graph(on_device, with_graphs):
+    from gpuc._testing.standin import to_device
+
+    a = with_graphs.copy()
+    cpu = a.copy()
+    gpuc.tl.metacells(cpu, neighbors_key="nn15", init="greedy", max_iter=20, device="cpu")
+    d = on_device(a)
+    d.obsp["nn15_distances"] = to_device(a.obsp["nn15_distances"])
+    Transfers.reset()
+    gpuc.tl.metacells(d, neighbors_key="nn15", init="greedy", max_iter=20)
+    assert Transfers.to_host < a.obsp["nn15_distances"].data.nbytes + d.obsp["metacell_kernel"].data.nbytes * 3
+    pd.testing.assert_series_equal(d.obs["metacell"], cpu.obs["metacell"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "err", "match"),
+    [
+        ({"neighbors_key": "nn15"}, ValueError, "fewer than 29 stored neighbours.*n_neighbors"),
+        ({"neighbors_key": "nn15", "n_neighbors": 20, "init": "greedy"}, ValueError, "fewer than 19"),
+        ({"neighbors_key": "cos"}, ValueError, "metric='cosine'"),
+        ({"neighbors_key": "nn30", "groupby": "bulk_labels", "n_metacells": 2}, ValueError, "groupby"),
+        ({"neighbors_key": "missing"}, KeyError, "missing"),
+    ],
+)
+def test_neighbors_key_refusals_leave_adata_unchanged(with_graphs, unchanged, kwargs, err, match):
+    a = with_graphs.copy()
+    with unchanged(a), pytest.raises(err, match=match):
+        gpuc.tl.metacells(a, max_iter=10, device="cpu", **kwargs)

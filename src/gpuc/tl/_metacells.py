@@ -30,7 +30,8 @@ from gpuc._validate import (
     get_matrix,
     resolve_random_state,
 )
-from gpuc.metacells._pipeline import metacells_peak_bytes, run_metacells
+from gpuc.metacells._kernel import knn_from_graph
+from gpuc.metacells._pipeline import KNN_DIFFUSION, metacells_peak_bytes, run_metacells
 from gpuc.metacells._quality import compactness, diffusion_space, purity, purity_from_membership, separation
 
 _GRAPHS = ("union", "intersection")
@@ -164,6 +165,7 @@ def metacells(
     initial_archetypes: Any = None,
     a0: Literal["auto", "random", "uniform"] = "auto",
     knn_method: Literal["auto", "exact", "ivf"] = "auto",
+    neighbors_key: str | None = None,
     device: Device | None = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
@@ -212,7 +214,15 @@ def metacells(
         ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 1e7, i.e. up to
         ~27k cells at one metacell per 75 cells; uniform above).
     knn_method
-        ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
+        ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells (on the GPU: always exact,
+        blocked CuPy products).
+    neighbors_key
+        ``None`` (default): build the exact kNN of ``obsm[use_rep]`` (SEACells parity). Or the key of an existing
+        neighbour graph (``"neighbors"`` after ``sc.pp.neighbors`` / ``rsc.pp.neighbors``): its stored distances
+        (``obsp[uns[neighbors_key]["distances_key"]]``, read on the device where they live) are reused, when every
+        cell has at least ``n_neighbors - 1`` stored neighbours, and 29 with ``init="waypoint"`` (Palantir's
+        30-neighbour diffusion map: build the graph with ``n_neighbors=30``, or use ``init="greedy"``). The graph
+        must be Euclidean on ``use_rep``; not with ``groupby``.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     random_state
@@ -291,6 +301,7 @@ def metacells(
     if adata.n_obs < n_neighbors:
         msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
         raise ValueError(msg)
+    graph_dist = _neighbors_graph(adata, neighbors_key, use_rep, groupby)
     plan = _plan_groups(adata, x, n_metacells, groupby, n_neighbors)
     init_arch = None
     if initial_archetypes is not None:
@@ -333,10 +344,16 @@ def metacells(
 
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
+                knn = None
+                if graph_dist is not None:
+                    need = (
+                        n_neighbors if init != "waypoint" or init_arch is not None else max(n_neighbors, KNN_DIFFUSION)
+                    )
+                    knn = knn_from_graph(backend, graph_dist, need, where=f"the {neighbors_key!r} graph")
                 res = run_metacells(
                     backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
                     min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
-                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, callback=_cb,
+                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, knn=knn, callback=_cb,
                 )  # fmt: skip
         for w in caught:
             msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
@@ -387,7 +404,7 @@ def metacells(
             "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
-            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method,
+            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method, "neighbors_key": neighbors_key,
             "random_state": random_state, "device": device,
             "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
         },
@@ -422,6 +439,37 @@ def metacells(
         ),
     )
     return adata if copy else None
+
+
+def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:
+    """The stored distances of ``uns[neighbors_key]`` (scanpy's layout), after checking they fit; None for None."""
+    if neighbors_key is None:
+        return None
+    if not isinstance(neighbors_key, str):
+        msg = f"neighbors_key must be None or the uns key of a neighbour graph, got {neighbors_key!r}."
+        raise TypeError(msg)
+    check_key(
+        adata.uns,
+        neighbors_key,
+        "adata.uns",
+        "Run sc.pp.neighbors (or rsc.pp.neighbors) first, or pass neighbors_key=None.",
+    )
+    info = adata.uns[neighbors_key]
+    dkey = info.get("distances_key", "distances") if isinstance(info, Mapping) else "distances"
+    check_key(adata.obsp, dkey, "adata.obsp")
+    params = info.get("params", {}) if isinstance(info, Mapping) else {}
+    metric = params.get("metric", "euclidean")
+    rep = params.get("use_rep")
+    if metric != "euclidean" or (rep is not None and rep != use_rep):
+        msg = (
+            f"the {neighbors_key!r} graph was built with metric={metric!r} on {rep or 'its default representation'!r}; "
+            f"the SEACells kernel needs Euclidean distances on use_rep={use_rep!r}. Pass neighbors_key=None."
+        )
+        raise ValueError(msg)
+    if groupby is not None:
+        msg = "neighbors_key cannot be combined with groupby (the graph links cells across groups); pass neighbors_key=None."
+        raise ValueError(msg)
+    return check_in_memory(adata.obsp[dkey], f"adata.obsp[{dkey!r}]")
 
 
 def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
