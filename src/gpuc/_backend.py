@@ -248,9 +248,9 @@ class Backend:
             raise ValueError(msg)
         if method == "auto":
             method = "exact" if n <= 50_000 else "ivf"
-        faiss = _import_faiss(gpu=self.is_gpu, required=not self.is_gpu or method == "ivf")
-        if faiss is None:  # GPU without FAISS-GPU: exact blocked search in cupy
-            return knn_blocked(self.xp, x, n_neighbors, queries=queries, block_size=block_size)
+        faiss = _import_faiss(gpu=self.is_gpu, required=method == "ivf")
+        if faiss is None:  # GPU without FAISS-GPU (or no FAISS at all): exact blocked products in xp
+            return knn_blocked(self.xp, self.asarray(x), n_neighbors, queries=queries, block_size=block_size)
         xb = np.ascontiguousarray(to_host(x), dtype=np.float32)
         xq = xb if queries is None else np.ascontiguousarray(to_host(queries), dtype=np.float32)
         d = xb.shape[1]
