@@ -70,17 +70,28 @@ def parity(report: dict) -> None:
             assert a.uns["deseq"]["params"]["device"] == dev
             fits[dev] = a
         rc, rg = gpuc.get.deseq_results(fits["cpu"]), gpuc.get.deseq_results(fits["gpu"])
+        # tolerances as tests/deseq/test_deseq_device.py: results within rtol 1e-6 / atol 1e-6 (apeglm and the LRT
+        # statistic stop at the optimisers' tolerances); gene-wise dispersions compared where the likelihood is
+        # not flat near zero (below 1e-4 both paths stop at the optimiser's tolerance, at different points)
         errs = {c: _rel(rg[c], rc[c]) for c in rc.columns if c != "padj"}
+        close = {c: bool(np.allclose(rg[c], rc[c], rtol=1e-6, atol=1e-6, equal_nan=True)) for c in rc.columns}
         errs["padj_nan_pattern_equal"] = bool(np.array_equal(rc["padj"].isna(), rg["padj"].isna()))
-        for f in ("dispGeneEst", "dispFit", "dispMAP", "dispersion"):
+        for f in ("dispFit", "dispMAP", "dispersion"):
             errs[f] = _rel(fits["gpu"].var[f"deseq_{f}"], fits["cpu"].var[f"deseq_{f}"])
+            close[f] = errs[f] < 1e-6
+        ge_g = fits["gpu"].var["deseq_dispGeneEst"].to_numpy()
+        ge_c = fits["cpu"].var["deseq_dispGeneEst"].to_numpy()
+        flat = ge_c < 1e-4
+        errs["dispGeneEst_not_flat"] = _rel(ge_g[~flat], ge_c[~flat])
+        close["dispGeneEst"] = errs["dispGeneEst_not_flat"] < 1e-6 and bool((ge_g[flat] < 1e-4).all())
         worst = max(v for v in errs.values() if not isinstance(v, bool))
         out.append(
             {
                 "case": name,
                 "max_rel": worst,
-                "ok": bool(worst < 1e-6 and errs["padj_nan_pattern_equal"]),
+                "ok": bool(all(close.values()) and errs["padj_nan_pattern_equal"]),
                 "detail": errs,
+                "allclose": close,
             }
         )
         print("parity", name, worst, flush=True)
@@ -168,7 +179,7 @@ def main() -> None:
     lines = [
         f"GPU: {report['device']}, CuPy {report['cupy']}, float64.",
         "",
-        "| parity case | max rel. diff CPU vs GPU | ok (< 1e-6) |",
+        "| parity case | max rel. diff CPU vs GPU | ok (rtol 1e-6, atol 1e-6) |",
         "| --- | --- | --- |",
     ]
     lines += [f"| {p['case']} | {p['max_rel']:.2e} | {p['ok']} |" for p in report["parity"]]

@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with pip access) before a device run: downloads the wheels the GPU machine lacks into .whl/
-# (ignored by git; name it in the device tool's `carry`). The GPU image has numpy, scipy, pandas, matplotlib,
-# scikit-learn, h5py, formulaic, tqdm, cupy-cuda13x and python 3.12, but not anndata, scanpy, faiss or gpuc itself.
+# Run HERE (a machine with the package registry) before a device run: puts into .whl/ (ignored by git; name it in
+# the device tool's `carry`, at most 64 MiB) the Python 3.12 wheels the GPU machine lacks. The GPU image has Python
+# 3.12 with numpy, scipy, pandas, matplotlib, scikit-learn, h5py, formulaic, tqdm and cupy-cuda13x (and their
+# dependencies), but not anndata, scanpy, numba or gpuc; gpuc itself runs from src/ (gpu_check.sh sets PYTHONPATH).
+# Left out to stay under 64 MiB: faiss-cpu (the CPU side of the check then uses gpuc's exact blocked kNN, the GPU
+# algorithm run with numpy), what scanpy imports only for plots or other tools (statsmodels, seaborn, umap...), and
+# numba is held below 0.62: llvmlite 0.45+ wheels are 60 MB, 0.44's about 42 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
-for pkg in anndata scanpy faiss-cpu formulaic-contrasts array-api-compat natsort legacy-api-wrap session-info2 zarr numcodecs donfig crc32c umap-learn pynndescent numba llvmlite igraph texttable; do
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d .whl "$pkg" || echo "could not fetch $pkg"
+exclude_file="$(git rev-parse --git-path info/exclude)"
+grep -qx '/.whl/' "$exclude_file" 2>/dev/null || echo '/.whl/' >>"$exclude_file"
+rm -rf .whl
+tmp="$(mktemp -d)"
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d "$tmp" \
+  anndata scanpy 'numba<0.62' formulaic-contrasts session-info2 array-api-compat
+# already on the GPU image, or not needed by the check
+skip='^(numpy|scipy|pandas|matplotlib|scikit_learn|h5py|formulaic|tqdm|cupy.*|fastrlock|pillow|fonttools|kiwisolver|contourpy|cycler|pyparsing|python_dateutil|six|pytz|tzdata|packaging|joblib|threadpoolctl|interface_meta|wrapt|typing_extensions|narwhals|faiss_cpu|statsmodels|seaborn|patsy|networkx|umap_learn|pynndescent|igraph|texttable|leidenalg|dask|distributed|cloudpickle|toolz|partd|locket|fsspec|pyyaml|importlib_metadata|zipp)-'
+mkdir -p .whl
+for w in "$tmp"/*.whl; do
+  base="$(basename "$w")"
+  if ! echo "$base" | tr 'A-Z' 'a-z' | grep -qE "$skip"; then cp "$w" .whl/; fi
 done
-python3 -m pip wheel -q --no-deps -w .whl .   # gpuc itself
+rm -rf "$tmp"
+ls .whl
 du -sh .whl

@@ -129,3 +129,41 @@ def disable_numba(monkeypatch):
     from gpuc._settings import settings
 
     return lambda: monkeypatch.setattr(settings, "numba", False)
+
+
+# ---- the stand-in GPU: CPU CI runs the GPU code path on device arrays that refuse implicit host conversion ---------
+@pytest.fixture
+def standin_gpu():
+    """Within the test, ``device="gpu"`` (and device-resident input) resolve to :mod:`gpuc._testing.standin`.
+
+    Yields the stand-in :class:`gpuc._backend.Backend`; upload with ``standin_gpu.asarray(x)``.
+    """
+    from gpuc._testing.standin import use_standin
+
+    with use_standin() as bk:
+        yield bk
+
+
+@pytest.fixture
+def on_device(standin_gpu):
+    """``on_device(adata)``: a copy of ``adata`` with ``X``, layers and ``obsm`` arrays on the stand-in GPU, as
+    ``rapids_singlecell.get.anndata_to_GPU`` would leave them (needs AnnData to accept the stand-in: no CuPy)."""
+    from gpuc._testing.standin import ANNDATA_ACCEPTS
+
+    if not ANNDATA_ACCEPTS:
+        pytest.skip("CuPy is installed: AnnData accepts only real CuPy arrays (the GPU tests cover this)")
+
+    def move(adata, *, layers=True, obsm=True):
+        out = adata.copy()
+        if out.X is not None:
+            out.X = standin_gpu.asarray(out.X)
+        if layers:
+            for k in list(out.layers):
+                out.layers[k] = standin_gpu.asarray(out.layers[k])
+        if obsm:
+            for k in list(out.obsm):
+                if not hasattr(out.obsm[k], "columns"):
+                    out.obsm[k] = standin_gpu.asarray(out.obsm[k])
+        return out
+
+    return move

@@ -48,7 +48,8 @@ def check_in_memory(x: Any, where: str) -> Any:
     overflows in sums) are refused with a message that says what to do.
     """
     mod = type(x).__module__
-    if mod.startswith(("dask", "h5py", "zarr", "anndata")):
+    # anndata's own array classes are its on-disk datasets, except the views of in-memory arrays (adata[mask].X)
+    if mod.startswith(("dask", "h5py", "zarr")) or (mod.startswith("anndata") and not mod.endswith(".views")):
         msg = (
             f"{where} is not in memory (a {type(x).__module__}.{type(x).__name__}: the AnnData was read in backed mode, "
             "read_h5ad(..., backed='r'), or lazily); gpuc needs it loaded: adata = adata.to_memory(), after "

@@ -83,6 +83,8 @@ def test_numpydoc_with_returns(name: str, func: Callable) -> None:
 RENAMED = {"use_highly_variable": "mask_var", "deseq_key": "key"}
 # parameters that name obs columns or a second table, not the results a tool reads
 OBS_COLUMN_KEYS = {"sample_key", "celltype_key", "quality_key"}
+# what gpuc reads from other tools' runs keeps Scanpy's name for it (sc.tl.umap / leiden: neighbors_key)
+SCANPY_KEYS = {"neighbors_key"}
 
 
 @pytest.mark.parametrize(("name", "func"), ALL, ids=_ids(ALL))
@@ -107,5 +109,5 @@ def test_shared_parameter_names_and_defaults(name: str, func: Callable) -> None:
         assert params["inplace"].default is True, name
     if "key_added" in params:
         assert params["key_added"].kind is inspect.Parameter.KEYWORD_ONLY, name
-    read_keys = [p for p in params if p == "key" or (p.endswith("_key") and p not in OBS_COLUMN_KEYS)]
+    read_keys = [p for p in params if p == "key" or (p.endswith("_key") and p not in OBS_COLUMN_KEYS | SCANPY_KEYS)]
     assert read_keys in ([], ["key"]), f"{name}: what a tool reads is named `key`, got {read_keys}"

@@ -37,11 +37,33 @@ def test_wrong_type_is_a_clear_error() -> None:
         gpuc.get.to_cpu(np.zeros((2, 2)))  # type: ignore[arg-type]
 
 
+def test_rsc_parameters_on_the_standin(standin_gpu) -> None:
+    from gpuc._testing.standin import ANNDATA_ACCEPTS
+
+    if not ANNDATA_ACCEPTS:
+        pytest.skip("CuPy is installed: AnnData accepts only real CuPy arrays")
+    a = _adata()
+    g = gpuc.get.to_gpu(a, copy=True)  # rsc's default: X only
+    assert _backend.is_cupy_array(g.X) and _backend.is_sparse(g.X)
+    assert sp.issparse(g.layers["counts"]) and isinstance(g.obsm["X_pca"], np.ndarray)
+    gpuc.get.to_gpu(g, "counts")
+    assert _backend.is_cupy_array(g.layers["counts"])
+    h = gpuc.get.to_gpu(a, convert_all=True, copy=True)
+    assert _backend.is_cupy_array(h.X) and _backend.is_cupy_array(h.layers["counts"])
+    gpuc.get.to_cpu(g)  # X only
+    assert sp.issparse(g.X) and _backend.is_cupy_array(g.layers["counts"])
+    g.obsm["X_dev"] = standin_gpu.asarray(a.obsm["X_pca"])
+    gpuc.get.to_cpu(g, convert_all=True)  # everything, obsm included, so that write_h5ad works
+    assert (g.X != a.X).nnz == 0 and (g.layers["counts"] != a.layers["counts"]).nnz == 0
+    np.testing.assert_array_equal(g.obsm["X_dev"], a.obsm["X_pca"])
+    with pytest.raises(KeyError):
+        gpuc.get.to_gpu(a, "missing")
+
+
 @pytest.mark.gpu
 def test_round_trip_through_gpu() -> None:
     a = _adata()
-    g = gpuc.get.to_gpu(a, copy=True)
-    assert _backend.is_cupy_array(g.X) and _backend.is_cupy_array(g.obsm["X_pca"])
-    gpuc.get.to_cpu(g)
-    assert (g.X != a.X).nnz == 0
-    np.testing.assert_array_equal(g.obsm["X_pca"], a.obsm["X_pca"])
+    g = gpuc.get.to_gpu(a, convert_all=True, copy=True)
+    assert _backend.is_cupy_array(g.X) and _backend.is_cupy_array(g.layers["counts"])
+    gpuc.get.to_cpu(g, convert_all=True)
+    assert (g.X != a.X).nnz == 0 and (g.layers["counts"] != a.layers["counts"]).nnz == 0

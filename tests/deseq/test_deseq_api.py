@@ -248,11 +248,10 @@ def test_groupby_skips_untestable_group_with_warning(sim_bulk, unchanged):
 
 
 def test_whole_batch_path_equals_cpu_blocks(sim_bulk):
-    """The GPU path solves all genes in one batch; run that code path with numpy (a Backend flagged as GPU) and
-    compare with the CPU path, which works in cache-sized gene blocks."""
-    import scipy.special
-
-    from gpuc._backend import Backend, get_backend
+    """The GPU path solves all genes in one batch; run that code path on the stand-in GPU and compare with the CPU
+    path, which works in cache-sized gene blocks."""
+    from gpuc._backend import get_backend
+    from gpuc._testing.standin import standin_backend
     from gpuc.deseq import build_design, contrast_vector, results, run_deseq
     from gpuc.deseq._threads import gene_blocks
 
@@ -260,7 +259,7 @@ def test_whole_batch_path_equals_cpu_blocks(sim_bulk):
     d = build_design(a.obs, "~condition")
     c = contrast_vector(d, ["condition", "B", "A"])[0]
     cpu = get_backend("cpu")
-    whole = Backend("gpu", np, sp, scipy.special)
+    whole = standin_backend()
     assert gene_blocks(cpu, 3000, 60) is not None and gene_blocks(whole, 3000, 60) is None
     r1, _ = results(run_deseq(cpu, a.X, d.matrix), c)
     r2, _ = results(run_deseq(whole, a.X, d.matrix), c)

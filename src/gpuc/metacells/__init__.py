@@ -8,7 +8,7 @@ quality metrics. :func:`gpuc.tl.metacells` is the AnnData adapter.
 from __future__ import annotations
 
 from gpuc.metacells._init import greedy_centers, initial_archetypes, waypoint_centers
-from gpuc.metacells._kernel import build_kernel, compute_knn
+from gpuc.metacells._kernel import build_kernel, compute_knn, knn_from_graph
 from gpuc.metacells._pipeline import MetacellResult, run_metacells
 from gpuc.metacells._solver import (
     FitResult,
@@ -30,6 +30,7 @@ __all__ = [
     "fw_weights",
     "greedy_centers",
     "initial_archetypes",
+    "knn_from_graph",
     "rss_reduced",
     "run_metacells",
     "update_a",

@@ -51,14 +51,9 @@ def diffusion_components(
 
 
 def _eigsh(backend: Backend, sym: Any, k: int, seed: int) -> tuple[Any, Any]:
-    if backend.is_gpu:  # GPU-only line: cupyx's Lanczos solver
-        from cupyx.scipy.sparse.linalg import eigsh
-
-        return eigsh(sym, k=k, which="LA", tol=1e-4)
-    from scipy.sparse.linalg import eigsh
-
-    v0 = np.random.default_rng(seed).random(sym.shape[0])
-    return eigsh(sym, k=k, which="LA", tol=1e-4, maxiter=max(1000, 10 * sym.shape[0]), v0=v0)
+    """Top ``k`` eigenpairs by Lanczos (scipy's ARPACK or cupyx's), from the same seeded start vector."""
+    v0 = backend.asarray(np.random.default_rng(seed).random(sym.shape[0]))
+    return backend.sparse_linalg.eigsh(sym, k=k, which="LA", tol=1e-4, maxiter=max(1000, 10 * sym.shape[0]), v0=v0)
 
 
 def multiscale_space(vals: Any, vecs: Any, n_eigs: int = 10) -> Any:

@@ -32,6 +32,40 @@ def compute_knn(backend: Backend, x: Any, n_neighbors: int, *, method: str = "au
     return KnnResult(backend.asarray(dist), backend.asarray(idx))
 
 
+def knn_from_graph(backend: Backend, distances: Any, n_neighbors: int, *, where: str = "the graph") -> KnnResult:
+    """The ``n_neighbors`` nearest cells (self first, at distance 0) from a stored kNN distance graph.
+
+    ``distances`` is an (n, n) sparse matrix of neighbour distances without the cell itself (scanpy's and
+    rapids-singlecell's ``obsp['distances']``), on the host or the device; it is read where it lives. Each row's
+    stored entries are sorted by distance (stable: ties go to the lower index) and the first ``n_neighbors - 1``
+    kept. Raises :class:`ValueError` when a row holds fewer.
+    """
+    xp = backend.xp
+    g = backend.sparse.csr_matrix(backend.asarray(distances))
+    n = g.shape[0]
+    m = n_neighbors - 1
+    counts = g.indptr[1:] - g.indptr[:-1]
+    width = max(int(counts.max()) if n else 0, 1)
+    slot = xp.arange(width)[None, :]
+    valid = slot < counts[:, None]
+    pos = xp.where(valid, g.indptr[:-1, None] + slot, 0)
+    nbr = xp.where(valid, g.indices[pos], -1)
+    valid &= nbr != xp.arange(n)[:, None]  # a stored self entry is not a neighbour
+    short = int((valid.sum(axis=1) < m).sum())
+    if short:
+        msg = (
+            f"{short} cell(s) have fewer than {m} stored neighbours in {where}; {n_neighbors} neighbours (the cell "
+            "included) are needed. Recompute the graph with more neighbours (sc.pp.neighbors(adata, n_neighbors=...)) "
+            "or pass neighbors_key=None to build the exact kNN."
+        )
+        raise ValueError(msg)
+    d = xp.where(valid, g.data[pos], xp.inf)
+    order = xp.argsort(d, axis=1, kind="stable")[:, :m]
+    dist = xp.concatenate([xp.zeros((n, 1), dtype=d.dtype), xp.take_along_axis(d, order, axis=1)], axis=1)
+    idx = xp.concatenate([xp.arange(n)[:, None], xp.take_along_axis(nbr, order, axis=1)], axis=1)
+    return KnnResult(dist, idx.astype(xp.int64))
+
+
 def non_self(backend: Backend, knn: KnnResult, n_neighbors: int) -> tuple[Any, Any]:
     """The ``n_neighbors - 1`` non-self neighbours per row (scanpy's ``obsp['distances']`` rows).
 

@@ -10,8 +10,10 @@ import numpy as np
 
 from gpuc._backend import Backend
 from gpuc.metacells._init import initial_archetypes
-from gpuc.metacells._kernel import build_kernel, compute_knn
+from gpuc.metacells._kernel import KnnResult, build_kernel, compute_knn
 from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit
+
+KNN_DIFFUSION = 30  # neighbours of Palantir's diffusion map (SEACells' waypoints), self included
 
 # above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
 DENSE_A0_MAX = 10_000_000  # 80 MB of float64; ~27k cells at k = n / 75
@@ -60,19 +62,26 @@ def run_metacells(
     initial_archetypes_: np.ndarray | None = None,
     a0: str = "auto",
     knn_method: str = "auto",
+    knn: KnnResult | None = None,
     callback: Any = None,
 ) -> MetacellResult:
     """SEACells 0.3.3 on the rows of ``x`` (see :func:`gpuc.tl.metacells` for the parameters).
 
     ``np.random.RandomState(random_state)`` is consumed like SEACells consumes the global RNG after
     ``np.random.seed(random_state)`` (waypoint permutation, then the dense random A0), so the defaults reproduce a
-    SEACells run seeded that way, given the same kNN.
+    SEACells run seeded that way, given the same kNN. ``knn`` (e.g. from :func:`knn_from_graph`) replaces the exact
+    kNN; it needs ``n_neighbors`` columns, 30 with ``init="waypoint"`` (Palantir's diffusion map).
     """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     x = backend.asarray(x)
     n = x.shape[0]
-    knn = compute_knn(backend, x, max(n_neighbors, 30) if init == "waypoint" else n_neighbors, method=knn_method)
+    need = max(n_neighbors, KNN_DIFFUSION) if init == "waypoint" and initial_archetypes_ is None else n_neighbors
+    if knn is None:
+        knn = compute_knn(backend, x, need, method=knn_method)
+    elif knn.indices.shape[1] < min(need, n):
+        msg = f"the given kNN has {knn.indices.shape[1]} neighbours per cell (self included); {need} are needed."
+        raise ValueError(msg)
     mmat, sigma = build_kernel(backend, x, n_neighbors=n_neighbors, graph=graph, knn=knn)
     n_zero = int((sigma <= 0).sum())
     if n_zero:

@@ -441,7 +441,6 @@ def pseudobulk(
     check_int("min_cells", min_cells, minimum=1)
     x = get_matrix(adata, layer=layer)
     _check_counts_nonneg(x, f"adata.layers[{layer!r}]" if layer else "adata.X")
-    x = to_host(x)
     keys = [sample_key] if groupby is None else [sample_key, groupby]
     present = adata.obs[keys].notna().all(axis=1).to_numpy()
     n_missing = int((~present).sum())
@@ -458,8 +457,11 @@ def pseudobulk(
     sample = adata.obs[sample_key].astype(str).to_numpy()[cells]
     labels = sample if groupby is None else sample + "\x1f" + adata.obs[groupby].astype(str).to_numpy()[cells]
     codes, uniq = pd.factorize(labels, sort=True)
-    ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs))
-    summed = ind @ (x if sp.issparse(x) else np.asarray(x))
+    # the sums run where the counts are (CPU or GPU), in float64 (exact for counts up to 2**53); only the
+    # profiles x genes result comes to the host
+    bk = backend_of(x)
+    ind = bk.asarray(sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs)))
+    summed = to_host(ind @ (x if x.dtype == np.float64 else x.astype(np.float64)))
     summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
     n_cells = np.bincount(codes, minlength=len(uniq))
     obs = pd.DataFrame(index=pd.Index([u.replace("\x1f", "_") for u in uniq], name=None))
@@ -495,12 +497,13 @@ def pseudobulk(
 
 
 def _check_counts_nonneg(x: Any, what: str) -> None:
-    data = to_host(x.data if is_sparse(x) else x)
-    data = np.asarray(data)
-    if data.dtype.kind == "f" and (not np.all(np.isfinite(data)) or np.any(data != np.round(data))):
+    data = x.data if is_sparse(x) else x
+    xp = backend_of(data).xp
+    data = xp.asarray(data)  # on the device where the counts live; only the verdicts come back
+    if data.dtype.kind == "f" and (not bool(xp.isfinite(data).all()) or bool((data != xp.round(data)).any())):
         msg = f"{what} must hold raw integer counts (found non-integer or non-finite values); pass layer= naming the raw counts."
         raise ValueError(msg)
-    if np.any(data < 0):
+    if bool((data < 0).any()):
         msg = f"{what} contains negative values; pseudobulk needs raw counts."
         raise ValueError(msg)
 

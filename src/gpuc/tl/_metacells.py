@@ -14,7 +14,7 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Device, get_backend, is_sparse, to_host
+from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._errors import GpucWarning
 from gpuc._utils import progress
 from gpuc._validate import (
@@ -30,7 +30,8 @@ from gpuc._validate import (
     get_matrix,
     resolve_random_state,
 )
-from gpuc.metacells._pipeline import metacells_peak_bytes, run_metacells
+from gpuc.metacells._kernel import knn_from_graph
+from gpuc.metacells._pipeline import KNN_DIFFUSION, metacells_peak_bytes, run_metacells
 from gpuc.metacells._quality import compactness, diffusion_space, purity, purity_from_membership, separation
 
 _GRAPHS = ("union", "intersection")
@@ -68,7 +69,12 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
 
 
 def _n_distinct(x: Any) -> int:
-    return int(np.unique(np.asarray(to_host(x)), axis=0).shape[0])
+    """Distinct rows of ``x``, computed where ``x`` lives: rows sorted lexicographically, then neighbours compared."""
+    xp = backend_of(x).xp
+    if x.shape[0] < 2:
+        return int(x.shape[0])
+    s = x[xp.lexsort(x.T)]
+    return 1 + int((s[1:] != s[:-1]).any(axis=1).sum())
 
 
 def _default_n(n_cells: int) -> int:
@@ -159,6 +165,7 @@ def metacells(
     initial_archetypes: Any = None,
     a0: Literal["auto", "random", "uniform"] = "auto",
     knn_method: Literal["auto", "exact", "ivf"] = "auto",
+    neighbors_key: str | None = None,
     device: Device | None = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
@@ -207,7 +214,15 @@ def metacells(
         ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 1e7, i.e. up to
         ~27k cells at one metacell per 75 cells; uniform above).
     knn_method
-        ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
+        ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells (on the GPU: always exact,
+        blocked CuPy products).
+    neighbors_key
+        ``None`` (default): build the exact kNN of ``obsm[use_rep]`` (SEACells parity). Or the key of an existing
+        neighbour graph (``"neighbors"`` after ``sc.pp.neighbors`` / ``rsc.pp.neighbors``): its stored distances
+        (``obsp[uns[neighbors_key]["distances_key"]]``, read on the device where they live) are reused, when every
+        cell has at least ``n_neighbors - 1`` stored neighbours, and 29 with ``init="waypoint"`` (Palantir's
+        30-neighbour diffusion map: build the graph with ``n_neighbors=30``, or use ``init="greedy"``). The graph
+        must be Euclidean on ``use_rep``; not with ``groupby``.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     random_state
@@ -286,6 +301,7 @@ def metacells(
     if adata.n_obs < n_neighbors:
         msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
         raise ValueError(msg)
+    graph_dist = _neighbors_graph(adata, neighbors_key, use_rep, groupby)
     plan = _plan_groups(adata, x, n_metacells, groupby, n_neighbors)
     init_arch = None
     if initial_archetypes is not None:
@@ -328,10 +344,16 @@ def metacells(
 
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
+                knn = None
+                if graph_dist is not None:
+                    need = (
+                        n_neighbors if init != "waypoint" or init_arch is not None else max(n_neighbors, KNN_DIFFUSION)
+                    )
+                    knn = knn_from_graph(backend, graph_dist, need, where=f"the {neighbors_key!r} graph")
                 res = run_metacells(
                     backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
                     min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
-                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, callback=_cb,
+                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, knn=knn, callback=_cb,
                 )  # fmt: skip
         for w in caught:
             msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
@@ -382,7 +404,7 @@ def metacells(
             "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
-            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method,
+            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method, "neighbors_key": neighbors_key,
             "random_state": random_state, "device": device,
             "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
         },
@@ -417,6 +439,37 @@ def metacells(
         ),
     )
     return adata if copy else None
+
+
+def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:
+    """The stored distances of ``uns[neighbors_key]`` (scanpy's layout), after checking they fit; None for None."""
+    if neighbors_key is None:
+        return None
+    if not isinstance(neighbors_key, str):
+        msg = f"neighbors_key must be None or the uns key of a neighbour graph, got {neighbors_key!r}."
+        raise TypeError(msg)
+    check_key(
+        adata.uns,
+        neighbors_key,
+        "adata.uns",
+        "Run sc.pp.neighbors (or rsc.pp.neighbors) first, or pass neighbors_key=None.",
+    )
+    info = adata.uns[neighbors_key]
+    dkey = info.get("distances_key", "distances") if isinstance(info, Mapping) else "distances"
+    check_key(adata.obsp, dkey, "adata.obsp")
+    params = info.get("params", {}) if isinstance(info, Mapping) else {}
+    metric = params.get("metric", "euclidean")
+    rep = params.get("use_rep")
+    if metric != "euclidean" or (rep is not None and rep != use_rep):
+        msg = (
+            f"the {neighbors_key!r} graph was built with metric={metric!r} on {rep or 'its default representation'!r}; "
+            f"the SEACells kernel needs Euclidean distances on use_rep={use_rep!r}. Pass neighbors_key=None."
+        )
+        raise ValueError(msg)
+    if groupby is not None:
+        msg = "neighbors_key cannot be combined with groupby (the graph links cells across groups); pass neighbors_key=None."
+        raise ValueError(msg)
+    return check_in_memory(adata.obsp[dkey], f"adata.obsp[{dkey!r}]")
 
 
 def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
@@ -516,10 +569,10 @@ def aggregate_metacells(
     mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
-    mat = to_host(mat)
+    bk = backend_of(mat)  # the sums run where the matrix lives; only the metacells x genes result comes back
     table: pd.DataFrame = info["metacells"]
     if soft:
-        w = sp.csr_matrix(adata.obsm[_keys.metacell_weights(key)])  # (n, k)
+        w = sp.csr_matrix(to_host(adata.obsm[_keys.metacell_weights(key)]))  # (n, k), a result (host unless moved)
         agg = sp.csr_matrix(w.T)  # (k, n)
         names = list(table.index)
         keep = np.asarray(agg.sum(axis=1)).ravel() > 0
@@ -531,7 +584,8 @@ def aggregate_metacells(
         codes = lab.cat.codes.to_numpy()
         ok = codes >= 0
         agg = sp.csr_matrix((np.ones(int(ok.sum())), (codes[ok], np.flatnonzero(ok))), shape=(len(names), adata.n_obs))
-    sums = agg @ mat
+    agg_d = bk.asarray(agg)
+    sums = to_host(agg_d @ (mat if mat.dtype == np.float64 else mat.astype(np.float64)))  # float64 sums, as scipy
     if sp.issparse(sums):
         sums = sp.csr_matrix(sums)
     else:
@@ -550,10 +604,10 @@ def aggregate_metacells(
     for name, emb in adata.obsm.items():
         if not name.startswith("X_") or is_sparse(emb) or isinstance(emb, pd.DataFrame):
             continue
-        emb = np.asarray(to_host(emb))
-        if emb.ndim != 2 or not np.issubdtype(emb.dtype, np.number):
+        if emb.ndim != 2 or not np.issubdtype(np.dtype(emb.dtype), np.number):
             continue
-        out.obsm[name] = np.asarray(agg @ emb) / denom
+        eb = backend_of(emb)
+        out.obsm[name] = np.asarray(to_host(eb.asarray(agg) @ emb)) / denom
     out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft}
     return out
 

@@ -1,0 +1,1 @@
+"""Test support shipped with gpuc: a stand-in GPU so that CPU-only CI runs the GPU code path (:mod:`.standin`)."""

@@ -1,0 +1,560 @@
+"""A stand-in GPU: device namespaces whose arrays live "elsewhere", for running gpuc's GPU code path without a GPU.
+
+:class:`DeviceArray` wraps a numpy array and :class:`DeviceSparse` a scipy sparse matrix. They behave like CuPy's
+``ndarray`` and cupyx's sparse matrices where it matters for finding mistakes:
+
+* implicit conversion to the host fails: ``numpy.asarray(x)``, ``np.ascontiguousarray(x)``, ``float(x)`` of a
+  non-scalar, passing ``x`` to scipy or numba all raise (``__array__`` raises :class:`TypeError`, as CuPy's does);
+  ``x.get()`` is the one explicit way back, as in CuPy;
+* a host array mixed into device work fails: ``device + numpy_array``, ``xp.exp(numpy_array)``, ``dev[...] =
+  numpy_array``, ``sparse @ numpy_array`` raise, as CuPy refuses them. Uploads are explicit: ``xp.asarray`` /
+  ``xp.array`` (and the sparse constructors from scipy matrices, as cupyx allows); numpy index arrays are accepted
+  in indexing, as CuPy uploads them;
+* only what CuPy offers is offered: ``xp.<name>``, ``xp.linalg.<name>``, ``sparse.<name>``, ``special.<name>`` and
+  ``ndarray.<method>`` are limited to the public names of CuPy / cupyx (:mod:`._cupy_names`), and a numpy function
+  called on a device array (``np.foo(x)``) dispatches through ``__array_function__`` only when CuPy has ``foo``;
+* reductions return 0-d device arrays (CuPy's), not host scalars; ``int()``/``float()``/``bool()`` of one are the
+  explicit synchronising reads CuPy allows.
+
+Numerics are numpy's and scipy's, so a stand-in run gives the CPU results up to the order of floating-point
+operations. What it cannot show: CuPy-specific numerical differences, kernels' speed, device memory limits.
+
+Use :func:`standin_backend` for a :class:`gpuc._backend.Backend` named ``"gpu"`` over these namespaces, and
+:func:`use_standin` to make ``device="gpu"`` / ``"auto"`` (and device-resident input) resolve to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg
+import scipy.special
+from anndata import compat as _anndata_compat
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from gpuc._testing import _cupy_names as names
+
+# AnnData accepts cupy / cupyx arrays in X, layers and obsm. Without CuPy its type checks test against placeholder
+# classes in anndata.compat: the stand-in classes derive from them so that an AnnData holds them as it holds CuPy
+# data (with CuPy installed the placeholders are CuPy's own classes and the stand-in cannot be put in an AnnData).
+ANNDATA_ACCEPTS = not _anndata_compat.CupyArray.__module__.startswith("cupy")
+_DenseBase: type = _anndata_compat.CupyArray if ANNDATA_ACCEPTS else object
+_SparseBase: type = _anndata_compat.CupySparseMatrix if ANNDATA_ACCEPTS else object
+
+UPLOADS = frozenset({"asarray", "array", "asanyarray"})  # the functions that take host data (explicit uploads)
+
+
+class Transfers:
+    """Bytes moved between host and the stand-in device (explicit uploads and ``.get()`` downloads)."""
+
+    to_device: int = 0
+    to_host: int = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        """Zero both counters."""
+        cls.to_device = cls.to_host = 0
+
+
+def _nbytes(x: Any) -> int:
+    if sp.issparse(x):
+        return int(
+            sum(getattr(x, a).nbytes for a in ("data", "indices", "indptr", "row", "col", "offsets") if hasattr(x, a))
+        )
+    return int(getattr(x, "nbytes", 0))
+
+
+def _count_upload(x: Any) -> None:
+    if isinstance(x, list | tuple):
+        for v in x:
+            _count_upload(v)
+    elif isinstance(x, np.ndarray) or sp.issparse(x):
+        Transfers.to_device += _nbytes(x)
+
+
+class HostArrayError(TypeError):
+    """A host array reached device code, or device data was converted to the host implicitly."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# unwrapping arguments and wrapping results
+# --------------------------------------------------------------------------------------------------------------------
+def _unwrap(x: Any, where: str, *, host_ok: bool = False) -> Any:
+    """Device objects -> their numpy / scipy payloads, recursively in lists, tuples and dicts.
+
+    A host numpy array (not 0-d) or scipy sparse matrix raises unless ``host_ok`` (explicit uploads).
+    """
+    if isinstance(x, DeviceArray | DeviceSparse):
+        return x._a
+    if isinstance(x, np.ndarray) and not isinstance(x, np.generic):
+        if x.ndim == 0 or host_ok:
+            return x
+        msg = f"stand-in GPU: a host numpy array {x.shape} was passed to {where}; CuPy refuses host arrays there (upload it with xp.asarray)."
+        raise HostArrayError(msg)
+    if sp.issparse(x):
+        if host_ok:
+            return x
+        msg = f"stand-in GPU: a host scipy sparse matrix was passed to {where}; upload it first."
+        raise HostArrayError(msg)
+    if isinstance(x, list | tuple):
+        out = [_unwrap(v, where, host_ok=host_ok) for v in x]
+        return type(x)(out) if isinstance(x, tuple) and not hasattr(x, "_fields") else out
+    if isinstance(x, dict):
+        return {k: _unwrap(v, where, host_ok=host_ok) for k, v in x.items()}
+    return x
+
+
+def _wrap(x: Any) -> Any:
+    """Numpy / scipy results -> device objects (numpy scalars become 0-d device arrays, as CuPy returns)."""
+    if isinstance(x, np.matrix):
+        return DeviceArray(np.asarray(x))
+    if isinstance(x, np.ndarray):
+        return DeviceArray(x)
+    if isinstance(x, np.generic):
+        return DeviceArray(np.asarray(x))
+    if sp.issparse(x):
+        return DeviceSparse(x)
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_wrap(v) for v in x)
+    if isinstance(x, tuple):  # named tuples (e.g. slogdet, eigh results)
+        return type(x)(*(_wrap(v) for v in x))
+    if isinstance(x, list):
+        return [_wrap(v) for v in x]
+    return x
+
+
+def _call(fn: Any, where: str, args: tuple, kwargs: dict, *, host_ok: bool = False) -> Any:
+    out_obj = kwargs.get("out")
+    a = _unwrap(args, where, host_ok=host_ok)
+    k = _unwrap(kwargs, where, host_ok=host_ok)
+    res = fn(*a, **k)
+    if out_obj is not None and isinstance(out_obj, DeviceArray) and res is out_obj._a:
+        return out_obj
+    return _wrap(res)
+
+
+def _no_host(what: str) -> HostArrayError:
+    return HostArrayError(
+        f"stand-in GPU: implicit conversion of a device array to the host ({what}); CuPy raises here. "
+        "Use .get() (or gpuc._backend.to_host) where a host copy is meant."
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# dense device array
+# --------------------------------------------------------------------------------------------------------------------
+class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
+    """A numpy array on the stand-in device (see the module docstring for what it refuses)."""
+
+    __slots__ = ("_a",)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    # ---- refusals of implicit host conversion
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise _no_host("__array__")
+
+    def __index__(self) -> int:  # CuPy arrays have no __index__
+        raise _no_host("__index__")
+
+    def __int__(self) -> int:
+        return int(self._a)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+    def __complex__(self) -> complex:
+        return complex(self._a)
+
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._a.ndim == 0:
+            msg = "iteration over a 0-d array"
+            raise TypeError(msg)
+        return (self[i] for i in range(self._a.shape[0]))
+
+    def __repr__(self) -> str:
+        return f"DeviceArray({self._a!r})"
+
+    # ---- the explicit way back (CuPy's .get())
+    def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
+        """A host copy (numpy), as ``cupy.ndarray.get``."""
+        Transfers.to_host += self._a.nbytes
+        return np.array(self._a, order=order)
+
+    # ---- numpy protocols: delegate to numpy for what CuPy has, refuse host arrays
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if any(isinstance(v, DeviceSparse) for v in inputs):
+            return NotImplemented
+        name = ufunc.__name__
+        if name not in names.CUPY and name not in names.CUPYX_SPECIAL:
+            return NotImplemented
+        if "out" in kwargs:
+            outs = kwargs["out"]
+            if not all(isinstance(o, DeviceArray) for o in outs):
+                msg = f"stand-in GPU: out= of {name} must be a device array."
+                raise HostArrayError(msg)
+            rest = _unwrap({k: v for k, v in kwargs.items() if k != "out"}, name)
+            getattr(ufunc, method)(*_unwrap(inputs, f"numpy.{name}"), out=tuple(o._a for o in outs), **rest)
+            return outs[0] if len(outs) == 1 else outs
+        return _wrap(getattr(ufunc, method)(*_unwrap(inputs, f"numpy.{name}"), **_unwrap(kwargs, name)))
+
+    def __array_function__(self, func: Any, types_: Any, args: tuple, kwargs: dict) -> Any:
+        mod = func.__module__ or ""
+        table = names.CUPY_LINALG if mod.endswith("linalg") else names.CUPY
+        if func.__name__ not in table:
+            return NotImplemented
+        return _call(func, f"numpy.{func.__name__}", args, kwargs)
+
+    # ---- attributes and methods
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._a.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._a.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._a.ndim
+
+    @property
+    def size(self) -> int:
+        return self._a.size
+
+    @property
+    def nbytes(self) -> int:
+        return self._a.nbytes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self._a.strides
+
+    @property
+    def flags(self) -> Any:
+        return self._a.flags
+
+    @property
+    def T(self) -> DeviceArray:
+        return DeviceArray(self._a.T)
+
+    @property
+    def real(self) -> DeviceArray:
+        return DeviceArray(self._a.real)
+
+    @property
+    def imag(self) -> DeviceArray:
+        return DeviceArray(self._a.imag)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in names.NDARRAY:
+            msg = f"stand-in GPU: cupy.ndarray has no attribute {name!r}"
+            raise AttributeError(msg)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)
+
+        @functools.wraps(attr)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return _call(attr, f"ndarray.{name}", args, kwargs)
+
+        return method
+
+    def __getitem__(self, key: Any) -> Any:
+        return _wrap(self._a[_unwrap(key, "indexing", host_ok=True)])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._a[_unwrap(key, "indexing", host_ok=True)] = _unwrap(value, "an assignment into a device array")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# sparse device matrix
+# --------------------------------------------------------------------------------------------------------------------
+class DeviceSparse(_SparseBase):
+    """A scipy sparse matrix on the stand-in device (cupyx's sparse matrices: CSR, CSC, COO, DIA)."""
+
+    __slots__ = ("_a",)
+    __array_ufunc__ = None  # numpy defers binary operators to this class (cupyx sparse's __array_priority__)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, a: Any) -> None:
+        if isinstance(a, sp.sparray):  # cupyx holds the matrix classes
+            a = {"csr": sp.csr_matrix, "csc": sp.csc_matrix, "coo": sp.coo_matrix, "dia": sp.dia_matrix}.get(
+                a.format, sp.csr_matrix
+            )(a)
+        self._a = a
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise _no_host("__array__ of a sparse matrix")
+
+    def __repr__(self) -> str:
+        return f"DeviceSparse({self._a!r})"
+
+    def __len__(self) -> int:
+        msg = "sparse matrix length is ambiguous"
+        raise TypeError(msg)
+
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def get(self, stream: Any = None) -> Any:
+        """A host copy (scipy.sparse), as cupyx's ``.get()``."""
+        Transfers.to_host += _nbytes(self._a)
+        return self._a.copy()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._a.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._a.dtype
+
+    @property
+    def nnz(self) -> int:
+        return self._a.nnz
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def format(self) -> str:
+        return self._a.format
+
+    @property
+    def T(self) -> DeviceSparse:
+        return DeviceSparse(self._a.T)
+
+    @property
+    def has_canonical_format(self) -> bool:
+        return self._a.has_canonical_format
+
+    @property
+    def has_sorted_indices(self) -> bool:
+        return self._a.has_sorted_indices
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return _wrap(attr)  # data / indices / indptr / row / col: device views of the same memory
+
+        @functools.wraps(attr)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return _call(attr, f"sparse.{name}", args, kwargs)
+
+        return method
+
+    def __getitem__(self, key: Any) -> Any:
+        return _wrap(self._a[_unwrap(key, "sparse indexing", host_ok=True)])
+
+    def _binop(self, op: str, other: Any) -> Any:
+        if isinstance(other, np.ndarray) and other.ndim > 0:
+            raise _unwrap_error(op)
+        return _wrap(getattr(self._a, op)(_unwrap(other, f"sparse {op}")))
+
+    def __matmul__(self, other: Any) -> Any:
+        return self._binop("__matmul__", other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        return self._binop("__rmatmul__", other)
+
+    def __add__(self, other: Any) -> Any:
+        return self._binop("__add__", other)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._binop("__radd__", other)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._binop("__sub__", other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._binop("__rsub__", other)
+
+    def __mul__(self, other: Any) -> Any:
+        if not np.isscalar(other) and not (isinstance(other, DeviceArray) and other.ndim == 0):
+            msg = "stand-in GPU: use @ or .multiply() with sparse matrices (gpuc never relies on spmatrix '*')."
+            raise TypeError(msg)
+        return self._binop("__mul__", other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._binop("__truediv__", other)
+
+    def __neg__(self) -> DeviceSparse:
+        return DeviceSparse(-self._a)
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binop("__eq__", other)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return self._binop("__ne__", other)
+
+
+def _unwrap_error(op: str) -> HostArrayError:
+    return HostArrayError(f"stand-in GPU: a host numpy array was combined with a device sparse matrix ({op}).")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# namespaces
+# --------------------------------------------------------------------------------------------------------------------
+class _Namespace(types.ModuleType):
+    """A module-like namespace exposing ``allowed`` names of ``source`` with device wrapping."""
+
+    def __init__(self, name: str, source: Any, allowed: frozenset[str], **extra: Any) -> None:
+        super().__init__(name)
+        self._source = source
+        self._allowed = allowed
+        for k, v in extra.items():
+            setattr(self, k, v)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name not in self._allowed:
+            msg = f"stand-in GPU: module {self.__name__!r} (as CuPy's) has no attribute {name!r}"
+            raise AttributeError(msg)
+        attr = getattr(self._source, name)
+        if isinstance(attr, type) or not callable(attr):  # dtypes, classes, constants
+            return attr
+        where = f"{self.__name__}.{name}"
+        host_ok = name in UPLOADS and self._source is np
+
+        @functools.wraps(attr)
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            if host_ok and args:
+                _count_upload(args[0])
+            return _call(attr, where, args, kwargs, host_ok=host_ok)
+
+        setattr(self, name, fn)
+        return fn
+
+
+def _sparse_constructor(cls: Any, name: str) -> Any:
+    def make(arg1: Any, shape: Any = None, dtype: Any = None, copy: bool = False) -> DeviceSparse:
+        if isinstance(arg1, DeviceSparse | sp.spmatrix | sp.sparray):
+            payload = arg1._a if isinstance(arg1, DeviceSparse) else arg1  # cupyx uploads scipy matrices
+            if not isinstance(arg1, DeviceSparse):
+                _count_upload(arg1)
+        else:
+            payload = _unwrap(arg1, f"sparse.{name}")
+        return DeviceSparse(cls(payload, shape=shape, dtype=dtype, copy=copy))
+
+    make.__name__ = name
+    return make
+
+
+class _Runtime:
+    @staticmethod
+    def getDeviceCount() -> int:
+        return 1
+
+    @staticmethod
+    def memGetInfo() -> tuple[int, int]:
+        from gpuc._backend import host_free_memory
+
+        free = host_free_memory() or 0
+        return free, free
+
+
+class _Stream:
+    def synchronize(self) -> None:
+        return None
+
+
+class _Pool:
+    def free_bytes(self) -> int:
+        return 0
+
+    def used_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self) -> None:
+        return None
+
+
+_cuda = types.SimpleNamespace(runtime=_Runtime(), get_current_stream=_Stream, Stream=_Stream)
+
+linalg = _Namespace("standin.linalg", np.linalg, names.CUPY_LINALG)
+random = _Namespace("standin.random", np.random, names.CUPY_RANDOM)
+xp = _Namespace(
+    "standin",
+    np,
+    names.CUPY - {"linalg", "random", "fft", "cuda", "ndarray", "get_default_memory_pool"},
+    linalg=linalg,
+    random=random,
+    ndarray=DeviceArray,
+    cuda=_cuda,
+    get_default_memory_pool=_Pool,
+    asnumpy=lambda a, *args, **kw: a.get() if isinstance(a, DeviceArray | DeviceSparse) else np.asarray(a),
+)
+sparse_linalg = _Namespace("standin.sparse.linalg", scipy.sparse.linalg, names.CUPYX_SPARSE_LINALG)
+sparse = _Namespace(
+    "standin.sparse",
+    sp,
+    names.CUPYX_SPARSE - {"csr_matrix", "csc_matrix", "coo_matrix", "dia_matrix", "issparse", "isspmatrix", "spmatrix"},
+    csr_matrix=_sparse_constructor(sp.csr_matrix, "csr_matrix"),
+    csc_matrix=_sparse_constructor(sp.csc_matrix, "csc_matrix"),
+    coo_matrix=_sparse_constructor(sp.coo_matrix, "coo_matrix"),
+    dia_matrix=_sparse_constructor(sp.dia_matrix, "dia_matrix"),
+    issparse=lambda x: isinstance(x, DeviceSparse),
+    isspmatrix=lambda x: isinstance(x, DeviceSparse),
+    spmatrix=DeviceSparse,
+    linalg=sparse_linalg,
+)
+special = _Namespace("standin.special", scipy.special, names.CUPYX_SPECIAL)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# a backend over the stand-in, and switching gpuc to it
+# --------------------------------------------------------------------------------------------------------------------
+@functools.cache
+def standin_backend() -> Any:
+    """A :class:`gpuc._backend.Backend` named ``"gpu"`` over the stand-in namespaces."""
+    from gpuc._backend import Backend, register_device_types
+
+    register_device_types(dense=DeviceArray, sparse=DeviceSparse)
+    return Backend("gpu", xp, sparse, special, sparse_linalg)
+
+
+def to_device(x: Any) -> Any:
+    """Upload a host array (dense or sparse) to the stand-in device."""
+    return standin_backend().asarray(x)
+
+
+@contextlib.contextmanager
+def use_standin() -> Iterator[Any]:
+    """Within the block, the GPU is the stand-in: ``device="gpu"`` and device-resident data resolve to it.
+
+    Yields the stand-in backend. Patches :mod:`gpuc._backend`'s device lookup only (undone on exit).
+    """
+    from gpuc import _backend
+
+    bk = standin_backend()
+    saved = _backend._backend_for, _backend.gpu_status
+    real = saved[0]
+
+    def backend_for(name: str) -> Any:
+        return bk if name == "gpu" else real(name)
+
+    _backend._backend_for = backend_for
+    _backend.gpu_status = lambda: (True, "stand-in GPU (gpuc._testing.standin)")
+    try:
+        yield bk
+    finally:
+        _backend._backend_for, _backend.gpu_status = saved
