@@ -310,9 +310,10 @@ def nmf_usage(
 ) -> Figure | None:
     """Programme usages on an embedding (``obsm['X_' + basis]``), one panel per programme.
 
-    The title says which fit the programmes come from and on how many observations: programme numbers (``P1`` ...,
-    ordered by total usage) belong to one :func:`gpuc.tl.consensus_nmf` call, so ``P1`` of a fit on metacells need
-    not be ``P1`` of a fit on their cells.
+    The title says which fit the programmes come from: one on these observations (cells or metacells), or a separate
+    fit when ``obsm['X_' + key]`` was copied in without its ``uns[key]`` (e.g. metacell usages mapped to cells).
+    Programme numbers (``P1`` ..., ordered by total usage) belong to one :func:`gpuc.tl.consensus_nmf` call, so ``P1``
+    of a fit on metacells need not be ``P1`` of a fit on their cells.
 
     Parameters
     ----------
@@ -380,9 +381,14 @@ def nmf_usage(
     if ax is None:
         what = "metacells" if _keys.METACELL_SOURCE in adata.uns else "cells"
         k = usage.shape[1]
+        source = (
+            f"fitted on these {adata.n_obs} {what}"
+            if key in adata.uns
+            else f"from a separate fit (no uns[{key!r}] in this AnnData)"
+        )
         fig.suptitle(
-            f"{'share of ' if normalize else ''}usage of the {k} programmes of {key!r}, fitted on these "
-            f"{adata.n_obs} {what} (P numbers are this fit's own)",
+            f"{'share of ' if normalize else ''}usage of the {k} programmes {key!r}, {source}; "
+            "P numbers belong to that fit",
             fontsize=9,
         )
     fig.tight_layout()
