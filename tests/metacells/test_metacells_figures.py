@@ -31,13 +31,23 @@ def _cell_colors(ax, n_obs):
 
 def test_categorical_colors_are_scanpys(many):
     ad = many.copy()
-    # without uns colours: Scanpy's default palette, as sc.pl.umap would pick
+    ad.uns.pop("bulk_labels_colors", None)
+    # without uns colours: the ones sc.pl.umap would pick
     ax = gpuc.pl.metacells(ad, color="bulk_labels", show=False)
+    assert "bulk_labels_colors" not in ad.uns  # plotting writes nothing
     cats = ad.obs["bulk_labels"].cat.categories
     sc.pl.umap(ad, color="bulk_labels", show=False)  # writes uns['bulk_labels_colors']
     want = [to_rgba(c) for c in ad.uns["bulk_labels_colors"]]
     by_label = {c.get_label(): to_rgba(c.get_facecolor()[0]) for c in ax.collections if c.get_label() in cats}
     assert [by_label[c] for c in cats] == want
+    # more categories than matplotlib's colour cycle: Scanpy's 20-colour palette, as sc.pl.umap picks
+    ad.obs["many"] = ad.obs["metacell"].cat.codes.astype(str).astype("category")
+    ax = gpuc.pl.metacells(ad, color="many", show=False)
+    sc.pl.umap(ad, color="many", show=False)
+    assert len(ad.obs["many"].cat.categories) > 10
+    cats = ad.obs["many"].cat.categories
+    by_label = {c.get_label(): to_rgba(c.get_facecolor()[0]) for c in ax.collections if c.get_label() in cats}
+    assert [by_label[c] for c in cats] == [to_rgba(c) for c in ad.uns["many_colors"]]
     # with user colours in uns: those
     ad.uns["bulk_labels_colors"] = ["#000000"] * len(cats)
     ax = gpuc.pl.metacells(ad, color="bulk_labels", show=False)

@@ -32,15 +32,21 @@ def category_colors(adata: Any, key: str, categories: Any) -> list[Any]:
     """Colours of the categories of ``obs[key]``, the ones Scanpy's plots use.
 
     ``uns[key + '_colors']`` when it has one colour per category (Scanpy writes it the first time it plots the
-    column), else Scanpy's default palette for that many categories, so a column has the same colours in
-    ``sc.pl.umap`` and in gpuc's plots.
+    column), else the colours Scanpy would choose for that many categories (matplotlib's colour cycle when it is
+    long enough, else Scanpy's default palettes), so a column has the same colours in ``sc.pl.umap`` and in gpuc's
+    plots.
     """
+    from matplotlib import rcParams
     from scanpy.plotting import palettes
 
     n = len(categories)
     stored = adata.uns.get(f"{key}_colors")
     if stored is not None and len(stored) == n:
         return list(stored)
+    # the same choice as scanpy.plotting._utils._set_default_colors_for_categorical_obs
+    cycle = rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(cycle) >= n:
+        return list(cycle[:n])
     if n <= 20:
         pal = palettes.default_20
     elif n <= 28:
