@@ -23,7 +23,10 @@ import scipy.special
 
 Device = Literal["auto", "cpu", "gpu"]
 DEVICES: tuple[Device, ...] = ("auto", "cpu", "gpu")
-GPU_EXTRA_HINT = "pip install 'gpuc[gpu-cu12]' (or 'gpuc[gpu-cu13]' for CUDA 13)"
+GPU_EXTRA_HINT = (
+    "pip install 'gpuc[gpu-cu12]' (or 'gpuc[gpu-cu13]' for CUDA 13; gpuc is not on PyPI yet, so from a gpuc "
+    "checkout: pip install '.[gpu-cu12]')"
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -39,7 +42,9 @@ def optional_import(module: str, extra: str, purpose: str = "") -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         what = f" for {purpose}" if purpose else ""
-        install = GPU_EXTRA_HINT if extra == "gpu" else f"pip install 'gpuc[{extra}]'"
+        install = (
+            GPU_EXTRA_HINT if extra == "gpu" else f"pip install 'gpuc[{extra}]' (from a gpuc checkout: '.[{extra}]')"
+        )
         msg = f"{module!r} is needed{what} but could not be imported ({err}). Install it with: {install}"
         raise ImportError(msg) from err
 

@@ -102,11 +102,14 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
     fitted = pbmc.copy()
     gpuc.tl.metacells(fitted, device="cpu", max_iter=2, min_iter=1)
     bulk, nmf = _bulk(), _programs()
+    nmf_fitted = nmf.copy()
+    gpuc.tl.consensus_nmf(nmf_fitted, 3, n_runs=4, device="cpu")
     calls = {
         "metacells": (pbmc, lambda a, **kw: gpuc.tl.metacells(a, device="cpu", **kw)),
         "metacell_quality": (fitted, lambda a, **kw: gpuc.tl.metacell_quality(a, device="cpu", **kw)),
         "nmf_k_sweep": (nmf, lambda a, **kw: gpuc.tl.nmf_k_sweep(a, [2, 3], n_runs=3, device="cpu", **kw)),
         "consensus_nmf": (nmf, lambda a, **kw: gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", **kw)),
+        "nmf_refine": (nmf_fitted, lambda a, **kw: gpuc.tl.nmf_refine(a, 0.5, **kw)),
         "deseq": (bulk, lambda a, **kw: gpuc.tl.deseq(a, "~condition", device="cpu", **kw)),
         "vst": (bulk, lambda a, **kw: gpuc.tl.vst(a, device="cpu", **kw)),
     }

@@ -80,7 +80,6 @@ def run(ctx: Any) -> list[dict[str, Any]]:
     gpuc.pl.metacells(adata, "umap", ax=axes[0], show=False)
     if ct is not None:
         gpuc.pl.metacells(adata, "umap", color=ct, ax=axes[1], show=False)
-        axes[1].set_title("cell types, metacell centres in black")
     else:
         axes[1].remove()
     ctx.savefig(fig, "metacells_umap.png")

@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 
 from gpuc import _keys
 from gpuc.get._deseq import _entry, deseq_results
-from gpuc.pl._utils import finish
+from gpuc.pl._utils import finish, place_labels
 
 
 def _results_for_plot(
@@ -27,9 +27,36 @@ def _results_for_plot(
     return df, col, alpha
 
 
+SYMBOL_COLUMNS = ("gene_symbols", "gene_symbol", "symbol", "symbols", "gene_name", "gene_names")
+
+
+def _gene_labels(adata: AnnData, index: Any, gene_symbols: str | None) -> np.ndarray:
+    """Labels of the genes ``index``: ``var[gene_symbols]``, else the first symbol column found in ``var``
+    (:data:`SYMBOL_COLUMNS`), else the gene names.
+    """
+    if gene_symbols is not None:
+        if gene_symbols not in adata.var:
+            msg = f"gene_symbols={gene_symbols!r} is not a column of adata.var."
+            raise KeyError(msg)
+        col = gene_symbols
+    else:
+        col = next((c for c in SYMBOL_COLUMNS if c in adata.var), None)
+    if col is None:
+        return np.asarray(index).astype(str)
+    sym = adata.var[col].reindex(index)
+    return np.where(sym.isna(), np.asarray(index).astype(str), sym.astype(str))
+
+
 def _label_top(ax: Any, x: np.ndarray, y: np.ndarray, names: Any, order: np.ndarray, n_top: int) -> None:
-    for i in order[:n_top]:
-        ax.annotate(str(names[i]), (x[i], y[i]), fontsize=7, xytext=(2, 2), textcoords="offset points")
+    top = [i for i in order[:n_top] if np.isfinite(x[i]) and np.isfinite(y[i])]
+    place_labels(ax, x[top], y[top], [names[i] for i in top])
+
+
+def _title(adata: AnnData, key: str, contrast: Any, group: Any) -> str:
+    name = (
+        str(contrast) if contrast is not None else _keys.decode_name(next(iter(_entry(adata, key, group)["results"])))
+    )
+    return f"DESeq2 {name}" + (f" ({group})" if group is not None else "")
 
 
 def volcano(
@@ -42,6 +69,7 @@ def volcano(
     lfc_threshold: float = 0.0,
     shrunk: bool = False,
     n_top: int = 10,
+    gene_symbols: str | None = None,
     ax: Any = None,
     show: bool | None = None,
     save: str | None = None,
@@ -63,7 +91,10 @@ def volcano(
     shrunk
         Plot the shrunken fold changes (needs ``lfc_shrink``).
     n_top
-        Number of most significant genes to label.
+        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
+    gene_symbols
+        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
+        ``symbol``, ``gene_name`` ...), else the gene names.
     ax
         Axes to draw into.
     show
@@ -85,20 +116,17 @@ def volcano(
     ok = np.isfinite(nlp) & np.isfinite(lfc)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 4.5))
+    ax.set_title(_title(adata, key, contrast, group), fontsize=9)
     ax.scatter(lfc[ok & ~sig], nlp[ok & ~sig], s=4, c="0.7", rasterized=True, label="n.s.")
     ax.scatter(lfc[ok & sig], nlp[ok & sig], s=5, c="tab:red", rasterized=True, label=f"padj < {alpha:g}")
     if lfc_threshold > 0:
         for v in (-lfc_threshold, lfc_threshold):
             ax.axvline(v, ls="--", c="0.4", lw=0.8)
-    order = np.argsort(np.where(ok, p, np.inf))
-    _label_top(ax, lfc, nlp, df.index, order, n_top)
     ax.set_xlabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
     ax.set_ylabel("-log10 p-value")
-    ax.set_title(
-        str(contrast) if contrast is not None else _keys.decode_name(next(iter(_entry(adata, key, group)["results"]))),
-        fontsize=9,
-    )
-    ax.legend(frameon=False, fontsize=8, markerscale=2)
+    ax.legend(frameon=False, fontsize=8, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    order = np.argsort(np.where(ok, p, np.inf))
+    _label_top(ax, lfc, nlp, _gene_labels(adata, df.index, gene_symbols), order, n_top)
     return finish(ax, show, save=save)
 
 
@@ -112,6 +140,7 @@ def ma(
     shrunk: bool = False,
     n_top: int = 10,
     ylim: float | None = None,
+    gene_symbols: str | None = None,
     ax: Any = None,
     show: bool | None = None,
     save: str | None = None,
@@ -129,7 +158,10 @@ def ma(
     shrunk
         Plot the shrunken fold changes.
     n_top
-        Number of most significant genes to label.
+        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
+    gene_symbols
+        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
+        ``symbol``, ``gene_name`` ...), else the gene names.
     ylim
         Symmetric y limit; points beyond are drawn as triangles at the edge.
     ax
@@ -153,16 +185,19 @@ def ma(
     yl = ylim if ylim is not None else float(np.nanmax(np.abs(lfc[ok]))) * 1.05 if ok.any() else 1.0
     y = np.clip(lfc, -yl, yl)
     out = np.abs(lfc) > yl
-    for mask, c in ((~sig, "0.6"), (sig, "tab:blue")):
+    ax.set_title(_title(adata, key, contrast, group), fontsize=9)
+    for mask, c, name in ((~sig, "0.6", "n.s."), (sig, "tab:blue", f"padj < {alpha:g}")):
         m = ok & mask
-        ax.scatter(bm[m & ~out], y[m & ~out], s=4, c=c, rasterized=True)
-        ax.scatter(bm[m & out], y[m & out], s=10, c=c, marker="^", rasterized=True)
+        ax.scatter(bm[m & ~out], y[m & ~out], s=4, c=c, rasterized=True, label=name)
+        if (m & out).any():
+            ax.scatter(bm[m & out], y[m & out], s=10, c=c, marker="^", rasterized=True, label=f"{name}, beyond ylim")
     ax.axhline(0, c="k", lw=0.8)
     ax.set_xscale("log")
-    order = np.argsort(np.where(ok, df["pvalue"].to_numpy(), np.inf))
-    _label_top(ax, bm, y, df.index, order, n_top)
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
+    ax.legend(frameon=False, fontsize=8, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    order = np.argsort(np.where(ok, df["pvalue"].to_numpy(), np.inf))
+    _label_top(ax, bm, y, _gene_labels(adata, df.index, gene_symbols), order, n_top)
     return finish(ax, show, save=save)
 
 

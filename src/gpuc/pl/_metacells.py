@@ -45,6 +45,12 @@ def metacells(
 ) -> Axes | None:
     """Cells on an embedding coloured by metacell (or by ``color``), with each metacell's centre on top.
 
+    Metacells are coloured so that no metacell shares its colour with its 8 nearest metacells on the embedding
+    (a 20-colour palette assigned greedily), so neighbours stay apart however many metacells there are. A
+    categorical ``color`` uses the colours Scanpy uses for that column (``uns[color + '_colors']``, or Scanpy's
+    default palette), so a cell type has the same colour here as in ``sc.pl.umap``. Each centre is drawn at the
+    member cell nearest to the mean position of the metacell's cells, so it always lies on the cells it stands for.
+
     Parameters
     ----------
     adata
@@ -56,7 +62,7 @@ def metacells(
     color
         ``obs`` column to colour cells by instead of the metacell label.
     show_centers
-        Overlay the metacells at the mean position of their cells.
+        Overlay each metacell's centre (its member cell nearest to the members' mean position).
     size
         Cell marker size (default scales with the number of cells).
     center_size
@@ -73,48 +79,85 @@ def metacells(
     -------
     The Axes when ``show`` is False, else None.
     """
-    import matplotlib.pyplot as plt
+    from scanpy.plotting import palettes
+
+    from gpuc.pl._utils import category_colors, spread_colors
 
     _uns(adata, key)
     emb_key = basis if basis in adata.obsm else f"X_{basis}"
     if emb_key not in adata.obsm:
         msg = f"basis {basis!r} not found in adata.obsm (looked for {basis!r} and 'X_{basis}')."
         raise KeyError(msg)
-    xy = np.asarray(adata.obsm[emb_key])[:, :2]
+    if color is not None and color not in adata.obs:
+        msg = f"color={color!r} is not a column of adata.obs."
+        raise KeyError(msg)
+    xy = np.asarray(adata.obsm[emb_key], dtype=float)[:, :2]
     labels = adata.obs[key]
+    codes = labels.cat.codes.to_numpy()
+    n_mc = labels.cat.categories.size
+    centres = metacell_centers(xy, codes, n_mc)
     ax = _ax(ax, (5.5, 5))
     s = size if size is not None else max(1.0, 120000 / max(adata.n_obs, 1) / 20)
     if color is None:
-        codes = labels.cat.codes.to_numpy()
-        cmap = plt.get_cmap("tab20")
-        cols = cmap((codes % 20) / 19.0)
-        cols[codes < 0] = (0.8, 0.8, 0.8, 1.0)
+        from matplotlib.colors import to_rgba
+
+        mc_cols = np.tile(np.array([0.8, 0.8, 0.8, 1.0]), (n_mc, 1))
+        live = np.isfinite(centres[:, 0])
+        mc_cols[live] = [to_rgba(c) for c in spread_colors(centres[live], list(palettes.default_20))]
+        cols = np.tile(np.array([0.8, 0.8, 0.8, 1.0]), (adata.n_obs, 1))
+        cols[codes >= 0] = mc_cols[codes[codes >= 0]]
         ax.scatter(xy[:, 0], xy[:, 1], c=cols, s=s, linewidths=0, rasterized=True)
+        title = f"{n_mc} metacells ({key})"
     else:
         vals = adata.obs[color]
-        if isinstance(vals.dtype, pd.CategoricalDtype) or vals.dtype == object:
+        if isinstance(vals.dtype, pd.CategoricalDtype) or vals.dtype == object or vals.dtype == bool:
             cat = vals.astype("category")
-            cmap = plt.get_cmap("tab20")
+            palette = category_colors(adata, color, cat.cat.categories)
             for i, c in enumerate(cat.cat.categories):
                 m = (cat == c).to_numpy()
-                ax.scatter(xy[m, 0], xy[m, 1], color=cmap(i % 20), s=s, linewidths=0, label=str(c), rasterized=True)
+                ax.scatter(xy[m, 0], xy[m, 1], color=palette[i], s=s, linewidths=0, label=str(c), rasterized=True)
+            missing = cat.isna().to_numpy()
+            if missing.any():
+                ax.scatter(xy[missing, 0], xy[missing, 1], color="lightgrey", s=s, linewidths=0, label="NA")
             ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, markerscale=3, fontsize=8)
         else:
             sc_ = ax.scatter(
                 xy[:, 0], xy[:, 1], c=np.asarray(vals, dtype=float), s=s, linewidths=0, cmap="viridis", rasterized=True
             )
             ax.figure.colorbar(sc_, ax=ax, shrink=0.6, label=color)
+        title = f"{color}, with the {n_mc} metacells" if show_centers else color
     if show_centers:
-        cent = pd.DataFrame(xy).groupby(labels.to_numpy(), observed=True).mean()
         ax.scatter(
-            cent[0], cent[1], s=center_size, c="black", edgecolors="white", linewidths=0.8, zorder=3, label="metacells"
+            centres[:, 0],
+            centres[:, 1],
+            s=center_size,
+            c="black",
+            edgecolors="white",
+            linewidths=0.8,
+            zorder=3,
+            label="_metacell centres",
         )
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_xlabel(f"{basis.upper()}1")
     ax.set_ylabel(f"{basis.upper()}2")
-    ax.set_title(f"{labels.cat.categories.size} metacells ({key})")
+    ax.set_title(title)
     return finish(ax, show, save=save)
+
+
+def metacell_centers(xy: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
+    """``(n, 2)``: for each metacell, the position of its member cell nearest to its members' mean (NaN if empty)."""
+    out = np.full((n, 2), np.nan)
+    idx = np.flatnonzero(codes >= 0)
+    c = codes[idx]
+    count = np.bincount(c, minlength=n)
+    mean = np.stack([np.bincount(c, weights=xy[idx, d], minlength=n) for d in (0, 1)], axis=1)
+    mean /= np.maximum(count, 1)[:, None]
+    dist = ((xy[idx] - mean[c]) ** 2).sum(axis=1)
+    order = np.lexsort((dist, c))  # by metacell, nearest first
+    first = order[np.r_[True, c[order][1:] != c[order][:-1]]] if idx.size else order
+    out[c[first]] = xy[idx[first]]
+    return out
 
 
 def metacell_sizes(
@@ -171,6 +214,9 @@ def metacell_quality(
 ) -> Figure | None:
     """Distributions of compactness, separation and (if computed) purity, one panel each.
 
+    Compactness and separation are drawn on a log axis when they span more than a factor of 30 (isolated metacells
+    would otherwise flatten the boxes); every metacell is a dot over the box.
+
     Parameters
     ----------
     adata
@@ -209,13 +255,27 @@ def metacell_quality(
             msg = f"ax must hold {len(cols)} Axes, one per panel ({', '.join(cols)}); got {len(axes)}."
             raise ValueError(msg)
         fig = axes[0].figure
+    ylabels = {
+        "compactness": "variance within the metacell\n(diffusion components)",
+        "separation": "distance to the nearest metacell\n(diffusion components)",
+    }
     for a, c in zip(axes, cols, strict=True):
         v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy()
+        # compactness and separation span orders of magnitude (a few isolated metacells are far from the rest): a
+        # log axis shows the bulk and the outliers together
+        log = c in ylabels and v.size > 0 and (v > 0).all() and v.max() / v.min() > 30
         a.boxplot(v, widths=0.5, showfliers=False)
         a.scatter(np.random.default_rng(0).normal(1, 0.05, v.size), v, s=8, alpha=0.6, color="#4c72b0")
+        if log:
+            a.set_yscale("log")
         a.set_xticks([])
         better = "lower is better" if c == "compactness" else "higher is better"
         a.set_title(f"{c}\n({better})", fontsize=10)
+        a.set_ylabel(
+            ylabels.get(c, f"fraction of cells of the majority {c.removesuffix('_purity')}")
+            + (" (log scale)" if log else ""),
+            fontsize=8,
+        )
     if ax is None:
         fig.tight_layout()
     return finish(fig, show, save=save)

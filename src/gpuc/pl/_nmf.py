@@ -28,15 +28,17 @@ def nmf_k_sweep(
     adata: AnnData,
     *,
     key: str = _keys.NMF_K_SWEEP,
+    mark_k: int | None = None,
     ax: Sequence[Axes] | None = None,
     show: bool | None = None,
     save: str | None = None,
 ) -> Figure | None:
     """Stability and relative reconstruction error against k, from :func:`gpuc.tl.nmf_k_sweep`.
 
-    Take the last k before stability falls away while the error is still falling; the error always falls, and k=2
-    is trivially stable. ks whose consensus failed (too few components passed the density filter) are marked with a
-    red cross on the stability panel.
+    A stable k at which the error is still falling is the one to take; the k the sweep points to under the rule of
+    :func:`gpuc.get.nmf_suggest_k` is marked (dashed line on both panels, ringed on the stability panel). ks whose
+    consensus failed (too few components passed the density filter) are marked with a red cross on the stability
+    panel.
 
     Parameters
     ----------
@@ -44,6 +46,9 @@ def nmf_k_sweep(
         AnnData after :func:`gpuc.tl.nmf_k_sweep`.
     key
         Its ``key_added``.
+    mark_k
+        The k to mark; ``None`` marks the sweep's suggestion (``uns[key]['suggested_k']``, the rule with its default
+        options; pass ``mark_k=gpuc.get.nmf_suggest_k(adata, tol=...)`` for others).
     ax
         Two Axes (stability, error); a new figure when ``None``.
     show
@@ -59,7 +64,16 @@ def nmf_k_sweep(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    t = _uns(adata, key, "nmf_k_sweep")["table"]
+    u = _uns(adata, key, "nmf_k_sweep")
+    t = u["table"]
+    if mark_k is None:
+        from gpuc.get._nmf import nmf_suggest_k
+
+        mark_k = int(u["suggested_k"]) if "suggested_k" in u else nmf_suggest_k(adata, key=key)
+        what = "suggested"
+    else:
+        mark_k = check_int("mark_k", mark_k, minimum=1)
+        what = "chosen"
     if ax is None:
         fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
     else:
@@ -76,16 +90,22 @@ def nmf_k_sweep(
     if failed.any():
         lo = np.nanmin(stab) if np.isfinite(stab).any() else 0.0
         a0.plot(k[failed], np.full(failed.sum(), lo), "x", color="red", ms=9, mew=2, label="consensus failed")
-        a0.legend(frameon=False, fontsize=8)
     a0.set(xlabel="k", ylabel="stability (mean silhouette)", title="stability")
     a1.plot(k, t["median_error"], "o-", color="C1", label="median over runs")
     a1.plot(k, t["best_error"], "--", color="C1", alpha=0.6, label="best run")
     a1.set(xlabel="k", ylabel="||V - WH||² / ||V||²", title="relative error")
-    a1.legend(frameon=False, fontsize=8)
+    hit = k == mark_k
+    if hit.any() and np.isfinite(stab[hit]).all():
+        a0.plot(k[hit], stab[hit], "o", ms=13, mfc="none", mec="black", mew=1.5, zorder=3)
     for a in axes:
+        a.axvline(mark_k, color="0.3", ls="--", lw=1, zorder=0, label=f"{what} k = {mark_k}")
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.grid(alpha=0.3)
-    fig.suptitle("High stability with error still falling is the sweet spot", fontsize=9, y=1.0)
+    a0.legend(frameon=False, fontsize=8, loc="lower left")
+    a1.legend(frameon=False, fontsize=8)
+    fig.suptitle(
+        f"{what} k = {mark_k}: a stable k at which adding a programme still lowers the error", fontsize=9, y=1.0
+    )
     fig.tight_layout()
     return finish(fig, show, save=save)
 
@@ -215,6 +235,9 @@ def nmf_programs(
 ) -> Figure | None:
     """Top genes of each programme (bar charts of the consensus spectra weights).
 
+    With ``normalization="sum"`` (the default) each programme's weights sum to 1 over the genes; the bars show them as
+    percentages.
+
     Parameters
     ----------
     adata
@@ -252,13 +275,19 @@ def nmf_programs(
     else:
         axes = np.ravel(ax)
         fig = axes[0].figure
+    from matplotlib.ticker import MaxNLocator
+
+    percent = adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
     for j, p in enumerate(names):
         sub = top[top["program"] == p]
         a = axes[j]
-        a.barh(np.arange(len(sub))[::-1], sub["weight"], color=f"C{j % 10}")
+        w = sub["weight"].to_numpy() * (100.0 if percent else 1.0)
+        a.barh(np.arange(len(sub))[::-1], w, color=f"C{j % 10}")
         a.set_yticks(np.arange(len(sub))[::-1], sub["gene"], fontsize=7)
         a.set_title(p, fontsize=9)
+        a.xaxis.set_major_locator(MaxNLocator(nbins=3))
         a.tick_params(axis="x", labelsize=7)
+        a.set_xlabel("% of programme" if percent else "weight (L2-normalised)", fontsize=7)
     for a in axes[k:]:
         a.set_visible(False)
     fig.tight_layout()
@@ -281,6 +310,11 @@ def nmf_usage(
 ) -> Figure | None:
     """Programme usages on an embedding (``obsm['X_' + basis]``), one panel per programme.
 
+    The title says which fit the programmes come from: one on these observations (cells or metacells), or a separate
+    fit when ``obsm['X_' + key]`` was copied in without its ``uns[key]`` (e.g. metacell usages mapped to cells).
+    Programme numbers (``P1`` ..., ordered by total usage) belong to one :func:`gpuc.tl.consensus_nmf` call, so ``P1``
+    of a fit on metacells need not be ``P1`` of a fit on their cells.
+
     Parameters
     ----------
     adata
@@ -296,7 +330,7 @@ def nmf_usage(
     ncols
         Panels per row.
     size
-        Point size (default from the number of cells).
+        Point size (default ``12000 / n_obs``, between 1 and 60, so that few metacells do not hide each other).
     cmap
         Colour map.
     ax
@@ -324,7 +358,7 @@ def nmf_usage(
     emb = np.asarray(adata.obsm[ek])[:, :2]
     names = program_names(usage.shape[1])
     sel = list(range(usage.shape[1])) if programs is None else [int(p) for p in programs]
-    size = size if size is not None else max(1.0, 12000 / max(adata.n_obs, 1))
+    size = size if size is not None else float(np.clip(12000 / max(adata.n_obs, 1), 1.0, 60.0))
     if ax is None:
         nc = min(ncols, len(sel))
         nrow = int(np.ceil(len(sel) / nc))
@@ -344,5 +378,18 @@ def nmf_usage(
         a.set_ylabel(f"{basis.upper()}2", fontsize=7)
     for a in axes[len(sel) :]:
         a.set_visible(False)
+    if ax is None:
+        what = "metacells" if _keys.METACELL_SOURCE in adata.uns else "cells"
+        k = usage.shape[1]
+        source = (
+            f"fitted on these {adata.n_obs} {what}"
+            if key in adata.uns
+            else f"from a separate fit (no uns[{key!r}] in this AnnData)"
+        )
+        fig.suptitle(
+            f"{'share of ' if normalize else ''}usage of the {k} programmes {key!r}, {source}; "
+            "P numbers belong to that fit",
+            fontsize=9,
+        )
     fig.tight_layout()
     return finish(fig, show, save=save)

@@ -21,6 +21,7 @@ from gpuc._validate import (
     check_adata,
     check_choice,
     check_int,
+    check_key,
     check_key_added,
     check_memory,
     get_matrix,
@@ -28,11 +29,14 @@ from gpuc._validate import (
 )
 from gpuc.nmf._consensus import (
     ConsensusError,
-    consensus,
+    consensus_of_pool,
     consensus_peak_bytes,
     fit_peak_bytes,
+    pool_density,
     run_k,
     run_ks,
+    stored_pool,
+    suggest_k,
     sweep_batches,
     sweep_row,
 )
@@ -198,7 +202,8 @@ def nmf_k_sweep(
     runs are pooled and clustered exactly as in :func:`consensus_nmf`, but only the diagnostics are kept. Each run's
     seed comes from ``(random_state, k, run)`` and its iterates do not depend on the other runs of the batch, so a
     k's row does not depend on which other ks are in the sweep.
-    Pick the last k before stability falls away while the error is still falling (error always falls).
+    The k the sweep points to (a stable k at which adding a programme still lowers the error) is recorded as
+    ``suggested_k``; see :func:`gpuc.get.nmf_suggest_k` for the rule, and :func:`gpuc.pl.nmf_k_sweep` to look at it.
 
     Parameters
     ----------
@@ -263,6 +268,9 @@ def nmf_k_sweep(
         :class:`pandas.DataFrame`, one row per k: ``k``, ``stability`` (mean silhouette, NaN if the consensus failed),
         ``best_error`` and ``median_error`` (relative errors ``||V - WH||^2 / ||V||^2`` over the restarts),
         ``consensus_failed``, ``n_dropped``, ``n_empty_clusters``, ``n_converged``.
+    ``adata.uns[key_added]['suggested_k']``
+        The k the sweep points to under :func:`gpuc.get.nmf_suggest_k`'s rule with its default options (an int;
+        call that function to apply other options).
 
     Warns
     -----
@@ -366,9 +374,14 @@ def nmf_k_sweep(
         "device": backend.name,
         "dtype": str(op.dtype),
         "table": table,
+        "suggested_k": suggest_k(table["k"], table["stability"], table["median_error"]),
         "seconds": time.perf_counter() - t0,
     }
-    logg.info("    finished", time=start, deep=f"added\n    'uns[{key_added!r}]' (params, table)")
+    logg.info(
+        "    finished",
+        time=start,
+        deep=f"added\n    'uns[{key_added!r}]' (params, table, suggested_k={adata.uns[key_added]['suggested_k']})",
+    )
     return adata if copy else None
 
 
@@ -452,7 +465,9 @@ def consensus_nmf(
         ``n_empty_clusters``; ``n_neighbors``; ``components`` (one row per pooled component: run, component,
         cluster (-1 if dropped), local_density, silhouette, kept); ``genes`` (the factorised genes); ``distances``
         (pooled-component distance matrix under ``metric``, float32, for the clustergram; only when there are at
-        most 2,000 pooled components).
+        most 2,000 pooled components); ``pool`` (the pooled components of the restarts, ``n_runs * k`` rows in the
+        working precision, spectra over the factorised genes or usages over the cells per ``target``), from which
+        :func:`nmf_refine` redoes the consensus with another density threshold without refitting.
 
     Outputs of an earlier run under the same ``key_added`` are replaced.
 
@@ -498,19 +513,72 @@ def consensus_nmf(
         progress=bar.update,
     )
     bar.close()
+    params = {
+        "k": k,
+        "n_runs": n_runs,
+        "layer": layer,
+        "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
+        "preprocessing": preprocessing,
+        "density_threshold": float(density_threshold),
+        "metric": metric,
+        "target": target,
+        "normalization": normalization,
+        "neighborhood": float(neighborhood),
+        "max_iter": max_iter,
+        "tol": float(tol),
+        "extrapolate": extrapolate,
+        "warmup": warmup,
+        "update_order": update_order,
+        "kmeans_n_init": kmeans_n_init,
+        "dtype": None if dtype is None else str(np.dtype(dtype)),
+        "random_state": random_state,
+        "device": device,
+    }
+    runs = {
+        "run_errors": fits.rel_errors.astype(np.float64),
+        "n_converged": int(fits.converged.sum()),
+        "run_converged": np.asarray(to_host(fits.converged), dtype=bool),
+        "run_n_iter": np.asarray(to_host(fits.n_iter), dtype=np.int64),
+        "pool": stored_pool(backend, fits, target),
+    }
+    _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, tol)
+    return _consensus_and_write(
+        adata, backend, op, mask, params, runs, key_added=key_added, copy=copy, start=start, t0=t0
+    )
+
+
+def _consensus_and_write(
+    adata: AnnData,
+    backend: Backend,
+    op: Operator,
+    mask: np.ndarray,
+    params: dict[str, Any],
+    runs: dict[str, Any],
+    *,
+    key_added: str,
+    copy: bool,
+    start: Any,
+    t0: float,
+) -> AnnData | None:
+    """Consensus of the stored pool (density, filter, k-means, median, refit) and the writes of
+    :func:`consensus_nmf`; :func:`nmf_refine` calls it with the pool of an earlier run.
+    """
+    k = int(params["k"])
+    density = pool_density(
+        runs["pool"], int(params["n_runs"]), k, metric=params["metric"], neighborhood=float(params["neighborhood"])
+    )
     try:
-        res = consensus(
+        res = consensus_of_pool(
             backend,
             op,
-            fits,
+            density,
             k,
-            target=target,
-            metric=metric,
-            density_threshold=float(density_threshold),
-            neighborhood=float(neighborhood),
-            normalization=normalization,
-            kmeans_n_init=kmeans_n_init,
-            random_state=random_state,
+            target=params["target"],
+            metric=params["metric"],
+            density_threshold=float(params["density_threshold"]),
+            normalization=params["normalization"],
+            kmeans_n_init=int(params["kmeans_n_init"]),
+            random_state=int(params["random_state"]),
         )
     except ConsensusError as err:
         raise ValueError(str(err)) from None
@@ -519,10 +587,8 @@ def consensus_nmf(
             f"{res.n_empty_clusters} of the {k} consensus k-means clusters are empty; their programmes are zero. "
             "Use a smaller k or a higher density_threshold.",
             GpucWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, tol)
-
     spectra = np.zeros((adata.n_vars, k))
     spectra[mask] = res.spectra.T
     comp = pd.DataFrame(res.table)
@@ -531,35 +597,15 @@ def consensus_nmf(
     adata.obsm[_keys.nmf_usages(key_added)] = res.usages
     adata.varm[_keys.nmf_spectra(key_added)] = spectra
     adata.uns[key_added] = {
-        "params": {
-            "k": k,
-            "n_runs": n_runs,
-            "layer": layer,
-            "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
-            "preprocessing": preprocessing,
-            "density_threshold": float(density_threshold),
-            "metric": metric,
-            "target": target,
-            "normalization": normalization,
-            "neighborhood": float(neighborhood),
-            "max_iter": max_iter,
-            "tol": float(tol),
-            "extrapolate": extrapolate,
-            "warmup": warmup,
-            "update_order": update_order,
-            "kmeans_n_init": kmeans_n_init,
-            "dtype": None if dtype is None else str(np.dtype(dtype)),
-            "random_state": random_state,
-            "device": device,
-        },
+        "params": params,
         "device": backend.name,
         "dtype": str(op.dtype),
         "stability": res.stability,
         "rel_error": res.rel_error,
-        "run_errors": fits.rel_errors.astype(np.float64),
-        "n_converged": int(fits.converged.sum()),
-        "run_converged": np.asarray(to_host(fits.converged), dtype=bool),
-        "run_n_iter": np.asarray(to_host(fits.n_iter), dtype=np.int64),
+        "run_errors": runs["run_errors"],
+        "n_converged": runs["n_converged"],
+        "run_converged": runs["run_converged"],
+        "run_n_iter": runs["run_n_iter"],
         "cluster_sizes": res.cluster_sizes.astype(np.int64),
         "n_dropped": res.n_dropped,
         "n_empty_clusters": res.n_empty_clusters,
@@ -567,6 +613,7 @@ def consensus_nmf(
         "components": comp,
         "genes": np.asarray(adata.var_names[mask]).astype(str),
         **({"distances": res.distances} if res.distances is not None else {}),
+        "pool": runs["pool"],
         "seconds": time.perf_counter() - t0,
     }
     logg.info(
@@ -578,3 +625,94 @@ def consensus_nmf(
         ),
     )
     return adata if copy else None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# a new consensus from the stored restarts
+# --------------------------------------------------------------------------------------------------------------------
+def nmf_refine(
+    adata: AnnData,
+    density_threshold: float,
+    *,
+    neighborhood: float | None = None,
+    key: str = _keys.NMF,
+    key_added: str | None = None,
+    copy: bool = False,
+) -> AnnData | None:
+    """Redo the consensus of an earlier :func:`consensus_nmf` with another density threshold, without refitting.
+
+    :func:`consensus_nmf` keeps the pooled components of its restarts (``uns[key]['pool']``). This reruns the steps
+    after the fits on them (local density, filter, k-means, silhouette, median, NNLS refit of the partner factor)
+    with the new ``density_threshold`` and the earlier call's other options, on the same matrix, so the result is
+    bit-identical to ``consensus_nmf(adata, **params)`` with that threshold (``params`` from ``uns[key]``), in the
+    time of the consensus alone. Read :func:`gpuc.pl.nmf_density` (with ``threshold=``) to choose the threshold.
+
+    Parameters
+    ----------
+    adata
+        AnnData after :func:`gpuc.tl.consensus_nmf`, with the matrix it factorised unchanged.
+    density_threshold
+        Keep components with local density ``<`` this (2.0 keeps all).
+    neighborhood
+        Fraction of the runs used as neighbours for the local density; ``None`` keeps the earlier one.
+    key
+        The ``key_added`` of the :func:`consensus_nmf` call.
+    key_added
+        Where to write the new consensus (``None``: replace the one under ``key``).
+    copy
+        Return a modified copy instead of writing into ``adata``.
+
+    Returns
+    -------
+    ``None``, or a copy of ``adata`` with ``copy=True``. Writes the same fields as :func:`consensus_nmf` under
+    ``key_added`` (``params['density_threshold']`` and ``params['neighborhood']`` updated); the previous outputs
+    under that key are replaced.
+    """
+    check_adata(adata)
+    check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
+    old = adata.uns[key]
+    if "pool" not in old:
+        msg = (
+            f"adata.uns[{key!r}] holds no 'pool' (written by an older gpuc); rerun gpuc.tl.consensus_nmf with the "
+            "new density_threshold instead."
+        )
+        raise KeyError(msg)
+    key_added = key if key_added is None else key_added
+    check_key_added(key_added)
+    params = dict(old["params"])
+    params["density_threshold"] = density_threshold
+    if neighborhood is not None:
+        params["neighborhood"] = neighborhood
+    _check_common(
+        int(params["n_runs"]),
+        params["density_threshold"],
+        params["metric"],
+        params["target"],
+        params["normalization"],
+        int(params["max_iter"]),
+        float(params["tol"]),
+    )
+    if not (isinstance(params["neighborhood"], int | float) and 0 < float(params["neighborhood"]) <= 1):
+        msg = f"neighborhood={params['neighborhood']!r} must be in (0, 1]."
+        raise ValueError(msg)
+    params["density_threshold"] = float(params["density_threshold"])
+    params["neighborhood"] = float(params["neighborhood"])
+    mask_var = params["mask_var"]
+    block, mask = _prepare_block(adata, params["layer"], mask_var, params["preprocessing"])
+    pool = np.asarray(old["pool"])
+    k = int(params["k"])
+    d_expected = block.shape[1] if params["target"] == "spectra" else block.shape[0]
+    if pool.shape != (int(params["n_runs"]) * k, d_expected):
+        msg = (
+            f"adata.uns[{key!r}]['pool'] has shape {pool.shape} but the factorised matrix gives "
+            f"({int(params['n_runs']) * k}, {d_expected}); the AnnData changed since consensus_nmf ran."
+        )
+        raise ValueError(msg)
+    backend, op = _backend_and_op(block, params["device"], params["dtype"])
+    start = logg.info(f"consensus NMF refine: k={k}, density_threshold={params['density_threshold']:g}")
+    t0 = time.perf_counter()
+    runs = {name: old[name] for name in ("run_errors", "n_converged", "run_converged", "run_n_iter")}
+    runs["pool"] = pool
+    return _consensus_and_write(
+        adata, backend, op, mask, params, runs, key_added=key_added, copy=copy, start=start, t0=t0
+    )
