@@ -68,7 +68,7 @@ def _prepare(case: str) -> Callable[[], object]:
             import scanpy as sc
 
             ad, k, n_runs = AnnData(sc.datasets.pbmc68k_reduced().raw.X), 5, 4
-        kw = {"use_highly_variable": False, "density_threshold": 2.0, "device": "cpu", "copy": True}
+        kw = {"mask_var": None, "density_threshold": 2.0, "device": "cpu", "copy": True}
         return lambda: gpuc.tl.consensus_nmf(ad, k, n_runs=n_runs, **kw)
     if case == "deseq":
         pb = gpuc.datasets.pasilla()

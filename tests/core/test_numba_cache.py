@@ -43,9 +43,9 @@ gpuc.settings.progress = False
 rng = np.random.default_rng(0)
 counts = sp.random(150, 60, density=0.3, random_state=rng, data_rvs=lambda n: rng.poisson(3.0, n) + 1.0).tocsr()
 nmf = AnnData(counts.astype(np.float32))
-gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, use_highly_variable=False, density_threshold=2.0, device="cpu")  # sparse: fused
+gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, mask_var=None, density_threshold=2.0, device="cpu")  # sparse: fused
 nmf.X = counts.toarray()
-gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, use_highly_variable=False, density_threshold=2.0, device="cpu")  # dense: sweep
+gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, mask_var=None, density_threshold=2.0, device="cpu")  # dense: sweep
 gpuc.tl.metacells(sc.datasets.pbmc68k_reduced(), 9, max_iter=12, device="cpu")
 pb = gpuc.datasets.pasilla()[:, :1500].copy()
 gpuc.tl.deseq(pb, "~condition", contrast=["condition", "treated", "untreated"], device="cpu")
