@@ -160,6 +160,7 @@ def metacells(
     a0: Literal["auto", "random", "uniform"] = "auto",
     knn_method: Literal["auto", "exact", "ivf"] = "auto",
     device: Device | None = None,
+    n_jobs: int | None = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
     copy: bool = False,
@@ -210,6 +211,9 @@ def metacells(
         ``"exact"`` or ``"ivf"`` (FAISS) kNN; ``"auto"`` is exact up to 50,000 cells.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     random_state
         Seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once); the int
         used is recorded in ``params``. ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
@@ -331,7 +335,7 @@ def metacells(
                 res = run_metacells(
                     backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
                     min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
-                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, callback=_cb,
+                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, callback=_cb, n_jobs=n_jobs,
                 )  # fmt: skip
         for w in caught:
             msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
@@ -383,7 +387,7 @@ def metacells(
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
             "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method,
-            "random_state": random_state, "device": device,
+            "random_state": random_state, "device": device, "n_jobs": n_jobs,
             "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
         },
         "device": backend.name,
@@ -566,6 +570,7 @@ def metacell_quality(
     use_rep: str | None = None,
     nth_neighbor: int = 1,
     device: Device | None = None,
+    n_jobs: int | None = None,
     key_added: str | None = None,
     inplace: bool = True,
     copy: bool = False,
@@ -589,6 +594,9 @@ def metacell_quality(
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     key_added
         ``uns`` key of the table; default ``key + "_quality"``.
     inplace
@@ -619,7 +627,7 @@ def metacell_quality(
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
-    dc = diffusion_space(backend, backend.asarray(x))
+    dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
     df = pd.DataFrame(index=pd.Index(order, name="metacell"))
     df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
     df["compactness"] = compactness(dc, labels, order).to_numpy()
