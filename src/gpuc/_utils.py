@@ -149,6 +149,25 @@ class _ThreadScope:
             self._undo.pop()()
 
 
+_CONTROLLER: list[Any] = [None, -1]  # threadpoolctl's controller and len(sys.modules) when it was made
+
+
+def threadpool_controller() -> Any:
+    """The ``ThreadpoolController`` of threadpoolctl (BLAS and OpenMP libraries of the process), or None without it.
+
+    Finding the libraries walks every loaded shared object (~10 ms), so the controller is kept and made again only when
+    modules were imported since (a new native library comes with an import).
+    """
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+            return None
+        _CONTROLLER[0] = ThreadpoolController()
+        _CONTROLLER[1] = len(sys.modules)
+    return _CONTROLLER[0]
+
+
 _SCOPE: contextvars.ContextVar[_ThreadScope | None] = contextvars.ContextVar("gpuc_cpu_threads", default=None)
 
 
@@ -176,12 +195,9 @@ def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
     scope = _ThreadScope(n)
     token = _SCOPE.set(scope)
     with contextlib.ExitStack() as stack:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-            pass
-        else:
-            stack.enter_context(threadpool_limits(limits=n))
+        controller = threadpool_controller()
+        if controller is not None:
+            stack.enter_context(controller.limit(limits=n))
         try:
             if "numba" in sys.modules:
                 scope.limit_numba()

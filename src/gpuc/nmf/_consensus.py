@@ -82,11 +82,10 @@ def _one_openmp_thread() -> Any:
     """scikit-learn's OpenMP loops on one thread (a no-op context without threadpoolctl)."""
     import contextlib
 
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="openmp")
+    from gpuc._utils import threadpool_controller
+
+    controller = threadpool_controller()
+    return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="openmp")
 
 
 def n_neighbors_for(n_runs: int, fraction: float = 0.3) -> int:
