@@ -89,7 +89,7 @@ def _metacells_data(case: str, quick: bool):
     from bench_metacells import _data
 
     if quick:
-        return _data("pbmc68k"), 9, 1e-3, 5
+        return _data("pbmc68k"), 9, 1e-3, 10
     if case == "metacells_pbmc3k":
         return _data("pbmc3k"), 35, 1e-5, 50
     return _data("cd34like"), 92, 1e-5, 50
