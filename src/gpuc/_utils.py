@@ -131,6 +131,7 @@ class _ThreadScope:
         numba = sys.modules.get("numba")
         if numba is None:
             return
+        _launch_numba_threads()
         prev = numba.get_num_threads()
         numba.set_num_threads(max(1, min(self.n, numba.config.NUMBA_NUM_THREADS)))
         self._undo.append(lambda: numba.set_num_threads(prev))
@@ -147,6 +148,28 @@ class _ThreadScope:
     def close(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def _launch_numba_threads() -> None:
+    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``).
+
+    numba's OpenMP layer loads its own libgomp when its threads start, and libgomp reads the policy then. With the
+    default (active) policy a thread that reaches the end of a parallel loop first spins, taking its core from the
+    threads still working whenever the cores are shared with other jobs: a parallel fit can then be many times slower
+    than a serial one. Passive waiting costs a wake-up (microseconds) per parallel loop instead. The variable is
+    restored right after, so other OpenMP libraries and child processes never see it.
+    """
+    try:
+        from numba.np.ufunc import parallel
+    except ImportError:  # pragma: no cover - layout of other numba versions
+        return
+    if getattr(parallel, "_is_initialized", True) or "OMP_WAIT_POLICY" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        parallel._launch_threads()
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
 
 
 _CONTROLLER: list[Any] = [None, -1]  # threadpoolctl's controller and len(sys.modules) when it was made
