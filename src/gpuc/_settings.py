@@ -1,8 +1,10 @@
-"""Global settings: ``gpuc.settings.device`` and the progress-bar switch."""
+"""Global settings: ``gpuc.settings.device``, CPU threads, the progress-bar and numba switches."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from gpuc._backend import DEVICES, Device
 
@@ -23,11 +25,16 @@ class _Settings:
         Run the CPU engines' numba-compiled kernels (default). ``False`` runs their array code instead, the code
         the GPU runs, on the CPU: slower, with the same results up to floating-point rounding. This is the one
         switch the tests use to compare the two.
+    n_jobs
+        Default for every ``n_jobs=None`` argument: the CPU threads of the compiled kernels, BLAS and FAISS. ``-1``
+        (the default) means all cores available to the process (its CPU affinity), as numba and BLAS do; a positive
+        int is that many threads. Results do not depend on it (every parallel sum is merged in a fixed order).
     """
 
     _device: Device = "auto"
     progress: bool = True
     numba: bool = True
+    _n_jobs: int = -1
 
     @property
     def device(self) -> Device:
@@ -41,8 +48,39 @@ class _Settings:
             raise ValueError(msg)
         self._device = value
 
+    @property
+    def n_jobs(self) -> int:
+        """Default CPU threads: ``-1`` (all cores available to the process) or a positive int."""
+        return self._n_jobs
+
+    @n_jobs.setter
+    def n_jobs(self, value: int) -> None:
+        self._n_jobs = check_n_jobs(value, "gpuc.settings.n_jobs", allow_none=False)
+
     def __repr__(self) -> str:
-        return f"gpuc.settings(device={self._device!r}, progress={self.progress}, numba={self.numba})"
+        return (
+            f"gpuc.settings(device={self._device!r}, n_jobs={self._n_jobs}, progress={self.progress}, "
+            f"numba={self.numba})"
+        )
+
+
+def check_n_jobs(value: object, name: str = "n_jobs", *, allow_none: bool = True) -> int | None:
+    """``value`` if it is a valid ``n_jobs`` (``None`` where allowed, ``-1`` or a positive int), else raise.
+
+    A non-integer (a bool included) is a ``TypeError``; ``0`` and negatives other than ``-1`` a ``ValueError``.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        what = "None, -1 or a positive int" if allow_none else "-1 or a positive int"
+        msg = f"{name} must be {what} (CPU threads; -1 for all cores), got {value!r}."
+        raise TypeError(msg)
+    if value != -1 and value < 1:
+        msg = (
+            f"{name}={value} is not valid: use -1 (all cores available to the process) or a positive number of threads."
+        )
+        raise ValueError(msg)
+    return int(value)
 
 
 settings = _Settings()

@@ -1,16 +1,20 @@
-"""Small helpers shared by the tools: seeds, progress bars, copy handling."""
+"""Small helpers shared by the tools: seeds, progress bars, CPU threads, copy handling."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpuc._settings import settings
+from gpuc._settings import check_n_jobs, settings
 
 
 def derive_seed(random_state: int, *unit: int) -> np.random.SeedSequence:
@@ -76,6 +80,173 @@ def numba_kernels(module: str, name: str | None = None) -> Callable[[], Any]:
         return kernels if name is None else getattr(kernels, name)
 
     def load() -> Any:
-        return import_kernels() if settings.numba else None
+        if not settings.numba:
+            return None
+        kernels = import_kernels()
+        scope = _SCOPE.get()
+        if scope is not None and kernels is not None:
+            scope.limit_numba()
+        return kernels
 
     return load
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CPU threads: one n_jobs convention for the compiled kernels, BLAS and FAISS
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), as numba and BLAS count them."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_n_jobs(n_jobs: int | None) -> int:
+    """The number of CPU threads ``n_jobs`` means: ``None`` follows ``gpuc.settings.n_jobs``, ``-1`` is all cores
+    available to the process (scikit-learn's meaning), a positive int is itself. Other values raise
+    (``TypeError`` for a non-integer, ``ValueError`` for 0 or another negative).
+    """
+    value = check_n_jobs(n_jobs)
+    if value is None:
+        value = settings.n_jobs
+    return available_cores() if value == -1 else value
+
+
+class _ThreadScope:
+    """The thread count of one :func:`cpu_threads` block and how to undo what it changed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._undo: list[Callable[[], None]] = []
+        self._numba = False
+        self._faiss = False
+
+    def limit_numba(self) -> None:
+        """Numba's threads for this thread (numba keeps the count per calling thread), once; restored on exit."""
+        if self._numba:
+            return
+        self._numba = True
+        numba = sys.modules.get("numba")
+        if numba is None:
+            return
+        _launch_numba_threads()
+        prev = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(self.n, numba.config.NUMBA_NUM_THREADS)))
+        self._undo.append(lambda: numba.set_num_threads(prev))
+
+    def limit_faiss(self, faiss: Any) -> None:
+        """FAISS's OpenMP threads (process-wide), once; restored on exit."""
+        if self._faiss or not hasattr(faiss, "omp_set_num_threads"):
+            return
+        self._faiss = True
+        prev = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(self.n)
+        self._undo.append(lambda: faiss.omp_set_num_threads(prev))
+
+    def close(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def _launch_numba_threads() -> None:
+    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``).
+
+    numba's OpenMP layer loads its own libgomp when its threads start, and libgomp reads the policy then. With the
+    default (active) policy a thread that reaches the end of a parallel loop first spins, taking its core from the
+    threads still working whenever the cores are shared with other jobs: a parallel fit can then be many times slower
+    than a serial one. Passive waiting costs a wake-up (microseconds) per parallel loop instead. The variable is
+    restored right after, so other OpenMP libraries and child processes never see it.
+    """
+    try:
+        from numba.np.ufunc import parallel
+    except ImportError:  # pragma: no cover - layout of other numba versions
+        return
+    if getattr(parallel, "_is_initialized", True) or "OMP_WAIT_POLICY" in os.environ:
+        return
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        parallel._launch_threads()
+    finally:
+        del os.environ["OMP_WAIT_POLICY"]
+
+
+_CONTROLLER: list[Any] = [None, -1]  # threadpoolctl's controller and len(sys.modules) when it was made
+
+
+def threadpool_controller() -> Any:
+    """The ``ThreadpoolController`` of threadpoolctl (BLAS and OpenMP libraries of the process), or None without it.
+
+    Finding the libraries walks every loaded shared object (~10 ms), so the controller is kept and made again only when
+    modules were imported since (a new native library comes with an import).
+    """
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+            return None
+        _CONTROLLER[0] = ThreadpoolController()
+        _CONTROLLER[1] = len(sys.modules)
+    return _CONTROLLER[0]
+
+
+_SCOPE: contextvars.ContextVar[_ThreadScope | None] = contextvars.ContextVar("gpuc_cpu_threads", default=None)
+
+
+def current_n_jobs() -> int:
+    """The CPU threads of the enclosing :func:`cpu_threads` block, else those of ``gpuc.settings.n_jobs``."""
+    scope = _SCOPE.get()
+    return scope.n if scope is not None else resolve_n_jobs(None)
+
+
+@contextlib.contextmanager
+def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
+    """Run the enclosed CPU work on ``resolve_n_jobs(n_jobs)`` threads; yields that number.
+
+    Sets numba's threads (for the calling thread, when numba is loaded or as soon as a kernel loader loads it), the
+    BLAS and OpenMP thread pools through threadpoolctl (a scikit-learn dependency; skipped when absent) and FAISS's
+    threads (:meth:`_ThreadScope.limit_faiss`, called where FAISS is used), and restores all of them on exit. Inside
+    an enclosing block with the same count it does nothing. The parallel kernels merge their per-thread partial results
+    in a fixed order, so the thread count never changes a result.
+    """
+    n = resolve_n_jobs(n_jobs)
+    outer = _SCOPE.get()
+    if outer is not None and outer.n == n:
+        yield n
+        return
+    scope = _ThreadScope(n)
+    token = _SCOPE.set(scope)
+    with contextlib.ExitStack() as stack:
+        controller = threadpool_controller()
+        if controller is not None:
+            stack.enter_context(controller.limit(limits=n))
+        try:
+            if "numba" in sys.modules:
+                scope.limit_numba()
+            yield n
+        finally:
+            scope.close()
+            _SCOPE.reset(token)
+
+
+def limit_faiss_threads(faiss: Any) -> None:
+    """Give FAISS the threads of the enclosing :func:`cpu_threads` block (nothing outside one)."""
+    scope = _SCOPE.get()
+    if scope is not None:
+        scope.limit_faiss(faiss)
+
+
+def threaded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an engine entry point inside ``cpu_threads(n_jobs)``, ``n_jobs`` being its keyword argument (default None).
+
+    The engine keeps ``n_jobs`` in its signature (and passes it on, e.g. to nested engine calls, which then find the
+    same thread count and change nothing).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with cpu_threads(kwargs.get("n_jobs")):
+            return fn(*args, **kwargs)
+
+    return wrapper

@@ -98,6 +98,11 @@ def test_shared_parameter_names_and_defaults(name: str, func: Callable) -> None:
         p = params["device"]
         assert p.default is None, f"{name}: device=None means gpuc.settings.device"
         assert "None" in str(p.annotation), f"{name}: device is annotated `Device | None`"
+        assert "n_jobs" in params, f"{name}: every tool with a device also takes n_jobs (CPU threads)"
+    if "n_jobs" in params:
+        p = params["n_jobs"]
+        assert p.default is None, f"{name}: n_jobs=None means gpuc.settings.n_jobs"
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY and "None" in str(p.annotation), name
     if "random_state" in params:
         assert params["random_state"].default == 0 and "SeedLike" in str(params["random_state"].annotation), name
     if "mask_var" in params:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gpuc._backend import Backend
+from gpuc._utils import threaded
 from gpuc.deseq._design import Design, build_design, contrast_vector
 from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
 
@@ -116,6 +117,7 @@ def plan_analysis(
     return AnalysisPlan(dsg, contrasts, red)
 
 
+@threaded
 def run_analysis(
     backend: Backend,
     counts: Any,
@@ -133,9 +135,12 @@ def run_analysis(
     lfc_threshold: float = 0.0,
     alt_hypothesis: str = "greaterAbs",
     lfc_shrink: str | None = None,
+    n_jobs: int | None = None,
 ) -> Analysis:
     """Fit DESeq2 on samples x genes ``counts`` and test every contrast of ``plan`` (Wald, or the likelihood-ratio
     test when the plan has a reduced design); with ``lfc_shrink`` the tables also get shrunken fold changes.
+    ``n_jobs``: CPU threads (gene blocks in parallel, :func:`gpuc._utils.cpu_threads`); per-gene results do not depend
+    on it.
     """
     test = "wald" if plan.reduced is None else "lrt"
     fit = run_deseq(

@@ -3,30 +3,25 @@ release the GIL).
 
 Every gene is solved independently, so blocks give the same per-gene results as one call. Blocks of about 2^16
 matrix entries keep the many elementwise temporaries of a Newton step in cache (faster and far less memory than
-whole-matrix temporaries). On the GPU the whole batch is one call.
+whole-matrix temporaries). On the GPU the whole batch is one call. The number of threads follows ``n_jobs``
+(:func:`gpuc._utils.cpu_threads`); results are per gene, so they do not depend on it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gpuc._backend import Backend
+from gpuc._utils import current_n_jobs
 
 BLOCK_ENTRIES = 2**16
 
 
 def n_threads() -> int:
-    """Threads for the CPU engine: ``GPUC_NUM_THREADS`` or the number of CPUs (at most 8)."""
-    env = os.environ.get("GPUC_NUM_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return max(1, min(len(os.sched_getaffinity(0)), 8))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, min(os.cpu_count() or 1, 8))
+    """Threads for the CPU engine: those of the enclosing ``cpu_threads(n_jobs)`` block, else ``gpuc.settings.n_jobs``."""
+    return current_n_jobs()
 
 
 def gene_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc._utils import threaded
 from gpuc.deseq._dispersion import DispersionFunction, dispersion_mu, fit_log_alpha, fit_trend, rough_moments_init
 
 
@@ -55,6 +56,7 @@ def vst_transform(bk: Backend, y: Any, sf: Any, trend: DispersionFunction) -> An
     return bk.asarray(eta * spl(np.arcsinh(qh)) + xi)
 
 
+@threaded
 def variance_stabilize(
     bk: Backend,
     counts: Any,
@@ -62,12 +64,14 @@ def variance_stabilize(
     size_factors: np.ndarray | None = None,
     trend: DispersionFunction | None = None,
     fit_type: str = "parametric",
+    n_jobs: int | None = None,
 ) -> tuple[np.ndarray, DispersionFunction, str | None]:
     """R's ``varianceStabilizingTransformation`` of samples x genes ``counts``.
 
     Blind (``trend=None``): median-of-ratios size factors and a dispersion trend fitted with an intercept-only
     design. Otherwise the given size factors and trend of an earlier fit are used. Returns the transformed values
-    (samples x genes, host numpy), the trend and a note when the trend fit fell back to another type.
+    (samples x genes, host numpy), the trend and a note when the trend fit fell back to another type. ``n_jobs``: CPU
+    threads (:func:`gpuc._utils.cpu_threads`).
     """
     from gpuc.deseq._pipeline import compute_size_factors
 

@@ -5,6 +5,11 @@ operation order, no fast-math), so the picks are identical; they only avoid the 
 numpy needs. The kernels are module-level so that numba's disk cache serves fresh processes; the solver imports this
 module on first use through a loader that gives ``None`` when numba cannot be imported, and then uses its array code
 (the same code the GPU runs).
+
+Parallel (numba ``prange``, on the threads that :func:`gpuc._utils.cpu_threads` sets from ``n_jobs``): the A-update
+over cells (each cell's steps are independent), the B-update over fixed row chunks whose column minima are merged in
+chunk order keeping the earlier row on ties (so the picks are those of one serial pass, whatever the thread count),
+and the row-independent products. ``gram_of_columns`` stays serial: its sums over cells would change order.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+N_CHUNKS = 16  # row chunks of the B-update kernels (any number gives the same picks)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -23,12 +30,12 @@ def fw_blend(y: float, z: float, gam: float) -> float:  # pragma: no cover - com
     return y + d
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def fw_a_block(q: Any, p: Any, qa: Any, picks: Any, s0: int) -> None:  # pragma: no cover - compiled
-    """T Frank-Wolfe steps of the A-update for the cells of one block (rows of ``qa``/``p``), one cell at a time."""
+    """T Frank-Wolfe steps of the A-update for the cells of one block (rows of ``qa``/``p``), cells in parallel."""
     c, k = qa.shape
     n_steps = picks.shape[0]
-    for i in range(c):
+    for i in prange(c):
         for t in range(n_steps):
             best = np.inf
             bi = 0
@@ -51,36 +58,52 @@ def fw_a_block(q: Any, p: Any, qa: Any, picks: Any, s0: int) -> None:  # pragma:
 
 
 @njit(cache=True, nogil=True)
+def merge_argmin(best: Any, idx: Any) -> Any:  # pragma: no cover - compiled
+    """Per-column argmin over row chunks ``(n_chunks, k)`` in chunk order: strict ``<`` keeps the earlier chunk (the
+    earlier row) on ties, numpy's first-index rule, so the result is that of one pass over all rows.
+    """
+    out = idx[0].copy()
+    val = best[0].copy()
+    for c in range(1, best.shape[0]):
+        for j in range(best.shape[1]):
+            if best[c, j] < val[j]:
+                val[j] = best[c, j]
+                out[j] = idx[c, j]
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def col_argmin_diff(y: Any, s: Any) -> Any:  # pragma: no cover - compiled
-    """Column argmin of ``y - s`` (first index on ties, as numpy)."""
+    """Column argmin of ``y - s`` (first index on ties, as numpy); row chunks in parallel."""
     n, k = y.shape
-    best = np.full(k, np.inf)
-    idx = np.zeros(k, dtype=np.int64)
-    for i in range(n):
-        for j in range(k):
-            g = y[i, j] - s[i, j]
-            if g < best[j]:
-                best[j] = g
-                idx[j] = i
-    return idx
+    n_chunks = max(1, min(N_CHUNKS, n))
+    best = np.full((n_chunks, k), np.inf)
+    idx = np.zeros((n_chunks, k), dtype=np.int64)
+    for c in prange(n_chunks):
+        for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
+            for j in range(k):
+                g = y[i, j] - s[i, j]
+                if g < best[c, j]:
+                    best[c, j] = g
+                    idx[c, j] = i
+    return merge_argmin(best, idx)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def fw_b_step(
     y: Any, s: Any, indptr: Any, indices: Any, data: Any, r: Any, gam: float, first: bool
 ) -> Any:  # pragma: no cover
     """One B-step: ``y += gam (K[:, picks] R - y)`` (``y = ...`` when ``first``), then the column argmin of
-    ``y - s``. ``(indptr, indices, data)`` is K[:, picks] as an (n, k) CSR matrix. Row chunks are merged keeping
-    the earliest row on ties (numpy's rule).
+    ``y - s``. ``(indptr, indices, data)`` is K[:, picks] as an (n, k) CSR matrix. Row chunks run in parallel and
+    are merged keeping the earliest row on ties (numpy's rule).
     """
     n, k = y.shape
-    n_chunks = 1  # one row chunk: chunks would merge like blocks, in order
-    step = (n + n_chunks - 1) // n_chunks
+    n_chunks = max(1, min(N_CHUNKS, n))
     best = np.full((n_chunks, k), np.inf)
     idx = np.zeros((n_chunks, k), dtype=np.int64)
-    for c in range(n_chunks):
+    for c in prange(n_chunks):
         z = np.zeros(k)
-        for i in range(c * step, min(n, (c + 1) * step)):
+        for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             for j in range(k):
                 z[j] = 0.0
             for pp in range(indptr[i], indptr[i + 1]):
@@ -95,54 +118,57 @@ def fw_b_step(
                 if g < best[c, j]:
                     best[c, j] = g
                     idx[c, j] = i
-    out = idx[0].copy()
-    val = best[0].copy()
-    for c in range(1, n_chunks):
-        for j in range(k):
-            if best[c, j] < val[j]:
-                val[j] = best[c, j]
-                out[j] = idx[c, j]
-    return out
+    return merge_argmin(best, idx)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def fw_b_step_restricted(
     y: Any, s_ip: Any, s_ix: Any, s_dx: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, k: int
 ) -> Any:  # pragma: no cover - compiled
     """:func:`fw_b_step` on the stored entries of ``S = K A^T`` only (``y`` holds K B R on that pattern).
 
     Returns the column minima of ``y - s`` over the pattern and their rows (first row on ties). Off the
-    pattern the gradient is ``K B R >= 0``, so a negative pattern minimum is the column's true minimum.
+    pattern the gradient is ``K B R >= 0``, so a negative pattern minimum is the column's true minimum. Row chunks
+    run in parallel and are merged in chunk order (the earlier row keeps a tie).
     """
     n = s_ip.shape[0] - 1
-    best = np.full(k, np.inf)
-    idx = np.zeros(k, dtype=np.int64)
+    n_chunks = max(1, min(N_CHUNKS, n))
+    best_c = np.full((n_chunks, k), np.inf)
+    idx_c = np.zeros((n_chunks, k), dtype=np.int64)
     width = 0
     for i in range(n):
         width = max(width, s_ip[i + 1] - s_ip[i])
-    z = np.zeros(max(width, 1))
-    for i in range(n):
-        a0 = s_ip[i]
-        w = s_ip[i + 1] - a0
-        for p in range(w):
-            z[p] = 0.0
-        for q in range(ip[i], ip[i + 1]):
-            m = ix[q]
-            v = dx[q]
+    for c in prange(n_chunks):
+        z = np.zeros(max(width, 1))
+        for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
+            a0 = s_ip[i]
+            w = s_ip[i + 1] - a0
             for p in range(w):
-                z[p] += v * r[m, s_ix[a0 + p]]
-        for p in range(w):
-            yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
-            y[a0 + p] = yv
-            g = yv - s_dx[a0 + p]
-            j = s_ix[a0 + p]
-            if g < best[j]:
-                best[j] = g
-                idx[j] = i
+                z[p] = 0.0
+            for q in range(ip[i], ip[i + 1]):
+                m = ix[q]
+                v = dx[q]
+                for p in range(w):
+                    z[p] += v * r[m, s_ix[a0 + p]]
+            for p in range(w):
+                yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
+                y[a0 + p] = yv
+                g = yv - s_dx[a0 + p]
+                j = s_ix[a0 + p]
+                if g < best_c[c, j]:
+                    best_c[c, j] = g
+                    idx_c[c, j] = i
+    idx = merge_argmin(best_c, idx_c)
+    best = np.empty(k)
+    for j in range(k):
+        best[j] = np.inf
+        for c in range(n_chunks):
+            if best_c[c, j] < best[j]:
+                best[j] = best_c[c, j]
     return best, idx
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def dense_columns_step(
     ycols: Any, cols: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, replace: bool
 ) -> None:  # pragma: no cover - compiled
@@ -153,17 +179,19 @@ def dense_columns_step(
     """
     n = ip.shape[0] - 1
     m_cols = cols.shape[0]
-    z = np.zeros(m_cols)
-    for i in range(n):
-        for c in range(m_cols):
-            z[c] = 0.0
-        for q in range(ip[i], ip[i + 1]):
-            m = ix[q]
-            v = dx[q]
+    n_chunks = max(1, min(N_CHUNKS, n))
+    for ch in prange(n_chunks):  # rows are independent
+        z = np.zeros(m_cols)
+        for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
             for c in range(m_cols):
-                z[c] += v * r[m, cols[c]]
-        for c in range(m_cols):
-            ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
+                z[c] = 0.0
+            for q in range(ip[i], ip[i + 1]):
+                m = ix[q]
+                v = dx[q]
+                for c in range(m_cols):
+                    z[c] += v * r[m, cols[c]]
+            for c in range(m_cols):
+                ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
 
 
 @njit(cache=True, nogil=True)
@@ -179,12 +207,12 @@ def gram_of_columns(indptr: Any, indices: Any, data: Any, k: int) -> Any:  # pra
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def csr_times_csr_dense(ip: Any, ix: Any, dx: Any, jp: Any, jx: Any, dj: Any, k: int) -> Any:  # pragma: no cover
-    """Dense ``X @ Y`` of two CSR matrices (n x m) and (m x k), accumulated in scipy's order."""
+    """Dense ``X @ Y`` of two CSR matrices (n x m) and (m x k), accumulated in scipy's order; rows in parallel."""
     n = ip.shape[0] - 1
     out = np.zeros((n, k))
-    for i in range(n):
+    for i in prange(n):
         for p in range(ip[i], ip[i + 1]):
             j = ix[p]
             v = dx[p]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc._utils import limit_faiss_threads
 
 
 @dataclass
@@ -28,6 +29,13 @@ def compute_knn(backend: Backend, x: Any, n_neighbors: int, *, method: str = "au
     """
     if backend.is_gpu and method == "auto":
         method = "exact"
+    if not backend.is_gpu:  # FAISS's OpenMP threads follow n_jobs (cpu_threads), when FAISS is there
+        try:
+            import faiss
+        except ImportError:  # pragma: no cover - faiss-cpu is a dependency
+            pass
+        else:
+            limit_faiss_threads(faiss)
     dist, idx = backend.knn(x, min(n_neighbors, x.shape[0]), method=method)
     return KnnResult(backend.asarray(dist), backend.asarray(idx))
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc._utils import threaded
 from gpuc.metacells._init import initial_archetypes
 from gpuc.metacells._kernel import KnnResult, build_kernel, compute_knn
 from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit
@@ -45,6 +46,7 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     return dense + 12.0 * n * per_cell
 
 
+@threaded
 def run_metacells(
     backend: Backend,
     x: Any,
@@ -64,13 +66,15 @@ def run_metacells(
     knn_method: str = "auto",
     knn: KnnResult | None = None,
     callback: Any = None,
+    n_jobs: int | None = None,
 ) -> MetacellResult:
     """SEACells 0.3.3 on the rows of ``x`` (see :func:`gpuc.tl.metacells` for the parameters).
 
     ``np.random.RandomState(random_state)`` is consumed like SEACells consumes the global RNG after
     ``np.random.seed(random_state)`` (waypoint permutation, then the dense random A0), so the defaults reproduce a
     SEACells run seeded that way, given the same kNN. ``knn`` (e.g. from :func:`knn_from_graph`) replaces the exact
-    kNN; it needs ``n_neighbors`` columns, 30 with ``init="waypoint"`` (Palantir's diffusion map).
+    kNN; it needs ``n_neighbors`` columns, 30 with ``init="waypoint"`` (Palantir's diffusion map). ``n_jobs``: CPU threads of the kNN (FAISS), the compiled
+    Frank-Wolfe kernels (cells of the A-update, row chunks of the B-update) and BLAS; the picks do not depend on it.
     """
     timings: dict[str, float] = {}
     t0 = time.perf_counter()

@@ -13,12 +13,18 @@ import pandas as pd
 import scipy.sparse as sp
 
 from gpuc._backend import Backend
+from gpuc._utils import threaded
 from gpuc.metacells._init import diffusion_components, multiscale_space
 from gpuc.metacells._kernel import compute_knn
 
 
-def diffusion_space(backend: Backend, x: Any, *, n_components: int = 10, knn: int = 30, n_eigs: int = 10) -> np.ndarray:
-    """Palantir ``run_diffusion_maps(n_components=10, knn=30)`` then ``determine_multiscale_space(n_eigs=10)``."""
+@threaded
+def diffusion_space(
+    backend: Backend, x: Any, *, n_components: int = 10, knn: int = 30, n_eigs: int = 10, n_jobs: int | None = None
+) -> np.ndarray:
+    """Palantir ``run_diffusion_maps(n_components=10, knn=30)`` then ``determine_multiscale_space(n_eigs=10)``
+    (``n_jobs``: CPU threads, :func:`gpuc._utils.cpu_threads`).
+    """
     nn = compute_knn(backend, x, min(knn, x.shape[0]))
     vals, vecs = diffusion_components(backend, nn, n_components=n_components, knn_dm=min(knn, x.shape[0]))
     return np.asarray(backend.to_host(multiscale_space(vals, vecs, n_eigs)))

@@ -205,11 +205,14 @@ def _picked_kernel_columns(backend: Backend, kmat: Any, picked: Any) -> Any:
     return ka
 
 
-def _update_b_restricted(backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any) -> Any:
+def _update_b_restricted(
+    backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any, kb: Any = None
+) -> Any:
     """The ``gradient="restricted"`` B-update of :func:`update_b` (CPU, numba kernels); ``s_csr`` is K A^T."""
     sparse = backend.sparse
     n, k = s_csr.shape
-    kb = sparse.csr_matrix(kmat @ b_prev)
+    if kb is None:
+        kb = sparse.csr_matrix(kmat @ b_prev)
     y = np.empty(s_csr.nnz)
     picks = np.empty((n_steps, k), dtype=np.int64)
     dead = ~np.asarray(r != 0).any(axis=0)  # archetypes no cell uses: K B R = 0 = K A^T in that column, argmin 0
@@ -262,6 +265,7 @@ def update_b(
     gradient: str = "auto",
     r: Any = None,
     s_mat: Any = None,
+    kb: Any = None,
 ) -> Any:
     """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
 
@@ -279,7 +283,7 @@ def update_b(
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
-    dense path) may be passed when already computed.
+    dense path) and ``kb = K B_prev`` (sparse) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
     fused = _fused(backend)
@@ -294,10 +298,12 @@ def update_b(
         if r is None:
             r = gram(backend, a)
         s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
-        return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr)
+        return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr, kb)
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
-    y = xp.ascontiguousarray(xp.asarray(sparse.csr_matrix(kmat @ b_prev) @ r))  # K B R: (K B) is sparse, O(nnz k)
+    if kb is None:
+        kb = sparse.csr_matrix(kmat @ b_prev)
+    y = xp.ascontiguousarray(xp.asarray(kb @ r))  # K B R: (K B) is sparse, O(nnz k)
     picks = xp.empty((n_steps, k), dtype=xp.int64)
     if fused is not None:
         picks[0] = fused.col_argmin_diff(y, s_mat)
@@ -430,8 +436,10 @@ def fit(
     else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
         block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
     b = one_hot_b(backend, archetypes, n, k)
-    a = update_a(backend, kmat, b, a0, fw_iters, block=block_a)
-    rss = [rss_reduced(backend, kmat, m_sq, a, b)]
+    # K B (sparse) serves the A-update, the B-update and the RSS of the same B: computed once per B
+    kb = sparse.csr_matrix(kmat @ b)
+    a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb)
+    rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb)]
     threshold = convergence_epsilon * rss[0]
     converged = False
     n_iter = 0
@@ -439,14 +447,15 @@ def fit(
     while (not converged and n_iter < max_iter) or n_iter < min_iter:
         t0 = time.perf_counter()
         n_iter += 1
-        a = update_a(backend, kmat, b, a, fw_iters, block=block_a)
+        a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb)
         if _restricted_gradient(gradient, _fused(backend), n, k):
             r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
         else:
             r, s_mat = gram_and_s(backend, kmat, a)
-        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat)
+        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat, kb=kb)
         del s_mat
-        rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r))
+        kb = sparse.csr_matrix(kmat @ b)
+        rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb))
         secs.append(time.perf_counter() - t0)
         if callback is not None:
             callback(n_iter, rss[-1])

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpuc._backend import Backend, get_backend, to_host
+from gpuc._utils import threaded
 from gpuc.nmf._hals import TOL, UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
@@ -75,6 +76,16 @@ class ConsensusResult:
     table: dict[str, np.ndarray]
     params: dict[str, Any] = field(default_factory=dict)
     distances: np.ndarray | None = None
+
+
+def _one_openmp_thread() -> Any:
+    """scikit-learn's OpenMP loops on one thread (a no-op context without threadpoolctl)."""
+    import contextlib
+
+    from gpuc._utils import threadpool_controller
+
+    controller = threadpool_controller()
+    return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="openmp")
 
 
 def n_neighbors_for(n_runs: int, fraction: float = 0.3) -> int:
@@ -160,6 +171,7 @@ def cluster_median(xp: Any, unit: Any, labels_h: np.ndarray, k: int) -> tuple[An
     return out, n_empty
 
 
+@threaded
 def consensus(
     backend: Backend,
     op: Operator,
@@ -177,6 +189,7 @@ def consensus(
     refit_tol: float = 1e-6,
     density: PoolDensity | None = None,
     refit: bool = True,
+    n_jobs: int | None = None,
 ) -> ConsensusResult:
     """Consensus programmes from a batch of restarts.
 
@@ -186,7 +199,9 @@ def consensus(
     (the stability), per-cluster per-coordinate median,
     rows rescaled (``normalization``: ``"sum"`` to sum 1 like cNMF, ``"l2"`` to unit norm like bixverse), then the
     partner factor refitted by NNLS against the fixed consensus. Programmes are ordered by total usage after
-    normalising each cell's usage to sum 1 (cNMF's order).
+    normalising each cell's usage to sum 1 (cNMF's order). ``n_jobs``: CPU threads (:func:`gpuc._utils.cpu_threads`);
+    the k-means runs on one thread whatever it is (scikit-learn merges its threads' partial sums in whichever order
+    they finish, so its result could depend on the thread count).
 
     Raises
     ------
@@ -243,6 +258,7 @@ def pool_density(
     )
 
 
+@threaded
 def consensus_of_pool(
     backend: Backend,
     op: Operator,
@@ -258,8 +274,11 @@ def consensus_of_pool(
     refit_max_iter: int = 1000,
     refit_tol: float = 1e-6,
     refit: bool = True,
+    n_jobs: int | None = None,
 ) -> ConsensusResult:
-    """The steps of :func:`consensus` after the local density: filter, k-means, silhouette, median, NNLS refit."""
+    """The steps of :func:`consensus` after the local density: filter, k-means, silhouette, median, NNLS refit
+    (``n_jobs`` as in :func:`consensus`).
+    """
     xp = get_backend("cpu").xp
     dens = density.density
     kept = np.isfinite(dens) & (dens < density_threshold)
@@ -276,7 +295,9 @@ def consensus_of_pool(
     unit_k = density.unit[ki]
     from sklearn.cluster import KMeans
 
-    km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state).fit(np.asarray(unit_k))
+    km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state)
+    with _one_openmp_thread():
+        km.fit(np.asarray(unit_k))
     labels_h = np.asarray(km.labels_, dtype=np.int64)
     sil_h = silhouette(density.dist[ki][:, ki], labels_h)
     stability = float(sil_h.mean())
@@ -404,6 +425,7 @@ def consensus_peak_bytes(k: int, n_runs: int, shape: tuple[int, int], target: Ta
     return 16.0 * pool * dim + 32.0 * pool * pool
 
 
+@threaded
 def run_ks(
     backend: Backend,
     op: Operator,
@@ -418,11 +440,13 @@ def run_ks(
     warmup: int = WARMUP,
     update_order: str = UPDATE_ORDER,
     progress: Any = None,
+    n_jobs: int | None = None,
 ) -> list[HalsResult]:
     """All restarts of the ranks ``ks``, fitted in one batch (HALS options as in :func:`fit_hals_groups`).
 
     Run ``i`` of rank ``k`` is seeded from ``(random_state, k, i)`` only, and every run's iterates are independent
-    of the others in the batch, so a k's result does not depend on which other ranks are fitted with it.
+    of the others in the batch, so a k's result does not depend on which other ranks are fitted with it. ``n_jobs``:
+    CPU threads of the fused kernels (row chunks in parallel) and of BLAS (:func:`gpuc._utils.cpu_threads`).
     """
     from gpuc._utils import derive_seed
 

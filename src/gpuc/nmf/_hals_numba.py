@@ -15,24 +15,27 @@ The ``C`` columns hold groups of runs, each group of one rank (a k sweep fits al
 walking a CSR row costs about as much as tens of factor columns, so a wider row amortises it (docs/benchmarks.md,
 "Where the time goes").
 
-Rows are split into a fixed number of chunks, each chunk accumulates its own partial Grams and the partials are added
-in chunk order, so results do not depend on which runs or groups share the batch (every sum is per run) nor on how
-many threads run the chunks.
+Rows are split into a fixed number of chunks (``N_CHUNKS``), which run in parallel (numba ``prange``, on the threads
+that :func:`gpuc._utils.cpu_threads` sets from ``n_jobs``); each chunk accumulates its own partial Grams and the
+partials are added in chunk order, so results do not depend on which runs or groups share the batch (every sum is
+per run) nor on how many threads run the chunks. Rows are independent otherwise (each writes only its own factor row).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 N_CHUNKS = 16
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def sweep(x, q, g, eps):  # pragma: no cover - compiled
-    """The CPU twin of :func:`gpuc.nmf._hals.sweep` (no mask), in place on ``x: (rows, R, k)``."""
+    """The CPU twin of :func:`gpuc.nmf._hals.sweep` (no mask), in place on ``x: (rows, R, k)``; rows in parallel (each
+    row is independent, so any thread count gives the same result).
+    """
     rows, n_runs, k = x.shape
-    for i in range(rows):
+    for i in prange(rows):
         for r in range(n_runs):
             for c in range(k):
                 d = g[r, c, c]
@@ -176,6 +179,41 @@ def _finish_gram(part, gk, gr0, gnr, n_runs):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _spectra_rows(
+    ch, nch, indptr, indices, data, w_hat, gt, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner, part
+):  # pragma: no cover - compiled
+    # rows ch * n // nch .. (ch + 1) * n // nch of spectra_half, partial Grams into part[ch]
+    n = ht.shape[0]
+    n_groups = gk.shape[0]
+    kmax = gt.shape[1]
+    rmax = gt.shape[3]
+    buf = np.empty(ht.shape[1], dtype=ht.dtype)
+    qt = np.empty((kmax, rmax), dtype=ht.dtype)
+    xt = np.empty((kmax, rmax), dtype=ht.dtype)
+    acc = np.empty(rmax)
+    for j in range(ch * n // nch, (ch + 1) * n // nch):
+        _row_product(indptr, indices, data, w_hat, j, buf)
+        hh = h_hat[j]
+        hc = ht[j]
+        for q in range(n_groups):
+            k = gk[q]
+            nr = gnr[q]
+            r0 = gr0[q]
+            _group_sweep(buf, hh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
+            for r in range(nr):
+                b = beta[r0 + r] if extrap else 0.0
+                o = roff[r0 + r]
+                for c in range(rk[r0 + r]):
+                    xv = xt[c, r]
+                    t = o + c
+                    xh = xv + b * (xv - hc[t]) if extrap else xv
+                    hh[t] = xh
+                    hc[t] = xv
+                    xt[c, r] = xh
+            _gram_add(part, ch, q, xt, nr, k)
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def spectra_half(
     indptr, indices, data, w_hat, g_w, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner
 ):  # pragma: no cover
@@ -184,47 +222,100 @@ def spectra_half(
     ``w_hat``, ``ht``, ``h_hat`` are ``(rows, C)``; run ``r`` owns columns ``roff[r]:roff[r] + rk[r]``. Runs are
     processed in lane groups: group ``q`` is runs ``gr0[q]:gr0[q] + gnr[q]`` swept side by side at rank ``gk[q]``
     (the largest of its runs'; smaller ranks are zero-padded, which adds exact zeros). ``g_w`` is the padded per-run
-    Gram
-    ``(R, kmax, kmax)``. Returns the float64 Gram of the new ``h_hat``, padded ``(R, kmax, kmax)``.
+    Gram ``(R, kmax, kmax)``. Returns the float64 Gram of the new ``h_hat``, padded ``(R, kmax, kmax)``.
     """
     n = ht.shape[0]
-    n_cols = ht.shape[1]
-    n_runs = beta.shape[0]
-    n_groups = gk.shape[0]
-    kmax = g_w.shape[1]
-    rmax = max(gnr.max(), 1)
     nch = min(N_CHUNKS, n)
     gt = _group_grams(g_w, gk, gr0, gnr, ht)
-    part = np.zeros((nch, n_groups, kmax, kmax, rmax))
-    for ch in range(nch):
-        buf = np.empty(n_cols, dtype=ht.dtype)
-        qt = np.empty((kmax, rmax), dtype=ht.dtype)
-        xt = np.empty((kmax, rmax), dtype=ht.dtype)
-        acc = np.empty(rmax)
-        for j in range(ch * n // nch, (ch + 1) * n // nch):
-            _row_product(indptr, indices, data, w_hat, j, buf)
-            hh = h_hat[j]
-            hc = ht[j]
-            for q in range(n_groups):
-                k = gk[q]
-                nr = gnr[q]
-                r0 = gr0[q]
-                _group_sweep(buf, hh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
-                for r in range(nr):
-                    b = beta[r0 + r] if extrap else 0.0
-                    o = roff[r0 + r]
-                    for c in range(rk[r0 + r]):
-                        xv = xt[c, r]
-                        t = o + c
-                        xh = xv + b * (xv - hc[t]) if extrap else xv
-                        hh[t] = xh
-                        hc[t] = xv
-                        xt[c, r] = xh
-                _gram_add(part, ch, q, xt, nr, k)
-    return _finish_gram(part, gk, gr0, gnr, n_runs)
+    part = np.zeros((nch, gk.shape[0], g_w.shape[1], g_w.shape[1], gt.shape[3]))
+    for ch in prange(nch):  # row chunks in parallel (the serial chunk kernel keeps the parallel region small)
+        _spectra_rows(
+            ch,
+            nch,
+            indptr,
+            indices,
+            data,
+            w_hat,
+            gt,
+            ht,
+            h_hat,
+            beta,
+            extrap,
+            eps,
+            gk,
+            gr0,
+            gnr,
+            rk,
+            roff,
+            n_inner,
+            part,
+        )
+    return _finish_gram(part, gk, gr0, gnr, beta.shape[0])
 
 
 @njit(cache=True, nogil=True)
+def _usage_rows(
+    ch,
+    nch,
+    indptr,
+    indices,
+    data,
+    h_hat,
+    gt,
+    w,
+    w_hat,
+    beta,
+    eps,
+    gk,
+    gr0,
+    gnr,
+    rk,
+    roff,
+    n_inner,
+    p_cross,
+    p_new,
+    p_hat,
+):  # pragma: no cover - compiled
+    # rows ch * m // nch .. (ch + 1) * m // nch of usage_half, partial sums into p_cross[ch], p_new[ch], p_hat[ch]
+    m = w.shape[0]
+    n_groups = gk.shape[0]
+    kmax = gt.shape[1]
+    rmax = gt.shape[3]
+    buf = np.empty(w.shape[1], dtype=w.dtype)
+    qt = np.empty((kmax, rmax), dtype=w.dtype)
+    xt = np.empty((kmax, rmax), dtype=w.dtype)
+    xh = np.empty((kmax, rmax), dtype=w.dtype)
+    acc = np.empty(rmax)
+    for i in range(ch * m // nch, (ch + 1) * m // nch):
+        _row_product(indptr, indices, data, h_hat, i, buf)
+        wh = w_hat[i]
+        wc = w[i]
+        for q in range(n_groups):
+            k = gk[q]
+            nr = gnr[q]
+            r0 = gr0[q]
+            _group_sweep(buf, wh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
+            for r in range(nr):
+                b = beta[r0 + r]
+                o = roff[r0 + r]
+                kr = rk[r0 + r]
+                s = 0.0
+                for c in range(kr):
+                    xv = xt[c, r]
+                    t = o + c
+                    s += np.float64(xv) * qt[c, r]
+                    xv_h = xv + b * (xv - wc[t])
+                    wh[t] = xv_h
+                    wc[t] = xv
+                    xh[c, r] = xv_h
+                for c in range(kr, k):
+                    xh[c, r] = 0
+                p_cross[ch, r0 + r] += s
+            _gram_add(p_new, ch, q, xt, nr, k)
+            _gram_add(p_hat, ch, q, xh, nr, k)
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def usage_half(
     indptr, indices, data, h_hat, g_h, w, w_hat, beta, eps, gk, gr0, gnr, rk, roff, n_inner
 ):  # pragma: no cover
@@ -234,50 +325,20 @@ def usage_half(
     ``(R, kmax, kmax)`` each).
     """
     m = w.shape[0]
-    n_cols = w.shape[1]
     n_runs = beta.shape[0]
-    n_groups = gk.shape[0]
-    kmax = g_h.shape[1]
-    rmax = max(gnr.max(), 1)
     nch = min(N_CHUNKS, m)
     gt = _group_grams(g_h, gk, gr0, gnr, w)
+    shape = (nch, gk.shape[0], g_h.shape[1], g_h.shape[1], gt.shape[3])
     p_cross = np.zeros((nch, n_runs))
-    p_new = np.zeros((nch, n_groups, kmax, kmax, rmax))
-    p_hat = np.zeros((nch, n_groups, kmax, kmax, rmax))
-    for ch in range(nch):
-        buf = np.empty(n_cols, dtype=w.dtype)
-        qt = np.empty((kmax, rmax), dtype=w.dtype)
-        xt = np.empty((kmax, rmax), dtype=w.dtype)
-        xh = np.empty((kmax, rmax), dtype=w.dtype)
-        acc = np.empty(rmax)
-        for i in range(ch * m // nch, (ch + 1) * m // nch):
-            _row_product(indptr, indices, data, h_hat, i, buf)
-            wh = w_hat[i]
-            wc = w[i]
-            for q in range(n_groups):
-                k = gk[q]
-                nr = gnr[q]
-                r0 = gr0[q]
-                _group_sweep(buf, wh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
-                for r in range(nr):
-                    b = beta[r0 + r]
-                    o = roff[r0 + r]
-                    kr = rk[r0 + r]
-                    s = 0.0
-                    for c in range(kr):
-                        xv = xt[c, r]
-                        t = o + c
-                        s += np.float64(xv) * qt[c, r]
-                        xv_h = xv + b * (xv - wc[t])
-                        wh[t] = xv_h
-                        wc[t] = xv
-                        xh[c, r] = xv_h
-                    for c in range(kr, k):
-                        xh[c, r] = 0
-                    p_cross[ch, r0 + r] += s
-                _gram_add(p_new, ch, q, xt, nr, k)
-                _gram_add(p_hat, ch, q, xh, nr, k)
+    p_new = np.zeros(shape)
+    p_hat = np.zeros(shape)
+    for ch in prange(nch):  # row chunks in parallel; partials merged in chunk order below
+        _usage_rows(
+            ch, nch, indptr, indices, data, h_hat, gt, w, w_hat, beta, eps, gk, gr0, gnr, rk, roff, n_inner, p_cross,
+            p_new, p_hat,
+        )  # fmt: skip
     cross = np.zeros(n_runs)
     for ch in range(nch):
-        cross += p_cross[ch]
+        for r in range(n_runs):
+            cross[r] += p_cross[ch, r]
     return cross, _finish_gram(p_new, gk, gr0, gnr, n_runs), _finish_gram(p_hat, gk, gr0, gnr, n_runs)

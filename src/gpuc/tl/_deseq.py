@@ -79,6 +79,7 @@ def deseq(
     max_iter: int = 100,
     groupby: str | None = None,
     device: Device | None = None,
+    n_jobs: int | None = None,
     key_added: str = _keys.DESEQ,
     copy: bool = False,
 ) -> AnnData | None:
@@ -140,6 +141,9 @@ def deseq(
         :func:`gpuc.get.deseq_results` takes the original name.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     key_added
         Prefix of every key written.
     copy
@@ -275,6 +279,7 @@ def deseq(
             lfc_threshold=lfc_threshold,
             alt_hypothesis=alt_hypothesis,
             lfc_shrink=lfc_shrink,
+            n_jobs=n_jobs,
         )
         for m in res.fit.messages:
             warnings.warn(m if g is None else f"group {g!r}: {m}", GpucWarning, stacklevel=2)
@@ -311,6 +316,7 @@ def deseq(
         "max_iter": int(max_iter),
         "groupby": groupby,
         "device": device,
+        "n_jobs": n_jobs,
     }
     _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
@@ -519,6 +525,7 @@ def vst(
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     key: str = _keys.DESEQ,
     device: Device | None = None,
+    n_jobs: int | None = None,
     key_added: str = _keys.VST,
     copy: bool = False,
 ) -> AnnData | None:
@@ -539,6 +546,9 @@ def vst(
         ``key_added`` of the :func:`deseq` run used when ``blind=False``.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     key_added
         Name of the layer written.
     copy
@@ -586,12 +596,21 @@ def vst(
         f"the VST of {adata.n_obs} samples x {adata.n_vars} genes",
         "Drop genes with low counts first, or transform subsets of genes separately.",
     )
-    out, trend, note = variance_stabilize(backend, counts, size_factors=sf, trend=trend, fit_type=fit_type)
+    out, trend, note = variance_stabilize(
+        backend, counts, size_factors=sf, trend=trend, fit_type=fit_type, n_jobs=n_jobs
+    )
     if note:
         warnings.warn(note, GpucWarning, stacklevel=2)
     adata = adata.copy() if copy else adata
     _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
     adata.layers[key_added] = out
-    params = {"layer": layer, "blind": bool(blind), "fit_type": fit_type, "key": key, "device": device}
+    params = {
+        "layer": layer,
+        "blind": bool(blind),
+        "fit_type": fit_type,
+        "key": key,
+        "device": device,
+        "n_jobs": n_jobs,
+    }
     adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend.to_dict()}
     return adata if copy else None

@@ -167,6 +167,7 @@ def metacells(
     knn_method: Literal["auto", "exact", "ivf"] = "auto",
     neighbors_key: str | None = None,
     device: Device | None = None,
+    n_jobs: int | None = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
     copy: bool = False,
@@ -225,6 +226,9 @@ def metacells(
         must be Euclidean on ``use_rep``; not with ``groupby``.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     random_state
         Seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once); the int
         used is recorded in ``params``. ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
@@ -353,7 +357,7 @@ def metacells(
                 res = run_metacells(
                     backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
                     min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
-                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, knn=knn, callback=_cb,
+                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, knn=knn, callback=_cb, n_jobs=n_jobs,
                 )  # fmt: skip
         for w in caught:
             msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
@@ -405,7 +409,7 @@ def metacells(
             "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
             "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
             "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method, "neighbors_key": neighbors_key,
-            "random_state": random_state, "device": device,
+            "random_state": random_state, "device": device, "n_jobs": n_jobs,
             "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
         },
         "device": backend.name,
@@ -620,6 +624,7 @@ def metacell_quality(
     use_rep: str | None = None,
     nth_neighbor: int = 1,
     device: Device | None = None,
+    n_jobs: int | None = None,
     key_added: str | None = None,
     inplace: bool = True,
     copy: bool = False,
@@ -643,6 +648,9 @@ def metacell_quality(
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     key_added
         ``uns`` key of the table; default ``key + "_quality"``.
     inplace
@@ -673,7 +681,7 @@ def metacell_quality(
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
-    dc = diffusion_space(backend, backend.asarray(x))
+    dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
     df = pd.DataFrame(index=pd.Index(order, name="metacell"))
     df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
     df["compactness"] = compactness(dc, labels, order).to_numpy()

@@ -190,6 +190,7 @@ def nmf_k_sweep(
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = None,
+    n_jobs: int | None = None,
     dtype: Any = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.NMF_K_SWEEP,
@@ -247,6 +248,9 @@ def nmf_k_sweep(
         k-means restarts for the consensus clustering.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
+    n_jobs
+        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
+        cores. Results do not depend on it.
     dtype
         Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
         in float64) or float64.
@@ -317,6 +321,7 @@ def nmf_k_sweep(
             warmup=warmup,
             update_order=update_order,
             progress=hals_bar.update,
+            n_jobs=n_jobs,
         )
         hals_bar.close()
         logg.debug(
@@ -334,6 +339,7 @@ def nmf_k_sweep(
                 density_threshold=float(density_threshold),
                 kmeans_n_init=kmeans_n_init,
                 random_state=random_state,
+                n_jobs=n_jobs,
             )
             rows.append(vars(row))
             bar.update(1)
@@ -370,6 +376,7 @@ def nmf_k_sweep(
             "dtype": None if dtype is None else str(np.dtype(dtype)),
             "random_state": random_state,
             "device": device,
+            "n_jobs": n_jobs,
         },
         "device": backend.name,
         "dtype": str(op.dtype),
@@ -408,6 +415,7 @@ def consensus_nmf(
     update_order: Literal["usages", "spectra"] = "usages",
     kmeans_n_init: int = 10,
     device: Device | None = None,
+    n_jobs: int | None = None,
     dtype: Any = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.NMF,
@@ -443,7 +451,7 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, dtype, random_state
+    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, n_jobs, dtype, random_state
         As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``.
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
@@ -511,6 +519,7 @@ def consensus_nmf(
         warmup=warmup,
         update_order=update_order,
         progress=bar.update,
+        n_jobs=n_jobs,
     )
     bar.close()
     params = {
@@ -533,6 +542,7 @@ def consensus_nmf(
         "dtype": None if dtype is None else str(np.dtype(dtype)),
         "random_state": random_state,
         "device": device,
+        "n_jobs": n_jobs,
     }
     runs = {
         "run_errors": fits.rel_errors.astype(np.float64),
@@ -579,6 +589,7 @@ def _consensus_and_write(
             normalization=params["normalization"],
             kmeans_n_init=int(params["kmeans_n_init"]),
             random_state=int(params["random_state"]),
+            n_jobs=params.get("n_jobs"),
         )
     except ConsensusError as err:
         raise ValueError(str(err)) from None
