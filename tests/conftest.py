@@ -167,3 +167,26 @@ def on_device(standin_gpu):
         return out
 
     return move
+
+
+def _planted_programs(n_cells: int, n_genes: int, k: int = 3, seed: int = 0):
+    """Poisson counts (sparse float32) from ``k`` planted programmes, every gene flagged highly variable."""
+    import anndata as ad
+    import numpy as np
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    spectra = np.full((k, n_genes), 0.05)
+    for j, block in enumerate(np.array_split(np.arange(n_genes), k)):
+        spectra[j, block] = rng.uniform(2, 6, block.size)
+    usage = rng.dirichlet(np.full(k, 0.3), n_cells) * rng.uniform(20, 40, (n_cells, 1))
+    a = ad.AnnData(sp.csr_matrix(rng.poisson(usage @ spectra).astype(np.float32)))
+    a.var_names = [f"g{j}" for j in range(n_genes)]
+    a.var["highly_variable"] = True
+    return a
+
+
+@pytest.fixture
+def planted_programs():
+    """``planted_programs(n_cells, n_genes, k=3, seed=0)``: small counts with planted NMF programmes."""
+    return _planted_programs

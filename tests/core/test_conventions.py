@@ -16,18 +16,6 @@ from gpuc._settings import settings
 from gpuc._utils import progress_enabled
 
 
-def _programs(n_cells: int = 80, n_genes: int = 30, k: int = 3, seed: int = 0) -> ad.AnnData:
-    rng = np.random.default_rng(seed)
-    spectra = np.full((k, n_genes), 0.05)
-    for j, block in enumerate(np.array_split(np.arange(n_genes), k)):
-        spectra[j, block] = rng.uniform(2, 6, block.size)
-    usage = rng.dirichlet(np.full(k, 0.3), n_cells) * rng.uniform(20, 40, (n_cells, 1))
-    a = ad.AnnData(sp.csr_matrix(rng.poisson(usage @ spectra).astype(np.float32)))
-    a.var_names = [f"g{j}" for j in range(n_genes)]
-    a.var["highly_variable"] = True
-    return a
-
-
 def _bulk(seed: int = 0) -> ad.AnnData:
     rng = np.random.default_rng(seed)
     x = rng.negative_binomial(5, 0.1, size=(8, 60))
@@ -52,8 +40,8 @@ def test_settings_device_is_followed_when_device_is_none(monkeypatch):
 
 
 # ---- random_state ---------------------------------------------------------------------------------------------------
-def test_random_state_forms_are_reproducible():
-    a = _programs()
+def test_random_state_forms_are_reproducible(planted_programs):
+    a = planted_programs(80, 30)
     gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", random_state=7, key_added="int")
     assert a.uns["int"]["params"]["random_state"] == 7
 
@@ -84,8 +72,8 @@ def test_random_state_forms_are_reproducible():
             gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", random_state=bad)
 
 
-def test_params_are_the_call_and_identical_between_identical_runs():
-    a = _programs()
+def test_params_are_the_call_and_identical_between_identical_runs(planted_programs):
+    a = planted_programs(80, 30)
     gpuc.tl.consensus_nmf(a, 3, n_runs=4, key_added="r1")
     gpuc.tl.consensus_nmf(a, 3, n_runs=4, key_added="r2")
     p1, p2 = a.uns["r1"]["params"], a.uns["r2"]["params"]

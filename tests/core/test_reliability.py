@@ -43,19 +43,6 @@ def _bulk(n_per: int = 4, n_genes: int = 150, seed: int = 0, groups: list[str] |
     )
 
 
-def _programs(n_cells: int = 90, n_genes: int = 40, k: int = 3, seed: int = 0) -> ad.AnnData:
-    """Poisson counts from k planted programmes, every gene flagged highly variable."""
-    rng = np.random.default_rng(seed)
-    spectra = np.full((k, n_genes), 0.05)
-    for j, block in enumerate(np.array_split(np.arange(n_genes), k)):
-        spectra[j, block] = rng.uniform(2, 6, block.size)
-    usage = rng.dirichlet(np.full(k, 0.3), n_cells) * rng.uniform(20, 40, (n_cells, 1))
-    a = ad.AnnData(sp.csr_matrix(rng.poisson(usage @ spectra).astype(np.float32)))
-    a.var_names = [f"g{j}" for j in range(n_genes)]
-    a.var["highly_variable"] = True
-    return a
-
-
 @pytest.fixture(scope="module")
 def _pbmc68k() -> ad.AnnData:
     a = sc.datasets.pbmc68k_reduced()
@@ -97,11 +84,11 @@ def test_groupby_skips_a_group_where_a_factor_has_one_level():
 
 # ---- class 2: key_added and names from the data survive write_h5ad --------------------------------------------------
 @pytest.mark.parametrize("bad", ["a/b", "", 3])
-def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, bad):
+def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, bad, planted_programs):
     expected = TypeError if not isinstance(bad, str) else ValueError
     fitted = pbmc.copy()
     gpuc.tl.metacells(fitted, device="cpu", max_iter=2, min_iter=1)
-    bulk, nmf = _bulk(), _programs()
+    bulk, nmf = _bulk(), planted_programs(90, 40)
     nmf_fitted = nmf.copy()
     gpuc.tl.consensus_nmf(nmf_fitted, 3, n_runs=4, device="cpu")
     calls = {
@@ -119,7 +106,7 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
             call(data, key_added=bad)
 
 
-def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same):
+def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same, planted_programs):
     # data-derived names with '/', '.', spaces and unicode; key_added with '.', a space and unicode
     bulk = _bulk(groups=AWKWARD_GROUPS)
     gpuc.tl.deseq(
@@ -135,7 +122,7 @@ def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same
     gpuc.tl.metacells(pbmc, groupby="sample", device="cpu", max_iter=3, min_iter=1, key_added=AWKWARD_KEY)
     gpuc.tl.metacell_quality(pbmc, AWKWARD_KEY, celltype_key="bulk_labels", device="cpu")
     mc = gpuc.tl.aggregate_metacells(pbmc, AWKWARD_KEY, celltype_key="bulk_labels")
-    nmf = _programs()
+    nmf = planted_programs(90, 40)
     gpuc.tl.nmf_k_sweep(nmf, [2, 3], n_runs=3, device="cpu", key_added=AWKWARD_KEY)
     gpuc.tl.consensus_nmf(nmf, 3, n_runs=4, device="cpu", key_added=AWKWARD_KEY)
     cells = pbmc.copy()
@@ -182,8 +169,8 @@ def test_rerun_under_the_same_key_replaces_every_output(pbmc):
 
 
 # ---- class 4: non-convergence is said ------------------------------------------------------------------------------
-def test_nmf_non_convergence_warns_once_with_counts():
-    a = _programs()
+def test_nmf_non_convergence_warns_once_with_counts(planted_programs):
+    a = planted_programs(90, 40)
     with pytest.warns(gpuc.ConvergenceWarning, match=r"max_iter=2 .*: 4 of 4 at k=3") as rec:
         gpuc.tl.consensus_nmf(a, 3, n_runs=4, max_iter=2, device="cpu")
     assert len([w for w in rec if issubclass(w.category, gpuc.ConvergenceWarning)]) == 1
@@ -275,11 +262,11 @@ def test_backed_anndata_is_named(tmp_path):
     backed.file.close()
 
 
-def test_lazy_anndata_is_named(tmp_path):
+def test_lazy_anndata_is_named(tmp_path, planted_programs):
     pytest.importorskip("dask")
     import h5py
 
-    a = _programs()
+    a = planted_programs(90, 40)
     a.obs["sample"] = np.arange(a.n_obs) % 3
     a.write_h5ad(tmp_path / "p.h5ad")
     with h5py.File(tmp_path / "p.h5ad") as f:
