@@ -161,6 +161,19 @@ def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: 
     warnings.warn(msg, ConvergenceWarning, stacklevel=3)
 
 
+def _call_params(**call: Any) -> dict[str, Any]:
+    """``uns[key]["params"]`` of an NMF tool: its call as made, with arrays and dtypes in forms h5ad can store."""
+    out = dict(call)
+    mask_var = out["mask_var"]
+    if mask_var is not None and not isinstance(mask_var, str):
+        out["mask_var"] = np.asarray(mask_var)
+    out["dtype"] = None if out["dtype"] is None else str(np.dtype(out["dtype"]))
+    for name in ("density_threshold", "neighborhood", "tol"):
+        if name in out:
+            out[name] = float(out[name])
+    return out
+
+
 def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
     if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
         msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
@@ -358,26 +371,26 @@ def nmf_k_sweep(
 
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = {
-        "params": {
-            "k_range": np.asarray(ks, dtype=np.int64),
-            "n_runs": n_runs,
-            "layer": layer,
-            "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
-            "preprocessing": preprocessing,
-            "density_threshold": float(density_threshold),
-            "metric": metric,
-            "target": target,
-            "max_iter": max_iter,
-            "tol": float(tol),
-            "extrapolate": extrapolate,
-            "warmup": warmup,
-            "update_order": update_order,
-            "kmeans_n_init": kmeans_n_init,
-            "dtype": None if dtype is None else str(np.dtype(dtype)),
-            "random_state": random_state,
-            "device": device,
-            "n_jobs": n_jobs,
-        },
+        "params": _call_params(
+            k_range=np.asarray(ks, dtype=np.int64),
+            n_runs=n_runs,
+            layer=layer,
+            mask_var=mask_var,
+            preprocessing=preprocessing,
+            density_threshold=density_threshold,
+            metric=metric,
+            target=target,
+            max_iter=max_iter,
+            tol=tol,
+            extrapolate=extrapolate,
+            warmup=warmup,
+            update_order=update_order,
+            kmeans_n_init=kmeans_n_init,
+            dtype=dtype,
+            random_state=random_state,
+            device=device,
+            n_jobs=n_jobs,
+        ),
         "device": backend.name,
         "dtype": str(op.dtype),
         "table": table,
@@ -522,28 +535,28 @@ def consensus_nmf(
         n_jobs=n_jobs,
     )
     bar.close()
-    params = {
-        "k": k,
-        "n_runs": n_runs,
-        "layer": layer,
-        "mask_var": mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask_var),
-        "preprocessing": preprocessing,
-        "density_threshold": float(density_threshold),
-        "metric": metric,
-        "target": target,
-        "normalization": normalization,
-        "neighborhood": float(neighborhood),
-        "max_iter": max_iter,
-        "tol": float(tol),
-        "extrapolate": extrapolate,
-        "warmup": warmup,
-        "update_order": update_order,
-        "kmeans_n_init": kmeans_n_init,
-        "dtype": None if dtype is None else str(np.dtype(dtype)),
-        "random_state": random_state,
-        "device": device,
-        "n_jobs": n_jobs,
-    }
+    params = _call_params(
+        k=k,
+        n_runs=n_runs,
+        layer=layer,
+        mask_var=mask_var,
+        preprocessing=preprocessing,
+        density_threshold=density_threshold,
+        metric=metric,
+        target=target,
+        normalization=normalization,
+        neighborhood=neighborhood,
+        max_iter=max_iter,
+        tol=tol,
+        extrapolate=extrapolate,
+        warmup=warmup,
+        update_order=update_order,
+        kmeans_n_init=kmeans_n_init,
+        dtype=dtype,
+        random_state=random_state,
+        device=device,
+        n_jobs=n_jobs,
+    )
     runs = {
         "run_errors": fits.rel_errors.astype(np.float64),
         "n_converged": int(fits.converged.sum()),
