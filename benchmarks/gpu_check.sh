@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The one prepared GPU run, for a fresh device machine (Python 3.12 and CuPy for CUDA 13, no package registry):
 # GPU = CPU parity and timings of the three tools, pbmc3k on the device through every tool, the gpu-marked tests,
-# then a summary with the targets. Stages run in order of importance, each under its own time limit and a shared
+# the tools' units on a dask-cuda cluster (one GPU per worker), then a summary with the targets. Stages run in order of importance, each under its own time limit and a shared
 # deadline, so that a failure or a timeout in one still leaves the others' results under $OUT.
 #
 # Prepare HERE (with a registry):  bash benchmarks/gpu_wheels.sh        (wheels into .whl/, at most 64 MiB)
 # Run through the device tool:     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=500)
-# Results: $OUT/{deseq,nmf,metacells,rsc}_gpu.{json,md}, pytest_gpu.txt, gpu.txt, stage_status.txt, summary.md/json
+# Results: $OUT/{deseq,nmf,metacells,rsc,dask}_gpu.{json,md}, pytest_gpu.txt, gpu.txt, stage_status.txt, summary.md/json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-$PWD/gpu_results}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -46,6 +46,7 @@ stage nmf 90 python3 benchmarks/gpu_nmf.py
 stage metacells 150 python3 benchmarks/gpu_metacells.py
 stage rsc 90 python3 benchmarks/gpu_rsc.py
 stage pytest_gpu 80 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x --no-header
+stage dask_gpu 90 python3 benchmarks/gpu_dask.py
 python3 benchmarks/gpu_summary.py >/dev/null 2>&1 || echo "summary failed" >>"$status_file"
 cat "$OUT/summary.md" 2>/dev/null
 echo "total: $SECONDS s"

@@ -2,7 +2,7 @@
 # Run HERE (a machine with the package registry) before a device run: puts into .whl/ (ignored by git; name it in
 # the device tool's `carry`, at most 64 MiB) the Python 3.12 wheels the GPU machine lacks. The GPU image has Python
 # 3.12 with numpy, scipy, pandas, matplotlib, scikit-learn, h5py, formulaic, tqdm and cupy-cuda13x (and their
-# dependencies), but not anndata, scanpy, numba or gpuc; gpuc itself runs from src/ (gpu_check.sh sets PYTHONPATH).
+# dependencies), but not anndata, scanpy, numba, dask or gpuc; gpuc itself runs from src/ (gpu_check.sh sets PYTHONPATH).
 # Left out to stay under 64 MiB: faiss-cpu (the CPU side of the check then uses gpuc's exact blocked kNN, the GPU
 # algorithm run with numpy), what scanpy imports only for plots or other tools (statsmodels, seaborn, umap...), and
 # numba is held below 0.62: llvmlite 0.45+ wheels are 60 MB, 0.44's about 42 MB.
@@ -21,6 +21,17 @@ mkdir -p .whl
 for w in "$tmp"/*.whl; do
   base="$(basename "$w")"
   if ! echo "$base" | tr 'A-Z' 'a-z' | grep -qE "$skip"; then cp "$w" .whl/; fi
+done
+rm -rf "$tmp"
+# the Dask stage (benchmarks/gpu_dask.py): dask, distributed and dask-cuda with what they need that the image lacks
+# (dask-cuda pins its dask through rapids-dask-dependency; left out to stay under 64 MiB: bokeh, the dashboard, and
+# cuda-core, 6.6 MB; without it gpu_dask.py falls back to a LocalCluster with one GPU per worker process)
+tmp="$(mktemp -d)"
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d "$tmp" dask-cuda
+skip_dask='^(numpy|pandas|pillow|contourpy|bokeh|narwhals|xyzservices|packaging|python_dateutil|tzdata|cupy.*|fastrlock|cuda_core|cuda_pathfinder)-'
+for w in "$tmp"/*.whl; do
+  base="$(basename "$w")"
+  if ! echo "$base" | tr 'A-Z' 'a-z' | grep -qE "$skip_dask"; then cp "$w" .whl/; fi
 done
 rm -rf "$tmp"
 ls .whl

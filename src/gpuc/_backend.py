@@ -184,6 +184,10 @@ class Backend:
         """Whether this backend runs on a CUDA device."""
         return self.name == "gpu"
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # pickled by name (modules do not pickle): a Dask worker rebuilds its own backend for the same device
+        return _backend_for, (self.name,)
+
     # ---- transfers -------------------------------------------------------------------------------------------------
     def asarray(self, x: Any, dtype: Any = None) -> Any:
         """Move ``x`` (dense or sparse, host or device) to this backend, converting dtype if given; no copy if already there."""

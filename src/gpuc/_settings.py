@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,12 +30,19 @@ class _Settings:
         Default for every ``n_jobs=None`` argument: the CPU threads of the compiled kernels, BLAS and FAISS. ``-1``
         (the default) means all cores available to the process (its CPU affinity), as numba and BLAS do; a positive
         int is that many threads. Results do not depend on it (every parallel sum is merged in a fixed order).
+    client
+        Default for every ``client=None`` argument: where the independent units of a tool (groups of
+        ``metacells``/``deseq``, ranks and restart batches of the NMF tools, gene blocks of one large DESeq2 fit)
+        run. ``None`` (the default): one after the other in this process. ``"default"``: as Dask tasks on the active
+        ``dask.distributed`` client (:func:`distributed.get_client`, the most recently created ``Client``). A
+        ``distributed.Client``: on that client. Results are the same wherever the units run.
     """
 
     _device: Device = "auto"
     progress: bool = True
     numba: bool = True
     _n_jobs: int = -1
+    client: Any = None
 
     @property
     def device(self) -> Device:
@@ -60,7 +68,7 @@ class _Settings:
     def __repr__(self) -> str:
         return (
             f"gpuc.settings(device={self._device!r}, n_jobs={self._n_jobs}, progress={self.progress}, "
-            f"numba={self.numba})"
+            f"numba={self.numba}, client={self.client!r})"
         )
 
 

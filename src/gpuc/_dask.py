@@ -1,0 +1,177 @@
+"""Dask: the independent units of a tool (groups, ranks, restart batches, gene blocks) as tasks on a
+``dask.distributed`` cluster, and the type checks for dask arrays.
+
+gpuc never schedules work itself: a tool that is given a client (``client=`` or :attr:`gpuc.settings.client`) hands
+each unit to :meth:`distributed.Client.submit`, and Dask places, retries (a unit whose worker dies is run again) and
+moves the data. Without a client the same unit functions run one after the other in the calling process, so the two
+paths compute exactly the same thing: every unit is a pure function of its inputs and its seed.
+
+Nothing here imports dask or distributed at module import: ``import gpuc`` works without them.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuc._backend import optional_import
+from gpuc._settings import settings
+
+DEFAULT_CLIENT = "default"
+
+
+class DaskTaskError(RuntimeError):
+    """A unit of work (a group, a rank, a gene block) failed on the cluster; the message names the unit."""
+
+
+def is_dask_array(x: Any) -> bool:
+    """Whether ``x`` is a :class:`dask.array.Array` (checked without importing dask)."""
+    da = sys.modules.get("dask.array")
+    return da is not None and isinstance(x, da.Array)
+
+
+def resolve_client(client: Any = None) -> Any:
+    """The ``distributed.Client`` a tool runs its units on, or ``None`` to run them in this process.
+
+    ``client=None`` follows :attr:`gpuc.settings.client` (default ``None``: in process). ``"default"`` is the client
+    Dask itself would use, :func:`distributed.get_client` (the most recently created one in this process, or the
+    worker's own client inside a task); an explicit :class:`distributed.Client` is used as given.
+    """
+    value = settings.client if client is None else client
+    if value is None or value is False:
+        return None
+    distributed = optional_import("distributed", "dask", "running gpuc on a Dask cluster")
+    if isinstance(value, str):
+        if value != DEFAULT_CLIENT:
+            msg = f"client={value!r} is not valid: pass a distributed.Client, 'default' (the active client) or None."
+            raise ValueError(msg)
+        try:
+            return distributed.get_client()
+        except ValueError:
+            msg = (
+                "client='default' but no dask.distributed client is active in this process. Start one first, e.g. "
+                "from dask.distributed import Client; client = Client() (or LocalCUDACluster on GPUs), or pass "
+                "client=None to run in this process."
+            )
+            raise RuntimeError(msg) from None
+    if not isinstance(value, distributed.Client):
+        msg = f"client must be a distributed.Client, 'default' or None, got {type(value).__name__}."
+        raise TypeError(msg)
+    return value
+
+
+def client_name(client: Any) -> str | None:
+    """A short description of where units ran (for ``uns[...]['params']`` and the log): None in process."""
+    if client is None:
+        return None
+    info = client.scheduler_info()
+    return f"dask ({len(info.get('workers', {}))} workers)"
+
+
+@dataclass
+class UnitResult:
+    """What a unit returns: its value and the warnings it raised (replayed on the client, naming the unit)."""
+
+    value: Any
+    warnings: list[tuple[type[Warning], str]]
+
+
+def _worker_threads() -> int | None:
+    """The threads of the worker running this task (None outside a worker)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        worker = distributed.get_worker()
+    except ValueError:
+        return None
+    return int(worker.state.nthreads)
+
+
+def _run_unit(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], n_jobs: int | None) -> UnitResult:
+    """Run one unit, on ``n_jobs`` CPU threads (inside a worker: at most the worker's own threads)."""
+    from gpuc._utils import cpu_threads, resolve_n_jobs
+
+    threads = _worker_threads()
+    n = resolve_n_jobs(n_jobs)
+    if threads is not None:
+        n = min(n, threads)
+    with warnings.catch_warnings(record=True) as caught, cpu_threads(n):
+        warnings.simplefilter("always")
+        value = fn(*args, **kwargs, n_jobs=n)
+    return UnitResult(value, [(w.category, str(w.message)) for w in caught])
+
+
+def map_units(
+    fn: Callable[..., Any],
+    units: Sequence[tuple[str, tuple]],
+    *,
+    client: Any,
+    shared: Mapping[str, Any] | None = None,
+    n_jobs: int | None = None,
+    what: str = "gpuc",
+    replay_warnings: bool = True,
+) -> list[Any]:
+    """``[fn(*args, **shared, n_jobs=...) for (label, args) in units]``, as Dask tasks when ``client`` is a client.
+
+    Parameters
+    ----------
+    fn
+        A module-level function (workers import it) taking the unit's positional arguments, the ``shared`` keyword
+        arguments and ``n_jobs``; it must be pure: its result depends only on its arguments.
+    units
+        ``(label, args)`` per unit; the label names the unit in errors and warnings (e.g. ``"group 'B'"``; an empty
+        label, for a tool's only unit, adds no prefix to its warnings).
+    client
+        A ``distributed.Client`` (from :func:`resolve_client`) or ``None`` to run the units here, in order.
+    shared
+        Keyword arguments every unit takes (the data of a sweep, the design): on a cluster they are scattered once to
+        every worker (``broadcast=True``), not shipped with each task.
+    n_jobs
+        CPU threads of each unit; inside a worker never more than the worker's threads.
+    what
+        The tool, for error messages.
+    replay_warnings
+        Re-emit each unit's warnings here (in the order of the units), prefixed by its label.
+
+    Returns
+    -------
+    The units' values, in the order of ``units``.
+
+    Raises
+    ------
+    DaskTaskError
+        On a cluster, when a unit raised: the message names the unit and the original error; the other units are
+        cancelled. In process the unit's own exception propagates unchanged.
+    """
+    shared = dict(shared or {})
+    if client is None:
+        out = [_run_unit(fn, args, shared, n_jobs) for _, args in units]
+    else:
+        futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
+        token = uuid.uuid4().hex[:8]  # keys name the unit in the dashboard; the token keeps two calls apart
+        futures = [
+            client.submit(
+                _run_unit, fn, args, futures_shared, n_jobs, pure=False, key=f"gpuc-{what}-{token}-{i}-{label}"
+            )
+            for i, (label, args) in enumerate(units)
+        ]
+        out = []
+        try:
+            for (label, _), fut in zip(units, futures, strict=True):
+                try:
+                    out.append(fut.result())
+                except Exception as err:
+                    msg = f"{what} failed on {label or 'its only unit'}: {type(err).__name__}: {err}"
+                    raise DaskTaskError(msg) from err
+        finally:
+            client.cancel(futures + list(futures_shared.values()))
+    if replay_warnings:
+        for (label, _), res in zip(units, out, strict=True):
+            for category, message in res.warnings:
+                warnings.warn(f"{label}: {message}" if label else message, category, stacklevel=3)
+    return [r.value for r in out]
