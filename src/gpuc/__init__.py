@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from gpuc import datasets, get, pl, tl
-from gpuc._errors import ConvergenceWarning, GpucWarning, InsufficientMemoryError
+from gpuc._errors import ConvergenceWarning, DaskTaskError, GpucWarning, InsufficientMemoryError
 from gpuc._settings import settings
 
 try:
@@ -15,6 +15,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "ConvergenceWarning",
+    "DaskTaskError",
     "GpucWarning",
     "InsufficientMemoryError",
     "__version__",

@@ -19,13 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuc._backend import optional_import
+from gpuc._errors import DaskTaskError
 from gpuc._settings import settings
 
 DEFAULT_CLIENT = "default"
-
-
-class DaskTaskError(RuntimeError):
-    """A unit of work (a group, a rank, a gene block) failed on the cluster; the message names the unit."""
 
 
 def is_dask_array(x: Any) -> bool:

@@ -26,3 +26,10 @@ class InsufficientMemoryError(MemoryError):
 
     The message says how much is needed, how much is free and how to make the problem smaller.
     """
+
+
+class DaskTaskError(RuntimeError):
+    """A unit of work (a group, a rank's restarts, a gene block) failed on a Dask cluster.
+
+    The message names the unit and the original error (chained as ``__cause__``); the AnnData is unchanged.
+    """

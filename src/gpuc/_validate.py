@@ -6,9 +6,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from anndata import AnnData
 
 from gpuc._backend import Backend, backend_of, is_sparse
+from gpuc._dask import is_dask_array
 from gpuc._errors import InsufficientMemoryError
 
 _GIB = float(1 << 30)
@@ -19,6 +21,15 @@ def check_adata(adata: Any) -> AnnData:
     if not isinstance(adata, AnnData):
         msg = f"Expected an AnnData object as first argument, got {type(adata).__name__}."
         raise TypeError(msg)
+    for slot in ("obs", "var"):
+        frame = getattr(adata, slot)
+        if not isinstance(frame, pd.DataFrame):  # anndata.experimental.read_lazy gives xarray-backed Dataset2D
+            msg = (
+                f"adata.{slot} is not in memory (a {type(frame).__name__}: the AnnData was read with "
+                f"anndata.experimental.read_lazy); load it first: adata.{slot} = adata.{slot}.to_memory(). X and "
+                "layers may stay lazy (dask)."
+            )
+            raise TypeError(msg)
     return adata
 
 
@@ -40,16 +51,21 @@ def check_key_added(key_added: Any, name: str = "key_added") -> str:
     return key_added
 
 
-def check_in_memory(x: Any, where: str) -> Any:
-    """Raise a :class:`TypeError` naming ``where`` unless ``x`` is an in-memory array gpuc can compute on.
+def check_in_memory(x: Any, where: str, *, allow_dask: bool = False) -> Any:
+    """Raise a :class:`TypeError` naming ``where`` unless ``x`` is an array gpuc can compute on.
 
-    Lazily read matrices (``anndata.experimental.read_lazy`` / ``read_elem_lazy``: dask arrays, h5py or zarr
-    datasets, anndata's on-disk sparse datasets) and float16 data (which cannot hold counts above 2,048 exactly and
-    overflows in sums) are refused with a message that says what to do.
+    Backed datasets (``read_h5ad(..., backed="r")``: h5py or zarr datasets, anndata's on-disk sparse datasets) and
+    float16 data (which cannot hold counts above 2,048 exactly and overflows in sums) are refused with a message that
+    says what to do. Dask arrays (``anndata.experimental.read_lazy`` / ``read_elem_lazy``) are accepted with
+    ``allow_dask=True``, for the matrices whose tools handle them chunk by chunk (:mod:`gpuc._lazy`), and refused
+    otherwise.
     """
     mod = type(x).__module__
+    lazy = allow_dask and is_dask_array(x)  # summed chunk by chunk or loaded by the tool; other dask objects refused
     # anndata's own array classes are its on-disk datasets, except the views of in-memory arrays (adata[mask].X)
-    if mod.startswith(("dask", "h5py", "zarr")) or (mod.startswith("anndata") and not mod.endswith(".views")):
+    if not lazy and (
+        mod.startswith(("dask", "h5py", "zarr")) or (mod.startswith("anndata") and not mod.endswith(".views"))
+    ):
         msg = (
             f"{where} is not in memory (a {type(x).__module__}.{type(x).__name__}: the AnnData was read in backed mode, "
             "read_h5ad(..., backed='r'), or lazily); gpuc needs it loaded: adata = adata.to_memory(), after "
@@ -149,7 +165,11 @@ def check_finite(name: str, x: Any) -> None:
 
 
 def get_matrix(adata: AnnData, *, layer: str | None = None, use_rep: str | None = None) -> Any:
-    """Return ``adata.X``, ``adata.layers[layer]`` or ``adata.obsm[use_rep]`` (exactly one source), checking the key."""
+    """Return ``adata.X``, ``adata.layers[layer]`` or ``adata.obsm[use_rep]`` (exactly one source), checking the key.
+
+    ``X`` and layers may come back as :class:`dask.array.Array` (a lazily read AnnData): callers sum them chunk by
+    chunk or load the block they need with :mod:`gpuc._lazy`. ``obsm`` entries must be in memory.
+    """
     if layer is not None and use_rep is not None:
         msg = "Pass either layer= or use_rep=, not both."
         raise ValueError(msg)
@@ -158,8 +178,8 @@ def get_matrix(adata: AnnData, *, layer: str | None = None, use_rep: str | None 
         return check_in_memory(adata.obsm[use_rep], f"adata.obsm[{use_rep!r}]")
     if layer is not None:
         check_key(adata.layers, layer, "adata.layers")
-        return check_in_memory(adata.layers[layer], f"adata.layers[{layer!r}]")
+        return check_in_memory(adata.layers[layer], f"adata.layers[{layer!r}]", allow_dask=True)
     if adata.X is None:
         msg = "adata.X is empty; pass layer= naming the matrix to use."
         raise ValueError(msg)
-    return check_in_memory(adata.X, "adata.X")
+    return check_in_memory(adata.X, "adata.X", allow_dask=True)

@@ -9,6 +9,8 @@ import pytest
 
 import gpuc
 
+# tl functions whose independent units (groups, ranks, restarts, gene blocks) can run as Dask tasks
+TOOLS_WITH_UNITS = {"metacells", "deseq", "nmf_k_sweep", "consensus_nmf"}
 # tl functions that return a new AnnData instead of writing into their input
 RETURNS_NEW_ANNDATA = {"aggregate_metacells", "pseudobulk"}
 
@@ -103,6 +105,11 @@ def test_shared_parameter_names_and_defaults(name: str, func: Callable) -> None:
         p = params["n_jobs"]
         assert p.default is None, f"{name}: n_jobs=None means gpuc.settings.n_jobs"
         assert p.kind is inspect.Parameter.KEYWORD_ONLY and "None" in str(p.annotation), name
+    if "client" in params:
+        p = params["client"]
+        assert p.default is None and p.kind is inspect.Parameter.KEYWORD_ONLY, f"{name}: client=None (settings.client)"
+    if name in {f"tl.{t}" for t in TOOLS_WITH_UNITS}:
+        assert "client" in params, f"{name} has independent units and takes client= (Dask)"
     if "random_state" in params:
         assert params["random_state"].default == 0 and "SeedLike" in str(params["random_state"].annotation), name
     if "mask_var" in params:

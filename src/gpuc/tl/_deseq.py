@@ -14,7 +14,9 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
+from gpuc._dask import client_name, is_dask_array, map_units, resolve_client
 from gpuc._errors import ConvergenceWarning, GpucWarning
+from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
 from gpuc._validate import (
     check_adata,
     check_choice,
@@ -80,6 +82,7 @@ def deseq(
     groupby: str | None = None,
     device: Device | None = None,
     n_jobs: int | None = None,
+    client: Any = None,
     key_added: str = _keys.DESEQ,
     copy: bool = False,
 ) -> AnnData | None:
@@ -92,7 +95,8 @@ def deseq(
     Parameters
     ----------
     adata
-        Samples x genes AnnData with raw integer counts in ``X`` or ``layers[layer]`` (dense or sparse).
+        Samples x genes AnnData with raw integer counts in ``X`` or ``layers[layer]`` (dense or sparse). A dask
+        array (a lazily read AnnData) is loaded into memory: DESeq2 needs every sample of a gene together.
     design
         Formula over ``adata.obs`` columns (``"~condition"``, ``"~batch + condition"``, ``"~a + b + a:b"``,
         continuous covariates) or a ready design DataFrame. The reference level of a factor is the first category
@@ -143,7 +147,11 @@ def deseq(
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     n_jobs
         CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it.
+        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
+    client
+        Where the fits run: ``None`` follows :attr:`gpuc.settings.client` (default: in this process);
+        ``"default"`` or a ``distributed.Client``: with ``groupby``, one Dask task per group (see
+        :func:`gpuc._dask.map_units`). Results are identical wherever they run.
     key_added
         Prefix of every key written.
     copy
@@ -229,6 +237,7 @@ def deseq(
         raise ValueError(msg)
     counts = get_matrix(adata, layer=layer)
     where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    counts = load(counts, where)  # a lazily read (dask) matrix: DESeq2 needs every sample of a gene together
     _check_counts(counts, where)
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
@@ -244,47 +253,54 @@ def deseq(
     )
 
     groups = [None] if groupby is None else list(pd.unique(adata.obs[groupby].astype(str)))
-    analyses: list[tuple[Any, np.ndarray, Analysis]] = []
+    planned: list[tuple[Any, np.ndarray, Any]] = []
     skipped: dict[str, str] = {}
-    for g in groups:  # groups of samples (e.g. cell types) are fitted one after the other; genes are batched
+    for g in groups:  # every group's design and counts are checked here, before any fit
         mask = np.ones(adata.n_obs, dtype=bool) if g is None else (adata.obs[groupby].astype(str).to_numpy() == g)
-        sub = counts if g is None else counts[np.flatnonzero(mask)]
         try:
             plan = plan_analysis(adata.obs.loc[mask], design, contrast, reduced=reduced)
             if g is not None:
-                _check_counts(sub, f"{where} (group {g!r})")
+                _check_counts(counts[np.flatnonzero(mask)], f"{where} (group {g!r})")
         except ValueError as err:
             if g is None:
                 raise
             skipped[g] = str(err)
             continue
-        n, p = plan.design.matrix.shape
-        start = logg.info(
-            f"DESeq2: {n} samples x {adata.n_vars} genes, {p} design columns{'' if g is None else f', group {g}'} "
-            f"({backend.name})"
+        planned.append((g, mask, plan))
+    options = {
+        "gene_names": adata.var_names, "fit_type": fit_type, "refit_cooks": refit_cooks,
+        "min_replicates": min_replicates, "max_iter": max_iter, "alpha": alpha, "cooks_filter": cooks_filter,
+        "independent_filter": independent_filter, "lfc_threshold": lfc_threshold, "alt_hypothesis": alt_hypothesis,
+        "lfc_shrink": lfc_shrink,
+    }  # fmt: skip
+    dask_client = resolve_client(client)
+    start = logg.info(
+        f"DESeq2: {adata.n_obs} samples x {adata.n_vars} genes"
+        + ("" if groupby is None else f", {len(planned)} groups of {groupby!r}")
+        + f" ({backend.name}{'' if dask_client is None else ', ' + client_name(dask_client)})"
+    )
+    units = [
+        (
+            "" if g is None else f"group {g!r}",
+            (
+                backend,
+                counts if g is None else counts[np.flatnonzero(mask)],
+                plan,
+                size_factors if isinstance(size_factors, str) else np.asarray(size_factors)[mask],
+            ),
         )
-        res = run_analysis(
-            backend,
-            sub,
-            plan,
-            gene_names=adata.var_names,
-            size_factors=size_factors if isinstance(size_factors, str) else np.asarray(size_factors)[mask],
-            fit_type=fit_type,
-            refit_cooks=refit_cooks,
-            min_replicates=min_replicates,
-            max_iter=max_iter,
-            alpha=alpha,
-            cooks_filter=cooks_filter,
-            independent_filter=independent_filter,
-            lfc_threshold=lfc_threshold,
-            alt_hypothesis=alt_hypothesis,
-            lfc_shrink=lfc_shrink,
-            n_jobs=n_jobs,
-        )
+        for g, mask, plan in planned
+    ]
+    # the groups are independent units: fitted here one after the other, or as Dask tasks on the client
+    fitted = map_units(
+        _fit_analysis, units, client=dask_client, shared={"options": options}, n_jobs=n_jobs, what="deseq"
+    )
+    analyses: list[tuple[Any, np.ndarray, Analysis]] = []
+    for (g, mask, _), res in zip(planned, fitted, strict=True):
         for m in res.fit.messages:
             warnings.warn(m if g is None else f"group {g!r}: {m}", GpucWarning, stacklevel=2)
-        logg.info("    finished", time=start)
         analyses.append((g, mask, res))
+    logg.info("    finished", time=start)
 
     if groupby is not None:
         if not analyses:
@@ -345,6 +361,13 @@ def deseq(
             uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in skipped.items()}
     adata.uns[key] = uns
     return adata if copy else None
+
+
+def _fit_analysis(
+    backend: Any, counts: Any, plan: Any, size_factors: Any, *, options: dict, n_jobs: int | None
+) -> Analysis:
+    """One DESeq2 analysis (a unit of :func:`gpuc._dask.map_units`: in this process or a Dask task)."""
+    return run_analysis(backend, counts, plan, size_factors=size_factors, **options, n_jobs=n_jobs)
 
 
 def _jsonable(contrast: Any) -> Any:
@@ -422,7 +445,8 @@ def pseudobulk(
     Parameters
     ----------
     adata
-        Cells x genes AnnData with raw counts.
+        Cells x genes AnnData with raw counts. ``X`` or the layer may be a dask array (``anndata.experimental.read_lazy``
+        or ``read_elem_lazy``): it is then checked and summed chunk by chunk in one pass, never loaded whole.
     sample_key
         ``obs`` column naming the biological sample (donor, replicate) of each cell.
     groupby
@@ -446,29 +470,39 @@ def pseudobulk(
         check_key(adata.obs, groupby, "adata.obs")
     check_int("min_cells", min_cells, minimum=1)
     x = get_matrix(adata, layer=layer)
-    _check_counts_nonneg(x, f"adata.layers[{layer!r}]" if layer else "adata.X")
+    what = f"adata.layers[{layer!r}]" if layer else "adata.X"
+    lazy = is_dask_array(x)  # lazily read counts are checked and summed chunk by chunk, in one pass over the data
+    if not lazy:
+        _check_counts_nonneg(x, what)
     keys = [sample_key] if groupby is None else [sample_key, groupby]
     present = adata.obs[keys].notna().all(axis=1).to_numpy()
     n_missing = int((~present).sum())
     if not present.any():
+        if lazy:
+            _check_counts_nonneg(x, what)  # bad counts are reported first, as in memory
         msg = f"every cell has a missing {' or '.join(map(repr, keys))} in adata.obs; nothing to sum."
         raise ValueError(msg)
-    if n_missing:
-        warnings.warn(
-            f"{n_missing} cell(s) with a missing {' or '.join(map(repr, keys))} were left out of the pseudobulk.",
-            GpucWarning,
-            stacklevel=2,
-        )
     cells = np.flatnonzero(present)
     sample = adata.obs[sample_key].astype(str).to_numpy()[cells]
     labels = sample if groupby is None else sample + "\x1f" + adata.obs[groupby].astype(str).to_numpy()[cells]
     codes, uniq = pd.factorize(labels, sort=True)
     # the sums run where the counts are (CPU or GPU), in float64 (exact for counts up to 2**53); only the
     # profiles x genes result comes to the host
-    bk = backend_of(x)
-    ind = bk.asarray(sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs)))
-    summed = to_host(ind @ (x if x.dtype == np.float64 else x.astype(np.float64)))
-    summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
+    ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs))
+    if lazy:
+        # a dask array: each row chunk is checked and multiplied by its cells' indicator columns; dask's tree
+        # reduction adds the partials (never the whole matrix in one process)
+        summed, flags = grouped_sum_and_count_checks(ind, x)
+        _check_counts_nonneg(x, what, flags)
+    else:
+        summed = to_host(backend_of(x).asarray(ind) @ (x if x.dtype == np.float64 else x.astype(np.float64)))
+        summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
+    if n_missing:
+        warnings.warn(
+            f"{n_missing} cell(s) with a missing {' or '.join(map(repr, keys))} were left out of the pseudobulk.",
+            GpucWarning,
+            stacklevel=2,
+        )
     n_cells = np.bincount(codes, minlength=len(uniq))
     obs = pd.DataFrame(index=pd.Index([u.replace("\x1f", "_") for u in uniq], name=None))
     first = cells[np.unique(codes, return_index=True)[1]]
@@ -502,7 +536,22 @@ def pseudobulk(
     return out
 
 
-def _check_counts_nonneg(x: Any, what: str) -> None:
+def _check_counts_nonneg(x: Any, what: str, flags: CountFlags | None = None) -> None:
+    """Raise unless ``x`` holds finite, non-negative whole numbers (the counts :func:`pseudobulk` sums).
+
+    A dask array is checked chunk by chunk (:func:`gpuc._lazy.count_checks`) unless its ``flags`` are given, e.g.
+    from the pass that also computed the sums.
+    """
+    if flags is None and is_dask_array(x):
+        flags = count_checks(x)
+    if flags is not None:
+        if flags.non_integer:
+            msg = f"{what} must hold raw integer counts (found non-integer or non-finite values); pass layer= naming the raw counts."
+            raise ValueError(msg)
+        if flags.negative:
+            msg = f"{what} contains negative values; pseudobulk needs raw counts."
+            raise ValueError(msg)
+        return
     data = x.data if is_sparse(x) else x
     xp = backend_of(data).xp
     data = xp.asarray(data)  # on the device where the counts live; only the verdicts come back
@@ -534,7 +583,8 @@ def vst(
     Parameters
     ----------
     adata
-        Samples x genes AnnData with raw counts.
+        Samples x genes AnnData with raw counts. A dask array (a lazily read AnnData) is loaded into memory:
+        DESeq2 needs every sample of a gene together.
     layer
         Layer with the counts; ``None`` uses ``X``.
     blind
@@ -579,6 +629,7 @@ def vst(
         msg = "blind and copy must be True or False."
         raise TypeError(msg)
     counts = get_matrix(adata, layer=layer)
+    counts = load(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")  # dask: all samples of a gene at once
     _check_counts(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")
     sf = trend = None
     if not blind:

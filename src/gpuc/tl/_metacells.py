@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -14,8 +15,10 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
+from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
+from gpuc._dask import is_dask_array, map_units, resolve_client
 from gpuc._errors import GpucWarning
+from gpuc._lazy import grouped_sum, load
 from gpuc._utils import progress
 from gpuc._validate import (
     SeedLike,
@@ -168,6 +171,7 @@ def metacells(
     neighbors_key: str | None = None,
     device: Device | None = None,
     n_jobs: int | None = None,
+    client: Any = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.METACELL,
     copy: bool = False,
@@ -228,7 +232,11 @@ def metacells(
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     n_jobs
         CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it.
+        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
+    client
+        Where the fits of the groups run: ``None`` follows :attr:`gpuc.settings.client` (default: one after the other
+        in this process); ``"default"`` or a ``distributed.Client``: one Dask task per group (see
+        :func:`gpuc._dask.map_units`). Results are identical wherever they run.
     random_state
         Seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once); the int
         used is recorded in ``params``. ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
@@ -338,33 +346,32 @@ def metacells(
     labels = np.empty(n, dtype=object)
     tables, per_group = [], {}
     offset = 0
-    for g, idx, k in plan:
+    knn = None
+    if graph_dist is not None:  # only without groupby: one fit
+        need = n_neighbors if init != "waypoint" or init_arch is not None else max(n_neighbors, KNN_DIFFUSION)
+        knn = knn_from_graph(backend, graph_dist, need, where=f"the {neighbors_key!r} graph")
+    dask_client = resolve_client(client)
+    options = {
+        "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "graph": graph, "max_iter": max_iter,
+        "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters,
+        "random_state": random_state, "init": init, "initial_archetypes_": init_arch, "a0": a0,
+        "knn_method": knn_method, "knn": knn,
+    }  # fmt: skip
+    # each group is one unit: fitted here one after the other, or as Dask tasks on the client
+    fits = map_units(
+        _fit_group,
+        [
+            ("" if g is None else f"group {g!r}", (backend, x[idx], k, None if g is None else str(g)))
+            for g, idx, k in plan
+        ],
+        client=dask_client,
+        shared={"options": options},
+        n_jobs=n_jobs,
+        what="metacells",
+    )
+    for (g, idx, k), fit in zip(plan, fits, strict=True):
         where = "" if g is None else f" group {g!r}:"
-        with progress(total=max_iter, desc=f"metacells{'' if g is None else ' ' + str(g)}") as bar:
-
-            def _cb(it: int, rss: float, bar: Any = bar) -> None:
-                bar.update(1)
-                bar.set_postfix(rss=f"{rss:.4g}")
-
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                knn = None
-                if graph_dist is not None:
-                    need = (
-                        n_neighbors if init != "waypoint" or init_arch is not None else max(n_neighbors, KNN_DIFFUSION)
-                    )
-                    knn = knn_from_graph(backend, graph_dist, need, where=f"the {neighbors_key!r} graph")
-                res = run_metacells(
-                    backend, x[idx], k, n_neighbors=n_neighbors, n_waypoint_eigs=n_waypoint_eigs, graph=graph, max_iter=max_iter,
-                    min_iter=min_iter, convergence_epsilon=float(convergence_epsilon), fw_iters=fw_iters, random_state=random_state,
-                    init=init, initial_archetypes_=init_arch, a0=a0, knn_method=knn_method, knn=knn, callback=_cb, n_jobs=n_jobs,
-                )  # fmt: skip
-        for w in caught:
-            msg = f"{where.strip()} {w.message}".strip() if where else str(w.message)
-            warnings.warn(msg, w.category, stacklevel=2)
-        fit = res.fit
-        a_t = sp.csr_matrix(to_host(fit.A).T)  # (n_g, k)
-        b = sp.csr_matrix(to_host(fit.B))  # (n_g, k)
+        a_t, b = fit.a_t, fit.b
         hard = np.asarray(a_t.argmax(axis=1)).ravel()
         labels[idx] = [_label(g, j) for j in hard]
         obs_idx = adata.obs_names[idx]
@@ -383,16 +390,16 @@ def metacells(
         )  # fmt: skip
         weights_blocks.append((idx, a_t))
         arche_blocks.append((idx, b))
-        kernel_blocks.append((idx, sp.csr_matrix(to_host(res.kernel))))
+        kernel_blocks.append((idx, fit.kernel))
         per_group["all" if g is None else _keys.encode_name(g)] = {
             **({} if g is None else {"group": str(g)}),
-            "rss": np.asarray(fit.rss, dtype=np.float64),
+            "rss": fit.rss,
             "n_iter": int(fit.n_iter),
             "converged": bool(fit.converged),
             "convergence_threshold": float(fit.convergence_threshold),
             "n_metacells": int(k),
-            "a0": res.a0,
-            "seconds": {key: float(v) for key, v in res.timings.items()},
+            "a0": fit.a0,
+            "seconds": fit.seconds,
         }
         logg.info(
             f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}"
@@ -443,6 +450,46 @@ def metacells(
         ),
     )
     return adata if copy else None
+
+
+@dataclass
+class _GroupFit:
+    """What the tool keeps of one group's fit, on the host: A transposed, B and the kernel as CSR, and diagnostics."""
+
+    a_t: sp.csr_matrix
+    b: sp.csr_matrix
+    kernel: sp.csr_matrix
+    archetypes: np.ndarray
+    rss: np.ndarray
+    n_iter: int
+    converged: bool
+    convergence_threshold: float
+    a0: str
+    seconds: dict[str, float]
+
+
+def _fit_group(backend: Backend, x: Any, k: int, group: str | None, *, options: dict, n_jobs: int | None) -> _GroupFit:
+    """One group's SEACells fit (a unit of :func:`gpuc._dask.map_units`: in this process or a Dask task)."""
+    with progress(total=options["max_iter"], desc=f"metacells{'' if group is None else ' ' + group}") as bar:
+
+        def _cb(it: int, rss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(rss=f"{rss:.4g}")
+
+        res = run_metacells(backend, backend.asarray(x), k, **options, callback=_cb, n_jobs=n_jobs)
+    fit = res.fit
+    return _GroupFit(
+        a_t=sp.csr_matrix(to_host(fit.A).T),
+        b=sp.csr_matrix(to_host(fit.B)),
+        kernel=sp.csr_matrix(to_host(res.kernel)),
+        archetypes=np.asarray(fit.archetypes),
+        rss=np.asarray(fit.rss, dtype=np.float64),
+        n_iter=int(fit.n_iter),
+        converged=bool(fit.converged),
+        convergence_threshold=float(fit.convergence_threshold),
+        a0=res.a0,
+        seconds={key: float(v) for key, v in res.timings.items()},
+    )
 
 
 def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:
@@ -544,6 +591,8 @@ def aggregate_metacells(
         ``key_added`` of that run.
     layer
         Matrix to sum: ``adata.layers[layer]``; None uses ``adata.X``. Sum raw counts (e.g. ``layer="counts"``).
+        A dask array (``anndata.experimental.read_lazy`` or ``read_elem_lazy``) is summed chunk by chunk, never
+        loaded whole.
     soft
         False: sum the cells labelled with each metacell. True: every cell contributes to every metacell with its
         assignment weight (``obsm[key + "_weights"]``), so the total counts are preserved.
@@ -575,8 +624,12 @@ def aggregate_metacells(
         check_key(adata.obs, celltype_key, "adata.obs")
     bk = backend_of(mat)  # the sums run where the matrix lives; only the metacells x genes result comes back
     table: pd.DataFrame = info["metacells"]
+    if not isinstance(table, pd.DataFrame) and hasattr(table, "to_memory"):
+        table = table.to_memory()  # anndata.experimental.read_lazy gives uns tables as xarray-backed Dataset2D
     if soft:
-        w = sp.csr_matrix(to_host(adata.obsm[_keys.metacell_weights(key)]))  # (n, k), a result (host unless moved)
+        wkey = _keys.metacell_weights(key)
+        # (n, k), a result (host unless moved); a lazily read one is small (k entries per cell at most): loaded
+        w = sp.csr_matrix(to_host(load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]")))
         agg = sp.csr_matrix(w.T)  # (k, n)
         names = list(table.index)
         keep = np.asarray(agg.sum(axis=1)).ravel() > 0
@@ -588,12 +641,19 @@ def aggregate_metacells(
         codes = lab.cat.codes.to_numpy()
         ok = codes >= 0
         agg = sp.csr_matrix((np.ones(int(ok.sum())), (codes[ok], np.flatnonzero(ok))), shape=(len(names), adata.n_obs))
-    agg_d = bk.asarray(agg)
-    sums = to_host(agg_d @ (mat if mat.dtype == np.float64 else mat.astype(np.float64)))  # float64 sums, as scipy
-    if sp.issparse(sums):
-        sums = sp.csr_matrix(sums)
+    if is_dask_array(mat):
+        # lazily read: each row chunk times its cells' columns of agg, the dense partials added by dask's tree
+        # reduction (the matrix is never whole in one process); sparse chunks give a CSR result, as in memory
+        sums = grouped_sum(agg, mat)
+        if is_sparse(mat._meta):
+            sums = sp.csr_matrix(sums)
     else:
-        sums = np.asarray(sums)
+        agg_d = bk.asarray(agg)
+        sums = to_host(agg_d @ (mat if mat.dtype == np.float64 else mat.astype(np.float64)))  # float64, as scipy
+        if sp.issparse(sums):
+            sums = sp.csr_matrix(sums)
+        else:
+            sums = np.asarray(sums)
     size = np.asarray(agg.sum(axis=1)).ravel()
     obs = pd.DataFrame({"size": size if soft else size.astype(np.int64)}, index=pd.Index(names, name=None))
     if "group" in table and (table["group"] != "").any():
@@ -606,9 +666,12 @@ def aggregate_metacells(
     out = AnnData(X=sums, obs=obs, var=adata.var.copy())
     denom = np.where(size > 0, size, 1.0)[:, None]
     for name, emb in adata.obsm.items():
-        if not name.startswith("X_") or is_sparse(emb) or isinstance(emb, pd.DataFrame):
+        if not name.startswith("X_") or is_sparse(getattr(emb, "_meta", emb)) or isinstance(emb, pd.DataFrame):
             continue
         if emb.ndim != 2 or not np.issubdtype(np.dtype(emb.dtype), np.number):
+            continue
+        if is_dask_array(emb):  # read_lazy: obsm is lazy too; summed chunk by chunk like the counts
+            out.obsm[name] = grouped_sum(agg, emb) / denom
             continue
         eb = backend_of(emb)
         out.obsm[name] = np.asarray(to_host(eb.asarray(agg) @ emb)) / denom

@@ -14,8 +14,10 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Backend, Device, get_backend, to_host
+from gpuc._dask import client_name, map_units, resolve_client
 from gpuc._errors import ConvergenceWarning, GpucWarning
-from gpuc._utils import progress
+from gpuc._lazy import load
+from gpuc._utils import derive_seed, progress
 from gpuc._validate import (
     SeedLike,
     check_adata,
@@ -40,7 +42,7 @@ from gpuc.nmf._consensus import (
     sweep_batches,
     sweep_row,
 )
-from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, Operator
+from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, HalsResult, Operator, fit_hals_groups
 from gpuc.nmf._prepare import PREPROCESSING, prepare_matrix
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
@@ -84,13 +86,15 @@ def _prepare_block(
     adata: AnnData, layer: str | None, mask_var: str | np.ndarray | None, preprocessing: str
 ) -> tuple[Any, np.ndarray]:
     """The checked (and optionally scaled) cells x genes block that is factorised, and the gene mask; touches
-    nothing in ``adata``. The block stays where the data lives (numpy/scipy or cupy/cupyx).
+    nothing in ``adata``. The block stays where the data lives (numpy/scipy or cupy/cupyx). A dask array (a lazily
+    read AnnData) has its ``mask_var`` genes selected lazily, then only that block is loaded into memory.
     """
     check_choice("preprocessing", preprocessing, PREPROCESSING)
     mat = get_matrix(adata, layer=layer)
     mask = _gene_mask(adata, mask_var)
     block = mat[:, np.flatnonzero(mask)] if not mask.all() else mat
     where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    block = load(block, where)  # dask: reads only the selected genes (CSR for sparse chunks) and logs the size
     return prepare_matrix(block, preprocessing, gene_names=adata.var_names[mask], where=where), mask
 
 
@@ -161,6 +165,84 @@ def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: 
     warnings.warn(msg, ConvergenceWarning, stacklevel=3)
 
 
+# --------------------------------------------------------------------------------------------------------------------
+# restarts and ranks as Dask tasks
+# --------------------------------------------------------------------------------------------------------------------
+def _restart_chunks(op: Operator, ks: list[int], n_runs: int, client: Any) -> list[tuple[int, range]]:
+    """The units of a distributed fit: ``(k, runs)`` pairs covering every restart of every rank.
+
+    On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so a
+    rank's restarts are split into about four units per worker in all, for load balance. Dense products go through
+    BLAS, which may round a column differently with the width of the product: there each rank stays one unit, so
+    the runs are bit-identical to the in-process fit.
+    """
+    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+    per_k = 1 if not op.sparse else max(1, min(n_runs, -(-4 * n_workers // len(ks))))
+    size = -(-n_runs // per_k)
+    return [(k, range(i, min(i + size, n_runs))) for k in ks for i in range(0, n_runs, size)]
+
+
+def _fit_restarts(
+    backend: Backend, k: int, runs: range, *, op: Operator, random_state: int, options: dict, n_jobs: int | None
+) -> HalsResult:
+    """Restarts ``runs`` of rank ``k`` (seeds from ``(random_state, k, run)``), factors brought to the host."""
+    seeds = [derive_seed(random_state, k, i) for i in runs]
+    fits = fit_hals_groups(backend, op, [(k, seeds)], **options)[0]
+    return HalsResult(
+        to_host(fits.usages), to_host(fits.spectra_t), fits.losses, fits.n_iter, fits.converged, fits.norm2
+    )
+
+
+def _join_restarts(parts: list[HalsResult]) -> HalsResult:
+    """One rank's restarts from its units, in run order."""
+    if len(parts) == 1:
+        return parts[0]
+    return HalsResult(
+        np.concatenate([p.usages for p in parts], axis=1),
+        np.concatenate([p.spectra_t for p in parts], axis=1),
+        np.concatenate([p.losses for p in parts]),
+        np.concatenate([p.n_iter for p in parts]),
+        np.concatenate([p.converged for p in parts]),
+        parts[0].norm2,
+    )
+
+
+def _fit_on_cluster(
+    client: Any,
+    backend: Backend,
+    op: Operator,
+    ks: list[int],
+    n_runs: int,
+    random_state: int,
+    options: dict,
+    n_jobs: int | None,
+    what: str,
+) -> dict[int, HalsResult]:
+    """Every restart of ranks ``ks`` as Dask tasks (the data scattered once per worker); ``{k: restarts}``."""
+    chunks = _restart_chunks(op, ks, n_runs, client)
+    units = [(f"k={k} runs {r.start}-{r.stop - 1}", (backend, k, r)) for k, r in chunks]
+    parts = map_units(
+        _fit_restarts,
+        units,
+        client=client,
+        shared={"op": op, "random_state": random_state, "options": options},
+        n_jobs=n_jobs,
+        what=what,
+    )
+    return {k: _join_restarts([p for (kk, _), p in zip(chunks, parts, strict=True) if kk == k]) for k in ks}
+
+
+def _sweep_row_unit(
+    backend: Backend, k: int, fits: HalsResult, *, op: Operator, options: dict, n_jobs: int | None
+) -> dict:
+    """The sweep row of one rank from its restarts (consensus without the refit), as a dict."""
+    fits = HalsResult(
+        backend.asarray(fits.usages), backend.asarray(fits.spectra_t), fits.losses, fits.n_iter, fits.converged,
+        fits.norm2,
+    )  # fmt: skip
+    return vars(sweep_row(backend, op, fits, k, **options, n_jobs=n_jobs))
+
+
 def _call_params(**call: Any) -> dict[str, Any]:
     """``uns[key]["params"]`` of an NMF tool: its call as made, with arrays and dtypes in forms h5ad can store."""
     out = dict(call)
@@ -204,6 +286,7 @@ def nmf_k_sweep(
     kmeans_n_init: int = 10,
     device: Device | None = None,
     n_jobs: int | None = None,
+    client: Any = None,
     dtype: Any = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.NMF_K_SWEEP,
@@ -263,7 +346,12 @@ def nmf_k_sweep(
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     n_jobs
         CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it.
+        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
+    client
+        Where the restarts run: ``None`` follows :attr:`gpuc.settings.client` (default: in this process, all ranks
+        in the same data products); ``"default"`` or a ``distributed.Client``: batches of restarts of each rank as
+        Dask tasks (on sparse data several per rank, on dense data one per rank), the data scattered once to every
+        worker, then one consensus task per rank. Runs and rows are identical wherever they run.
     dtype
         Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
         in float64) or float64.
@@ -315,11 +403,37 @@ def nmf_k_sweep(
     batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
     _check_nmf_memory(backend, op, batches, n_runs, target)
 
-    start = logg.info(f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name})")
+    dask_client = resolve_client(client)
+    start = logg.info(
+        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name}"
+        f"{'' if dask_client is None else ', ' + client_name(dask_client)})"
+    )
     rows = []
     t0 = time.perf_counter()
+    hals = {
+        "max_iter": max_iter,
+        "tol": tol,
+        "extrapolate": extrapolate,
+        "warmup": warmup,
+        "update_order": update_order,
+    }
+    row_options = {
+        "target": target, "metric": metric, "density_threshold": float(density_threshold),
+        "kmeans_n_init": kmeans_n_init, "random_state": random_state,
+    }  # fmt: skip
     bar = progress(total=len(ks), desc="k sweep")
-    for batch in batches:
+    if dask_client is not None:
+        # restarts (and ranks) as tasks, then one consensus task per rank; same runs and rows as in process
+        fitted = _fit_on_cluster(dask_client, backend, op, ks, n_runs, random_state, hals, n_jobs, "nmf_k_sweep")
+        rows = map_units(
+            _sweep_row_unit,
+            [(f"k={k}", (backend, k, fitted[k])) for k in ks],
+            client=dask_client,
+            shared={"op": op, "options": row_options},
+            n_jobs=n_jobs,
+            what="nmf_k_sweep",
+        )
+    for batch in batches if dask_client is None else []:
         ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
         hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
         fits_of = run_ks(
@@ -342,18 +456,7 @@ def nmf_k_sweep(
             f"{max(int(f.n_iter.max()) for f in fits_of)} iterations"
         )
         for k, fits in zip(batch, fits_of, strict=True):
-            row = sweep_row(
-                backend,
-                op,
-                fits,
-                k,
-                target=target,
-                metric=metric,
-                density_threshold=float(density_threshold),
-                kmeans_n_init=kmeans_n_init,
-                random_state=random_state,
-                n_jobs=n_jobs,
-            )
+            row = sweep_row(backend, op, fits, k, **row_options, n_jobs=n_jobs)
             rows.append(vars(row))
             bar.update(1)
     bar.close()
@@ -429,6 +532,7 @@ def consensus_nmf(
     kmeans_n_init: int = 10,
     device: Device | None = None,
     n_jobs: int | None = None,
+    client: Any = None,
     dtype: Any = None,
     random_state: SeedLike = 0,
     key_added: str = _keys.NMF,
@@ -464,8 +568,9 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, n_jobs, dtype, random_state
-        As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``.
+    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, n_jobs, client, dtype, random_state
+        As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``. With a client, batches of
+        restarts are Dask tasks and the consensus runs in this process.
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
     copy
@@ -517,24 +622,30 @@ def consensus_nmf(
     backend, op = _backend_and_op(block, device, dtype)
     _check_nmf_memory(backend, op, [[k]], n_runs, target)
 
-    start = logg.info(f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name})")
-    t0 = time.perf_counter()
-    bar = progress(total=max_iter, desc=f"HALS k={k}")
-    fits = run_k(
-        backend,
-        op,
-        k,
-        n_runs,
-        random_state,
-        max_iter=max_iter,
-        tol=tol,
-        extrapolate=extrapolate,
-        warmup=warmup,
-        update_order=update_order,
-        progress=bar.update,
-        n_jobs=n_jobs,
+    dask_client = resolve_client(client)
+    start = logg.info(
+        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name}"
+        f"{'' if dask_client is None else ', ' + client_name(dask_client)})"
     )
-    bar.close()
+    t0 = time.perf_counter()
+    hals = {
+        "max_iter": max_iter,
+        "tol": tol,
+        "extrapolate": extrapolate,
+        "warmup": warmup,
+        "update_order": update_order,
+    }
+    if dask_client is not None:
+        # batches of restarts as tasks; the consensus of the pooled runs is computed here, as in process
+        fits = _fit_on_cluster(dask_client, backend, op, [k], n_runs, random_state, hals, n_jobs, "consensus_nmf")[k]
+        fits = HalsResult(
+            backend.asarray(fits.usages), backend.asarray(fits.spectra_t), fits.losses, fits.n_iter, fits.converged,
+            fits.norm2,
+        )  # fmt: skip
+    else:
+        bar = progress(total=max_iter, desc=f"HALS k={k}")
+        fits = run_k(backend, op, k, n_runs, random_state, **hals, progress=bar.update, n_jobs=n_jobs)
+        bar.close()
     params = _call_params(
         k=k,
         n_runs=n_runs,
