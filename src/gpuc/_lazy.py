@@ -3,9 +3,9 @@
 ``anndata.experimental.read_lazy`` and ``read_elem_lazy`` give ``X`` and ``layers`` as :class:`dask.array.Array`
 with numpy or scipy.sparse chunks (cupy ones under ``dask_cuda``). The tools that only *sum* over cells
 (:func:`gpuc.tl.pseudobulk`, :func:`gpuc.tl.aggregate_metacells`) never load such a matrix: every row chunk is
-multiplied by the columns of the sparse group indicator that belong to its cells, giving a dense
-groups x genes partial, and the partials are added by dask's tree reduction. The peak memory is therefore a few
-chunks plus a few groups x genes partials, whatever the number of cells. The tools that need a whole block in memory
+multiplied by the columns of the sparse group indicator that belong to its cells, giving dense partial rows for the
+groups present in the chunk, and the partials are added by a tree reduction that Dask schedules. The peak memory is
+therefore a few chunks plus a few partials (at most groups x genes each), whatever the number of cells. The tools that need a whole block in memory
 (NMF, DESeq2) load only that block with :func:`load`, after selecting what they need lazily.
 
 Every function here is pure (arrays in, arrays out; no AnnData). dask is imported inside the functions only, so
@@ -77,18 +77,41 @@ def _flags_combine(codes: np.ndarray, axis: Any = None, keepdims: bool = False) 
     return np.bitwise_or.reduce(codes, axis=axis, keepdims=keepdims)
 
 
-def _partial_sum(ind_t: Any, block: Any) -> np.ndarray:
-    """One row chunk's contribution to the grouped sums: ``(ind_t.T @ block)`` as a dense 1 x groups x genes array.
+def _partial_rows(ind_t: Any, block: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk's contribution to the grouped sums, on the groups that have a cell in the chunk only.
 
-    ``ind_t`` holds the indicator's columns for the chunk's cells, transposed (chunk cells x groups, CSR); the
-    product runs in float64 on the device of the chunk and only the dense partial comes to the host.
+    ``ind_t`` holds the indicator's columns for the chunk's cells, transposed (chunk cells x groups, CSR). Returns
+    the positions of the groups present and their dense float64 rows ``ind_t[:, present].T @ block``; the product
+    runs on the device of the chunk and only those rows come to the host. An atlas stored sample by sample has a
+    few samples per chunk, so a partial is a few rows, not every profile.
     """
+    ind_t = sp.csr_matrix(ind_t)
+    present = np.flatnonzero(np.bincount(ind_t.indices, minlength=ind_t.shape[1]))
     bk = backend_of(block)
-    ind = bk.asarray(ind_t)  # a no-op on the CPU; a small upload for a cupy chunk
+    ind = bk.asarray(sp.csr_matrix(ind_t[:, present].T))  # a no-op on the CPU; a small upload for a cupy chunk
     blk = block if block.dtype == np.float64 else block.astype(np.float64)  # sums in float64, as in memory
-    part = ind.T @ blk
+    part = ind @ blk
     part = part.toarray() if is_sparse(part) else part
-    return np.asarray(to_host(part))[None]
+    return present, np.asarray(to_host(part), dtype=np.float64)
+
+
+def _add_partials(*parts: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A node of the tree reduction: the sum of several partials (union of their groups), in the order given."""
+    ids = np.unique(np.concatenate([p[0] for p in parts]))
+    out = np.zeros((ids.size, parts[0][1].shape[1]), dtype=np.float64)
+    for p_ids, rows in parts:
+        out[np.searchsorted(ids, p_ids)] += rows
+    return ids, out
+
+
+def _place_partials(n_groups: int, *columns: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The dense groups x genes result from the reduced partial of every gene chunk (side by side)."""
+    out = np.zeros((n_groups, sum(rows.shape[1] for _, rows in columns)), dtype=np.float64)
+    start = 0
+    for ids, rows in columns:
+        out[ids, start : start + rows.shape[1]] = rows
+        start += rows.shape[1]
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -122,35 +145,35 @@ def _count_flags_graph(x: Any, split_every: int | None) -> Any:
 
 
 def _grouped_sum_graph(indicator: Any, x: Any, split_every: int | None) -> Any:
-    """A lazy dense float64 groups x genes array: ``indicator @ x``, summed chunk by chunk (see :func:`grouped_sum`)."""
-    import dask.array as da
+    """A lazy (dask.delayed) dense float64 groups x genes array: ``indicator @ x``, summed chunk by chunk.
+
+    Each block of ``x`` (row chunk r, gene chunk g) gives a partial over the groups present in its rows
+    (:func:`_partial_rows`); per gene chunk the partials are added by a tree of :func:`_add_partials` nodes,
+    ``split_every`` at a time, that Dask schedules like any reduction; the last step places the rows.
+    """
+    import dask
 
     _check_rows(x)
     ind = sp.csr_matrix(indicator, dtype=np.float64)
     if ind.shape[1] != x.shape[0]:
         msg = f"the indicator has {ind.shape[1]} columns but the matrix has {x.shape[0]} rows."
         raise ValueError(msg)
-    n_groups = ind.shape[0]
-    # the transposed indicator (cells x groups, CSR: row slices are cheap) chunked like the rows of x, so that
-    # block r of it holds exactly the indicator's columns for the cells of row chunk r
-    ind_t = da.from_array(
-        ind.T.tocsr(), chunks=(x.chunks[0], (n_groups,)), asarray=False, meta=sp.csr_matrix((0, 0)), name=False
-    )
-    # one dense 1 x groups x genes-chunk partial per block of x (its row chunk r, its gene chunk g) ...
-    parts = da.blockwise(
-        _partial_sum,
-        "rpg",
-        ind_t,
-        "rp",
-        x,
-        "rg",
-        adjust_chunks={"r": 1},
-        dtype=np.float64,
-        meta=np.empty((0, 0, 0), dtype=np.float64),
-        token="gpuc-grouped-sum-partial",  # a prefix: dask appends a hash of the inputs
-    )
-    # ... added over the row chunks by a tree reduction (split_every partials at a time)
-    return parts.sum(axis=0, dtype=np.float64, split_every=split_every)
+    fan_in = max(2, int(split_every or 8))
+    ind_t = ind.T.tocsr()  # cells x groups: the rows of a chunk's cells are a cheap slice
+    bounds = np.r_[0, np.cumsum(x.chunks[0])].astype(np.int64)
+    blocks = x.to_delayed()  # (row chunks, gene chunks) of delayed blocks; the read stays fused with its block
+    partial = dask.delayed(_partial_rows, pure=True)
+    add = dask.delayed(_add_partials, pure=True)
+    columns = []
+    for g in range(blocks.shape[1]):
+        level = [partial(ind_t[bounds[r] : bounds[r + 1]], blocks[r, g]) for r in range(blocks.shape[0])]
+        while len(level) > 1:
+            level = [
+                add(*level[i : i + fan_in]) if len(level[i : i + fan_in]) > 1 else level[i]
+                for i in range(0, len(level), fan_in)
+            ]
+        columns.append(level[0])
+    return dask.delayed(_place_partials, pure=True)(ind.shape[0], *columns)
 
 
 # --------------------------------------------------------------------------------------------------------------------
