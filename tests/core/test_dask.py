@@ -116,6 +116,19 @@ def test_deseq_groups_identical_in_process_and_on_workers(clients, same):
     assert (table["padj"].to_numpy()[:20] < 0.05).mean() > 0.5  # the planted effect is found
 
 
+def test_deseq_one_design_as_gene_blocks_on_workers(clients, same):
+    """Without groupby the fit runs as gene-block tasks (tests/deseq/test_deseq_blocks.py covers many blocks)."""
+    pb = _pseudobulk()
+
+    def call(client):
+        return gpuc.tl.deseq(
+            pb, "~cell_type + condition", contrast=["condition", "stim", "ctrl"], client=client, copy=True
+        )
+
+    out = _three_ways(call, clients, same)
+    assert (gpuc.get.deseq_results(out)["padj"].to_numpy()[:20] < 0.05).mean() > 0.5
+
+
 @pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
 def test_nmf_sweep_and_consensus_identical_in_process_and_on_workers(clients, same, sparse):
     a = _planted(sparse=sparse)

@@ -142,7 +142,6 @@ def run_analysis(
     ``n_jobs``: CPU threads (gene blocks in parallel, :func:`gpuc._utils.cpu_threads`); per-gene results do not depend
     on it.
     """
-    test = "wald" if plan.reduced is None else "lrt"
     fit = run_deseq(
         backend,
         counts,
@@ -154,6 +153,38 @@ def run_analysis(
         max_iter=max_iter,
         reduced=None if plan.reduced is None else plan.reduced.matrix,
     )
+    return tabulate(
+        backend,
+        fit,
+        plan,
+        gene_names=gene_names,
+        alpha=alpha,
+        cooks_filter=cooks_filter,
+        independent_filter=independent_filter,
+        lfc_threshold=lfc_threshold,
+        alt_hypothesis=alt_hypothesis,
+        lfc_shrink=lfc_shrink,
+    )
+
+
+def tabulate(
+    backend: Backend,
+    fit: DeseqFit,
+    plan: AnalysisPlan,
+    *,
+    gene_names: pd.Index,
+    alpha: float = 0.05,
+    cooks_filter: bool = True,
+    independent_filter: bool = True,
+    lfc_threshold: float = 0.0,
+    alt_hypothesis: str = "greaterAbs",
+    lfc_shrink: str | None = None,
+) -> Analysis:
+    """The :class:`Analysis` of a finished fit: per contrast of ``plan`` a results table (R ``results()``: Wald or
+    likelihood-ratio p-values, Cook's filter, independent filtering and Benjamini-Hochberg over all genes) and its
+    filtering summary; with ``lfc_shrink`` the tables also get shrunken fold changes.
+    """
+    test = "wald" if plan.reduced is None else "lrt"
     out = Analysis(plan, fit)
     for c in plan.contrasts:
         res, info = results(

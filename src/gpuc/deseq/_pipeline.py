@@ -53,6 +53,9 @@ class DeseqFit:
     messages: list[str] = field(default_factory=list)
 
 
+POSCOUNTS_NOTE = "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
+
+
 def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None) -> tuple[Any, str, str | None]:
     """Size factors of gene-major counts, switching ratio -> poscounts (with a message) when every gene has a zero."""
     nz = (y > 0).any(axis=1)
@@ -62,7 +65,7 @@ def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None)
             return (
                 size_factors_poscounts(bk, y, control),
                 "poscounts",
-                "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'.",
+                POSCOUNTS_NOTE,
             )
         return size_factors_ratio(bk, y, control), "ratio", None
     if kind == "poscounts":
@@ -73,11 +76,18 @@ def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None)
     raise ValueError(msg)
 
 
+def dispersion_start(
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
+) -> tuple[Any, Any]:
+    """The genewise fit's starting dispersions and its (floored) mu, per gene."""
+    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
+    return a0, dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
+
+
 def _fit_dispersions(
     bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
 ) -> tuple[Any, Any, Any, Any]:
-    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
-    mu = dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
+    a0, mu = dispersion_start(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
     return gw.alpha, gw.converged, mu, gw.state
 
@@ -135,6 +145,10 @@ def run_deseq(
     ``reduced`` (n x q model matrix) adds a likelihood-ratio test of the full against the reduced model, with the
     full model's dispersions, as R's ``nbinomLRT``. ``max_iter`` bounds the IRLS iterations of the final GLM fits
     (R's ``maxit``); genes that reach it keep ``betaConv`` False.
+
+    The steps are :func:`compute_size_factors`, the genewise dispersions, :func:`dispersion_prior` (the global
+    trend and prior), :func:`fit_genes` (every per-gene step after it) and :func:`gene_fields`;
+    :func:`gpuc.deseq._blocks.run_analysis_blocked` runs the per-gene ones on gene blocks.
     """
     xp = bk.xp
     messages: list[str] = []
@@ -143,6 +157,7 @@ def run_deseq(
     if n <= p:
         msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
         raise ValueError(msg)
+    reduced, lrt_df = check_reduced(reduced, p)
     y_all = bk.asarray(counts, dtype=np.float64)
     if bk.sparse.issparse(y_all):
         y_all = y_all.toarray()
@@ -170,19 +185,133 @@ def run_deseq(
     gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
         bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
     )
-    gwh = np.asarray(bk.to_host(gw))
-    bmh = np.asarray(bk.to_host(base_mean))
-    trend, note = fit_trend(bmh, gwh, fit_type=fit_type, min_disp=min_disp)
+    trend, fitted_h, var_log_disp, prior_var, pv_method = dispersion_prior(
+        np.asarray(bk.to_host(base_mean)),
+        np.asarray(bk.to_host(gw)),
+        n,
+        p,
+        fit_type=fit_type,
+        min_disp=min_disp,
+        messages=messages,
+    )
+
+    # ---- MAP, GLM, Cook's, refit, LRT
+    parts = fit_genes(
+        bk,
+        y,
+        sf,
+        x,
+        norm=norm,
+        base_mean=base_mean,
+        base_var=base_var,
+        gw=gw,
+        gw_conv=gw_conv,
+        mu_disp=mu_disp,
+        gw_state=gw_state,
+        fitted=bk.asarray(fitted_h),
+        trend=trend,
+        prior_var=prior_var,
+        var_log_disp=var_log_disp,
+        refit_cooks=refit_cooks,
+        min_replicates=min_replicates,
+        min_mu=min_mu,
+        min_disp=min_disp,
+        max_disp=max_disp,
+        reduced=reduced,
+        max_iter=max_iter,
+    )
+    out = gene_fields(bk, parts, nonzero, G)
+    return DeseqFit(
+        size_factors=np.asarray(bk.to_host(sf)),
+        genes=out["genes"],
+        beta=out["beta"],
+        cov=out["cov"],
+        mu=out["mu"],
+        cooks=out["cooks"],
+        counts=np.asarray(bk.to_host(y_all)),
+        design=x,
+        trend=trend,
+        var_log_disp=var_log_disp,
+        prior_var=prior_var,
+        prior_var_method=pv_method,
+        cooks_cutoff=cooks_cutoff(n, p),
+        size_factor_type=sf_type,
+        lrt_stat=out["lrt_stat"],
+        lrt_pvalue=out["lrt_pvalue"],
+        lrt_df=lrt_df,
+        messages=messages,
+    )
+
+
+def check_reduced(reduced: np.ndarray | None, p: int) -> tuple[np.ndarray | None, int | None]:
+    """The reduced model matrix as float64 and the likelihood-ratio test's degrees of freedom (None, None without)."""
+    if reduced is None:
+        return None, None
+    reduced = np.asarray(reduced, dtype=np.float64)
+    lrt_df = p - reduced.shape[1]
+    if lrt_df <= 0:
+        msg = f"the reduced design must have fewer coefficients than the full one ({reduced.shape[1]} vs {p})."
+        raise ValueError(msg)
+    return reduced, lrt_df
+
+
+def dispersion_prior(
+    means: np.ndarray, genewise: np.ndarray, n: int, p: int, *, fit_type: str, min_disp: float, messages: list[str]
+) -> tuple[DispersionFunction, np.ndarray, float, float, str]:
+    """The global dispersion steps, on host vectors over the genes with a count (in gene order): the trend, its
+    values at ``means``, the variance of log dispersions around it and the prior variance (with its method).
+
+    Appends R's notes (trend fallback, simulated prior variance) to ``messages``.
+    """
+    trend, note = fit_trend(means, genewise, fit_type=fit_type, min_disp=min_disp)
     if note:
         messages.append(note)
-    fitted_h = trend(bmh)
-    var_log_disp, resid = log_residual_variance(gwh, fitted_h, min_disp=min_disp)
+    fitted = trend(means)
+    var_log_disp, resid = log_residual_variance(genewise, fitted, min_disp=min_disp)
     prior_var, pv_method = prior_variance(resid, var_log_disp, n, p)
     if pv_method == "simulation":
         messages.append(
             f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}."
         )
-    fitted = bk.asarray(fitted_h)
+    return trend, fitted, var_log_disp, prior_var, pv_method
+
+
+def fit_genes(
+    bk: Backend,
+    y: Any,
+    sf: Any,
+    x: np.ndarray,
+    *,
+    norm: Any,
+    base_mean: Any,
+    base_var: Any,
+    gw: Any,
+    gw_conv: Any,
+    mu_disp: Any,
+    gw_state: tuple,
+    fitted: Any,
+    trend: DispersionFunction,
+    prior_var: float,
+    var_log_disp: float,
+    refit_cooks: bool,
+    min_replicates: int,
+    min_mu: float,
+    min_disp: float,
+    max_disp: float,
+    reduced: np.ndarray | None,
+    max_iter: int,
+) -> dict[str, Any]:
+    """Every per-gene step after the dispersion prior, on gene-major counts ``y`` of genes with a count: MAP
+    dispersions, the GLM, Cook's distances, outlier replacement and refit, and (with a ``reduced`` model matrix) the
+    likelihood-ratio test.
+
+    A gene's results depend only on its own counts, genewise fit and trend value and on the global values passed in
+    (size factors, design, trend, prior variance), so any split of the genes into blocks gives the same values.
+    Returns the per-gene arrays (the LRT statistic and p-value on the host, None without ``reduced``).
+    """
+    xp = bk.xp
+    n, p = x.shape
+    xd = bk.asarray(x)
     dmap, map_conv, outlier, disp = _fit_map(
         bk,
         y,
@@ -273,66 +402,73 @@ def run_deseq(
                 base_var[zidx] = 0.0
 
     # ---- LRT
-    lrt_stat = lrt_p = None
-    lrt_df = None
+    st = pv = None
     if reduced is not None:
-        reduced = np.asarray(reduced, dtype=np.float64)
-        lrt_df = p - reduced.shape[1]
-        if lrt_df <= 0:
-            msg = f"the reduced design must have fewer coefficients than the full one ({reduced.shape[1]} vs {p})."
-            raise ValueError(msg)
         fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu, maxit=max_iter)
         ll_full = nb_loglik_sum(bk, y_fit, mu, disp)
         ll_red = nb_loglik_sum(bk, y_fit, fr.mu, disp)
-        st, pv = lrt(np.asarray(bk.to_host(-2 * ll_red)), np.asarray(bk.to_host(-2 * ll_full)), lrt_df)
+        st, pv = lrt(np.asarray(bk.to_host(-2 * ll_red)), np.asarray(bk.to_host(-2 * ll_full)), p - reduced.shape[1])
         nz_h = np.asarray(bk.to_host(new_all_zero))
         st[nz_h], pv[nz_h] = 0.0, 1.0
-        lrt_stat, lrt_p = _scatter(bk, st, nz_idx, G), _scatter(bk, pv, nz_idx, G)
+    return {
+        "base_mean": base_mean,
+        "base_var": base_var,
+        "gw": gw,
+        "gw_conv": gw_conv,
+        "fitted": fitted,
+        "dmap": dmap,
+        "map_conv": map_conv,
+        "outlier": outlier,
+        "disp": disp,
+        "beta_conv": beta_conv,
+        "beta_iter": beta_iter,
+        "dev": dev,
+        "max_cooks": max_cooks,
+        "replace": replace,
+        "refitted": refitted,
+        "new_all_zero": new_all_zero,
+        "beta": beta,
+        "cov": cov,
+        "mu": mu,
+        "cooks": cooks,
+        "lrt_stat": st,
+        "lrt_pvalue": pv,
+    }
 
+
+def gene_fields(bk: Backend, parts: dict[str, Any], nonzero: Any, G: int) -> dict[str, Any]:
+    """The host arrays of :class:`DeseqFit` over all ``G`` genes from :func:`fit_genes`' arrays over the genes with a
+    count (``nonzero``, a mask over the ``G`` genes): ``genes`` (the per-gene fields), ``beta``, ``cov``, ``mu``,
+    ``cooks``, ``lrt_stat`` and ``lrt_pvalue``; genes without a count get R's fill values.
+    """
+    xp = bk.xp
+    nz_idx = xp.nonzero(nonzero)[0]
     host = lambda a: np.asarray(bk.to_host(a))  # noqa: E731
     genes = {
-        "baseMean": _scatter(bk, host(base_mean), nz_idx, G, fill=0.0),
-        "baseVar": _scatter(bk, host(base_var), nz_idx, G, fill=0.0),
+        "baseMean": _scatter(bk, host(parts["base_mean"]), nz_idx, G, fill=0.0),
+        "baseVar": _scatter(bk, host(parts["base_var"]), nz_idx, G, fill=0.0),
         "allZero": ~host(nonzero),
-        "dispGeneEst": _scatter(bk, host(gw), nz_idx, G),
-        "dispGeneConv": _scatter(bk, host(gw_conv), nz_idx, G, fill=False),
-        "dispFit": _scatter(bk, host(fitted), nz_idx, G),
-        "dispMAP": _scatter(bk, host(dmap), nz_idx, G),
-        "dispMAPConv": _scatter(bk, host(map_conv), nz_idx, G, fill=False),
-        "dispOutlier": _scatter(bk, host(outlier), nz_idx, G, fill=False),
-        "dispersion": _scatter(bk, host(disp), nz_idx, G),
-        "betaConv": _scatter(bk, host(beta_conv), nz_idx, G, fill=False),
-        "betaIter": _scatter(bk, host(beta_iter), nz_idx, G, fill=0),
-        "deviance": _scatter(bk, host(dev), nz_idx, G),
-        "maxCooks": _scatter(bk, host(max_cooks), nz_idx, G),
-        "replace": _scatter(bk, host(replace), nz_idx, G, fill=False),
-        "refitted": _scatter(bk, host(refitted), nz_idx, G, fill=False),
-        "newAllZero": _scatter(bk, host(new_all_zero), nz_idx, G, fill=False),
+        "dispGeneEst": _scatter(bk, host(parts["gw"]), nz_idx, G),
+        "dispGeneConv": _scatter(bk, host(parts["gw_conv"]), nz_idx, G, fill=False),
+        "dispFit": _scatter(bk, host(parts["fitted"]), nz_idx, G),
+        "dispMAP": _scatter(bk, host(parts["dmap"]), nz_idx, G),
+        "dispMAPConv": _scatter(bk, host(parts["map_conv"]), nz_idx, G, fill=False),
+        "dispOutlier": _scatter(bk, host(parts["outlier"]), nz_idx, G, fill=False),
+        "dispersion": _scatter(bk, host(parts["disp"]), nz_idx, G),
+        "betaConv": _scatter(bk, host(parts["beta_conv"]), nz_idx, G, fill=False),
+        "betaIter": _scatter(bk, host(parts["beta_iter"]), nz_idx, G, fill=0),
+        "deviance": _scatter(bk, host(parts["dev"]), nz_idx, G),
+        "maxCooks": _scatter(bk, host(parts["max_cooks"]), nz_idx, G),
+        "replace": _scatter(bk, host(parts["replace"]), nz_idx, G, fill=False),
+        "refitted": _scatter(bk, host(parts["refitted"]), nz_idx, G, fill=False),
+        "newAllZero": _scatter(bk, host(parts["new_all_zero"]), nz_idx, G, fill=False),
     }
-    beta_h = _scatter(bk, host(beta), nz_idx, G)
-    cov_h = _scatter(bk, host(cov), nz_idx, G)
-    mu_h = _scatter(bk, host(mu), nz_idx, G)
-    cooks_h = _scatter(bk, host(cooks), nz_idx, G)
-    return DeseqFit(
-        size_factors=host(sf),
-        genes=genes,
-        beta=beta_h,
-        cov=cov_h,
-        mu=mu_h,
-        cooks=cooks_h,
-        counts=host(y_all),
-        design=x,
-        trend=trend,
-        var_log_disp=var_log_disp,
-        prior_var=prior_var,
-        prior_var_method=pv_method,
-        cooks_cutoff=cutoff,
-        size_factor_type=sf_type,
-        lrt_stat=lrt_stat,
-        lrt_pvalue=lrt_p,
-        lrt_df=lrt_df,
-        messages=messages,
-    )
+    out: dict[str, Any] = {"genes": genes}
+    for k in ("beta", "cov", "mu", "cooks"):
+        out[k] = _scatter(bk, host(parts[k]), nz_idx, G)
+    for k in ("lrt_stat", "lrt_pvalue"):
+        out[k] = None if parts[k] is None else _scatter(bk, parts[k], nz_idx, G)
+    return out
 
 
 def _scatter(bk: Backend, values: np.ndarray, nz_idx: Any, G: int, fill: Any = np.nan) -> np.ndarray:

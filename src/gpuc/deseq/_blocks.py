@@ -1,0 +1,417 @@
+"""One large DESeq2 design fitted as gene blocks: the per-gene steps run per block (in this process or as Dask tasks),
+the global steps run here between them, on per-gene vectors.
+
+DESeq2 treats genes independently except for a few steps that pool them. :func:`run_analysis_blocked` runs those
+pooled steps on the client and everything else on blocks of genes (:func:`gpuc._dask.map_units`):
+
+1. size factors (here): the median of ratios needs, per sample, the median over all genes of log(count) - log
+   geometric mean. A median has no small mergeable partial, so the ratios of the usable genes are formed block by
+   block on the client, which holds the counts anyway (one genes x samples matrix of the usable genes, never the
+   dozen temporaries of a fit), and their median is taken once. ``"iterative"`` alternates whole-data dispersion fits
+   and a likelihood optimisation over all genes: it runs here in one piece (:func:`compute_size_factors`).
+2. genewise dispersions (units): per block, baseMean and the genewise dispersion MLE with its Newton state.
+3. dispersion trend, variance of log dispersions, prior variance (here), on the baseMean and genewise vectors.
+4. MAP dispersions, NB GLM, Cook's distances, outlier replacement and refit, LRT (units, :func:`fit_genes`). The
+   replacement decision of a gene uses only its own Cook's distances and the global cut-off, and the refit the
+   trend and prior variance of step 3 (as R), so it stays inside the block.
+5. Wald tests, Cook's filter, independent filtering and Benjamini-Hochberg over all genes (here, :func:`tabulate`),
+   and lfcShrink when asked for.
+
+Each unit calls the same functions as :func:`gpuc.deseq._pipeline.run_deseq` on its genes, and every per-gene
+result depends only on the gene's counts and the global values, so the result is the same as one in-process fit.
+Step 4 recomputes the dispersion mu of step 2 (deterministic, cheaper than shipping a genes x samples matrix back and
+forth); on a cluster the counts of each block are scattered once and used by both of its units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gpuc._backend import Backend, is_sparse, to_host
+from gpuc._dask import map_units, resolve_client
+from gpuc._utils import threaded
+from gpuc.deseq._analysis import Analysis, AnalysisPlan, tabulate
+from gpuc.deseq._cooks import cooks_cutoff
+from gpuc.deseq._dispersion import DispersionFunction
+from gpuc.deseq._pipeline import (
+    POSCOUNTS_NOTE,
+    DeseqFit,
+    _fit_dispersions,
+    check_reduced,
+    compute_size_factors,
+    dispersion_prior,
+    dispersion_start,
+    fit_genes,
+    gene_fields,
+)
+from gpuc.deseq._size_factors import NoCommonGenesError
+
+BLOCK_BYTES = 256 * 2**20
+MIN_MU = 0.5
+MIN_DISP = 1e-8
+
+
+def default_block_genes(n_samples: int, block_bytes: float = BLOCK_BYTES) -> int:
+    """Genes per block so that a block's working memory is about ``block_bytes``: ~14 float64 genes x samples arrays
+    and ~100 float64 values per gene (the estimate of :func:`gpuc.tl._deseq.deseq_peak_bytes`).
+    """
+    return max(1, int(block_bytes // ((14.0 * n_samples + 100.0) * 8.0)))
+
+
+def gene_spans(n_genes: int, block_genes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive blocks of ``block_genes`` genes (the last one may be shorter)."""
+    return [(lo, min(lo + block_genes, n_genes)) for lo in range(0, n_genes, block_genes)]
+
+
+@dataclass(frozen=True)
+class BlockGlobals:
+    """What the units of step 4 share besides the data: the global results of step 3 and the fit options."""
+
+    trend: DispersionFunction
+    prior_var: float
+    var_log_disp: float
+    refit_cooks: bool
+    min_replicates: int
+    max_iter: int
+    reduced: np.ndarray | None
+
+
+def _label(lo: int, hi: int) -> str:
+    return f"genes {lo}-{hi - 1}"
+
+
+def _gene_major(counts: Any) -> np.ndarray:
+    """Samples x genes counts (numpy, scipy/cupyx sparse or cupy) as a host, C-contiguous float64 genes x samples
+    matrix (the values :func:`run_deseq` fits, converted exactly).
+    """
+    counts = to_host(counts)
+    if is_sparse(counts):
+        counts = counts.toarray()
+    return np.ascontiguousarray(np.asarray(counts, dtype=np.float64).T)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# global step 1: size factors, block by block
+# --------------------------------------------------------------------------------------------------------------------
+def _log_geo_means(bk: Backend, yb: Any, kind: str) -> Any:
+    """Per gene log geometric mean as :func:`size_factors_ratio` / :func:`size_factors_poscounts` form it."""
+    xp = bk.xp
+    if kind == "ratio":
+        with np.errstate(divide="ignore"):
+            return xp.log(yb).mean(axis=1)
+    n = yb.shape[1]
+    with np.errstate(divide="ignore"):
+        logpos = xp.where(yb > 0, xp.log(xp.maximum(yb, 1.0)), 0.0)
+    allzero = ~(yb > 0).any(axis=1)
+    return xp.where(allzero, -xp.inf, logpos.sum(axis=1) / n)
+
+
+def size_factors_blocked(
+    bk: Backend, y_all: np.ndarray, kind: str, spans: list[tuple[int, int]]
+) -> tuple[Any, str, str | None]:
+    """:func:`gpuc.deseq._pipeline.compute_size_factors` of host gene-major counts, one gene block on the device at a
+    time: the log geometric means per block, the log ratios of the usable genes gathered into one matrix, and the
+    median per sample over all of them (the same values, so the same result).
+    """
+    xp = bk.xp
+    if kind == "iterative":  # a global optimisation over all genes: not split
+        return compute_size_factors(bk, bk.asarray(y_all), kind)
+    if kind not in ("ratio", "poscounts"):
+        msg = f"size_factors={kind!r} is not valid."
+        raise ValueError(msg)
+    blocks = lambda: ((lo, hi, bk.asarray(y_all[lo:hi])) for lo, hi in spans)  # noqa: E731
+    note = None
+    if kind == "ratio" and not any(bool((yb > 0).all(axis=1).any()) for _, _, yb in blocks()):
+        kind, note = "poscounts", POSCOUNTS_NOTE
+    loggeo = [_log_geo_means(bk, yb, kind) for _, _, yb in blocks()]
+    usable = [xp.isfinite(lg) for lg in loggeo]
+    n_used = sum(int(u.sum()) for u in usable)
+    if kind == "ratio" and n_used == 0:
+        msg = "every gene has at least one zero count, so median-of-ratios size factors are undefined; use size_factors='poscounts'."
+        raise NoCommonGenesError(msg)
+    ratio = xp.empty((n_used, y_all.shape[1]))
+    at = 0
+    for (_, _, yb), lg, u in zip(blocks(), loggeo, usable, strict=True):
+        yu = yb[u]
+        with np.errstate(divide="ignore"):
+            logy = xp.log(yu)
+        ratio[at : at + yu.shape[0]] = xp.where(yu > 0, logy - lg[u][:, None], xp.nan)
+        at += yu.shape[0]
+    sf = xp.exp(xp.nanmedian(ratio, axis=0))
+    if kind == "poscounts":
+        sf = sf / xp.exp(xp.log(sf).mean())
+    return sf, kind, note
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the units (module level: Dask workers import them)
+# --------------------------------------------------------------------------------------------------------------------
+def _block_counts(bk: Backend, y: np.ndarray, lo: int) -> tuple[Any, Any, Any]:
+    """The block's counts on the device, its mask of genes with a count and their counts; raises for negative or
+    non-finite counts (checked here, where the block is, naming the genes by their index in the whole matrix).
+    """
+    bad = np.nonzero(~(np.isfinite(y) & (y >= 0)).all(axis=1))[0]
+    if bad.size:
+        msg = (
+            f"{bad.size} gene(s) have negative or non-finite counts (genes {(bad[:10] + lo).tolist()}); DESeq2 needs "
+            "raw non-negative integer counts."
+        )
+        raise ValueError(msg)
+    xp = bk.xp
+    y_all = bk.asarray(y)
+    nonzero = (y_all > 0).any(axis=1)
+    return y_all, nonzero, y_all[xp.nonzero(nonzero)[0]]
+
+
+def genewise_block(
+    y: np.ndarray,
+    lo: int,
+    *,
+    backend: Backend,
+    size_factors: np.ndarray,
+    design: np.ndarray,
+    n_jobs: int | None = None,
+) -> dict[str, Any]:
+    """Unit of step 2 on gene-major counts ``y`` of the genes ``lo..``: which genes have a count and, for those,
+    baseMean, the genewise dispersion MLE, its convergence and the Newton state the MAP fit starts from.
+    """
+    bk = backend
+    host = lambda a: np.asarray(bk.to_host(a))  # noqa: E731
+    _, nonzero, yz = _block_counts(bk, y, lo)
+    sf = bk.asarray(size_factors)
+    base_mean = (yz / sf[None, :]).mean(axis=1)
+    max_disp = max(10.0, float(design.shape[0]))
+    gw, gw_conv, _, state = _fit_dispersions(
+        bk, yz, sf, bk.asarray(design), min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU
+    )
+    return {
+        "nonzero": host(nonzero),
+        "base_mean": host(base_mean),
+        "gw": host(gw),
+        "gw_conv": host(gw_conv),
+        "state": tuple(host(s) for s in state),
+    }
+
+
+def fit_block(
+    y: np.ndarray,
+    lo: int,
+    genewise: dict[str, Any],
+    fitted: np.ndarray,
+    *,
+    backend: Backend,
+    size_factors: np.ndarray,
+    design: np.ndarray,
+    globals_: BlockGlobals,
+    n_jobs: int | None = None,
+) -> dict[str, Any]:
+    """Unit of step 4 on the same block: :func:`fit_genes` with the block's genewise results and trend values and
+    the global trend and prior variance, returned as the block's rows of the :class:`DeseqFit` arrays.
+    """
+    bk = backend
+    reduced = globals_.reduced
+    _, nonzero, yz = _block_counts(bk, y, lo)
+    sf = bk.asarray(size_factors)
+    xd = bk.asarray(design)
+    norm = yz / sf[None, :]
+    max_disp = max(10.0, float(design.shape[0]))
+    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU)
+    parts = fit_genes(
+        bk,
+        yz,
+        sf,
+        design,
+        norm=norm,
+        base_mean=norm.mean(axis=1),
+        base_var=norm.var(axis=1, ddof=1),
+        gw=bk.xp.array(genewise["gw"]),  # copies: fit_genes updates the refitted genes in place
+        gw_conv=bk.xp.array(genewise["gw_conv"]),
+        mu_disp=mu_disp,
+        gw_state=tuple(bk.asarray(s) for s in genewise["state"]),
+        fitted=bk.xp.array(fitted),
+        trend=globals_.trend,
+        prior_var=globals_.prior_var,
+        var_log_disp=globals_.var_log_disp,
+        refit_cooks=globals_.refit_cooks,
+        min_replicates=globals_.min_replicates,
+        min_mu=MIN_MU,
+        min_disp=MIN_DISP,
+        max_disp=max_disp,
+        reduced=reduced,
+        max_iter=globals_.max_iter,
+    )
+    return gene_fields(bk, parts, nonzero, y.shape[0])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the driver
+# --------------------------------------------------------------------------------------------------------------------
+@threaded
+def run_analysis_blocked(
+    backend: Backend,
+    counts: Any,
+    plan: AnalysisPlan,
+    *,
+    client: Any = None,
+    block_genes: int | None = None,
+    gene_names: pd.Index,
+    size_factors: str | np.ndarray = "ratio",
+    fit_type: str = "parametric",
+    refit_cooks: bool = True,
+    min_replicates: int = 7,
+    max_iter: int = 100,
+    alpha: float = 0.05,
+    cooks_filter: bool = True,
+    independent_filter: bool = True,
+    lfc_threshold: float = 0.0,
+    alt_hypothesis: str = "greaterAbs",
+    lfc_shrink: str | None = None,
+    n_jobs: int | None = None,
+) -> Analysis:
+    """:func:`gpuc.deseq._analysis.run_analysis` with the per-gene steps on blocks of ``block_genes`` genes.
+
+    The blocks run one after the other in this process, or as Dask tasks on ``client``; the global steps (size
+    factors, dispersion trend, prior variance, independent filtering, Benjamini-Hochberg) run here between them (see
+    the module docstring). The :class:`Analysis` is the same as :func:`run_analysis` gives for the same arguments.
+
+    Parameters
+    ----------
+    backend
+        Where each block is fitted (a :class:`~gpuc._backend.Backend`; it travels to the workers by device name).
+    counts
+        Samples x genes raw counts (numpy, scipy/cupyx sparse or cupy; gathered on the host as float64).
+    plan
+        The design, contrasts and reduced design (:func:`gpuc.deseq._analysis.plan_analysis`).
+    client
+        A ``distributed.Client``, ``"default"`` or ``None`` (:attr:`gpuc.settings.client`, by default in this
+        process), as :func:`gpuc._dask.resolve_client`.
+    block_genes
+        Genes per block; ``None`` sizes a block's working memory to about 256 MB (:func:`default_block_genes`).
+    gene_names, size_factors, fit_type, refit_cooks, min_replicates, max_iter, alpha, cooks_filter, independent_filter, lfc_threshold, alt_hypothesis, lfc_shrink
+        As :func:`run_analysis`. ``size_factors="iterative"`` and ``lfc_shrink`` run in this process on all genes.
+    n_jobs
+        CPU threads of each block (inside a worker at most the worker's threads) and of the steps here.
+
+    Returns
+    -------
+    The :class:`Analysis`: the :class:`DeseqFit` over all genes, a results table and filtering summary per contrast.
+
+    Raises
+    ------
+    ValueError
+        For a block with negative or non-finite counts (in this process), and as :func:`run_analysis`.
+    gpuc._dask.DaskTaskError
+        When a block fails on the cluster; the message names its genes (``"genes 100-199"``).
+    """
+    bk = backend
+    dask_client = resolve_client(client)
+    x = np.asarray(plan.design.matrix, dtype=np.float64)
+    n, p = x.shape
+    if n <= p:
+        msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
+        raise ValueError(msg)
+    reduced, lrt_df = check_reduced(None if plan.reduced is None else plan.reduced.matrix, p)
+    y_all = _gene_major(counts)
+    G = y_all.shape[0]
+    if block_genes is None:
+        block_genes = default_block_genes(n)
+    if int(block_genes) < 1:
+        msg = f"block_genes must be a positive number of genes, got {block_genes!r}."
+        raise ValueError(msg)
+    spans = gene_spans(G, int(block_genes))
+    labels = [_label(lo, hi) for lo, hi in spans]
+    messages: list[str] = []
+
+    # ---- 1. size factors (here)
+    if isinstance(size_factors, str):
+        sf, sf_type, note = size_factors_blocked(bk, y_all, size_factors, spans)
+        if note:
+            messages.append(note)
+        sf = np.asarray(bk.to_host(sf))
+    else:
+        sf, sf_type = np.asarray(size_factors, dtype=np.float64), "given"
+
+    data: list[Any] = [y_all[lo:hi] for lo, hi in spans]
+    if dask_client is not None:  # each block's counts travel once, for both of its units
+        data = dask_client.scatter(data, hash=False)
+    shared = {"backend": bk, "size_factors": sf, "design": x}
+    try:
+        # ---- 2. genewise dispersions (units)
+        gws = map_units(
+            genewise_block,
+            [(lab, (d, lo)) for lab, d, (lo, _) in zip(labels, data, spans, strict=True)],
+            client=dask_client,
+            shared=shared,
+            n_jobs=n_jobs,
+            what="deseq",
+        )
+
+        # ---- 3. trend and prior (here), on the genes with a count in gene order
+        trend, fitted, var_log_disp, prior_var, pv_method = dispersion_prior(
+            np.concatenate([g["base_mean"] for g in gws]),
+            np.concatenate([g["gw"] for g in gws]),
+            n,
+            p,
+            fit_type=fit_type,
+            min_disp=MIN_DISP,
+            messages=messages,
+        )
+        edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
+
+        # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
+        globals_ = BlockGlobals(trend, prior_var, var_log_disp, refit_cooks, min_replicates, max_iter, reduced)
+        genewise = [{k: g[k] for k in ("gw", "gw_conv", "state")} for g in gws]
+        parts = map_units(
+            fit_block,
+            [
+                (lab, (d, lo, gw, fitted[edges[i] : edges[i + 1]]))
+                for i, (lab, d, (lo, _), gw) in enumerate(zip(labels, data, spans, genewise, strict=True))
+            ],
+            client=dask_client,
+            shared={**shared, "globals_": globals_},
+            n_jobs=n_jobs,
+            what="deseq",
+        )
+    finally:
+        if dask_client is not None:
+            dask_client.cancel(data)
+
+    cat = lambda key: np.concatenate([q[key] for q in parts])  # noqa: E731
+    fit = DeseqFit(
+        size_factors=sf,
+        genes={k: np.concatenate([q["genes"][k] for q in parts]) for k in parts[0]["genes"]},
+        beta=cat("beta"),
+        cov=cat("cov"),
+        mu=cat("mu"),
+        cooks=cat("cooks"),
+        counts=y_all,
+        design=x,
+        trend=trend,
+        var_log_disp=var_log_disp,
+        prior_var=prior_var,
+        prior_var_method=pv_method,
+        cooks_cutoff=cooks_cutoff(n, p),
+        size_factor_type=sf_type,
+        lrt_stat=None if reduced is None else cat("lrt_stat"),
+        lrt_pvalue=None if reduced is None else cat("lrt_pvalue"),
+        lrt_df=lrt_df,
+        messages=messages,
+    )
+
+    # ---- 5. tests, filtering, BH (here)
+    return tabulate(
+        bk,
+        fit,
+        plan,
+        gene_names=gene_names,
+        alpha=alpha,
+        cooks_filter=cooks_filter,
+        independent_filter=independent_filter,
+        lfc_threshold=lfc_threshold,
+        alt_hypothesis=alt_hypothesis,
+        lfc_shrink=lfc_shrink,
+    )
