@@ -321,3 +321,17 @@ def test_pseudobulk_and_aggregate_lazy_on_a_cluster(files, same, dask_client):
     names = [(t["key"][0] if isinstance(t["key"], tuple) else t["key"], t["worker"]) for t in ts.data]
     workers = {w for name, w in names if name.startswith(("make_dask_chunk", "sum-"))}
     assert len(workers) == 2
+
+
+def test_metacells_on_a_lazy_embedding_loads_it_and_matches():
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(240, 6)).astype(np.float32)
+    eager = ad.AnnData(np.zeros((240, 1), np.float32))
+    eager.obsm["X_pca"] = x
+    lazy = eager.copy()
+    lazy.obsm["X_pca"] = da.from_array(x, chunks=(50, 6))
+    want = gpuc.tl.metacells(eager, 4, max_iter=10, copy=True)
+    got = gpuc.tl.metacells(lazy, 4, max_iter=10, copy=True)
+    assert got.obs["metacell"].equals(want.obs["metacell"])
+    assert (got.obsm["metacell_weights"] != want.obsm["metacell_weights"]).nnz == 0
