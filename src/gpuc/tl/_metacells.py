@@ -373,6 +373,7 @@ def metacells(
         shared={"options": options},
         n_jobs=n_jobs,
         what="metacells",
+        costs=[idx.size * k for _, idx, k in plan],  # on a cluster the largest groups start first
     )
     for (g, idx, k), fit in zip(plan, fits, strict=True):
         where = "" if g is None else f" group {g!r}:"

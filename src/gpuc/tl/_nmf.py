@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Iterable
@@ -171,15 +172,23 @@ def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: 
 def _restart_chunks(op: Operator, ks: list[int], n_runs: int, client: Any) -> list[tuple[int, range]]:
     """The units of a distributed fit: ``(k, runs)`` pairs covering every restart of every rank.
 
-    On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so a
-    rank's restarts are split into about four units per worker in all, for load balance. Dense products go through
-    BLAS, which may round a column differently with the width of the product: there each rank stays one unit, so
-    the runs are bit-identical to the in-process fit.
+    On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so
+    restarts are grouped into units of about equal work (a run's cost grows with its k), about four per worker in
+    all, for load balance; a rank's runs stay together up to that size, as they share the passes over the data. Dense
+    products go through BLAS, which may round a column differently with the width of the product: there each rank
+    stays one unit, so the runs are bit-identical to the in-process fit.
     """
+    if not op.sparse:
+        return [(k, range(n_runs)) for k in ks]
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-    per_k = 1 if not op.sparse else max(1, min(n_runs, -(-4 * n_workers // len(ks))))
-    size = -(-n_runs // per_k)
-    return [(k, range(i, min(i + size, n_runs))) for k in ks for i in range(0, n_runs, size)]
+    target = sum(k * n_runs for k in ks) / (4.0 * n_workers)  # work per unit, in run-ranks
+    out = []
+    for k in ks:
+        size = max(1, min(n_runs, round(target / k)))
+        n_units = -(-n_runs // size)
+        bounds = np.linspace(0, n_runs, n_units + 1).round().astype(int)  # even split of the k's runs
+        out += [(k, range(int(lo), int(hi))) for lo, hi in itertools.pairwise(bounds)]
+    return out
 
 
 def _fit_restarts(
@@ -228,6 +237,7 @@ def _fit_on_cluster(
         shared={"op": op, "random_state": random_state, "options": options},
         n_jobs=n_jobs,
         what=what,
+        costs=[k * len(r) for k, r in chunks],
     )
     return {k: _join_restarts([p for (kk, _), p in zip(chunks, parts, strict=True) if kk == k]) for k in ks}
 
@@ -432,6 +442,7 @@ def nmf_k_sweep(
             shared={"op": op, "options": row_options},
             n_jobs=n_jobs,
             what="nmf_k_sweep",
+            costs=ks,
         )
     for batch in batches if dask_client is None else []:
         ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
