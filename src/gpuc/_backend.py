@@ -9,6 +9,7 @@ Nothing here imports cupy, cupyx or faiss at module import time: ``import gpuc``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -274,7 +275,10 @@ class Backend:
         if self.is_gpu:
             index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
         index.add(xb)
-        dist2, idx = index.search(xq, n_neighbors)
+        if method == "exact" and not self.is_gpu:
+            dist2, idx = _flat_search_fixed_blocks(faiss, index, xq, n_neighbors)
+        else:
+            dist2, idx = index.search(xq, n_neighbors)
         dist = np.sqrt(np.maximum(dist2, 0.0))
         return self.asarray(dist), self.asarray(idx.astype(np.int64))
 
@@ -282,6 +286,48 @@ class Backend:
 # --------------------------------------------------------------------------------------------------------------------
 # helpers written once for numpy and cupy
 # --------------------------------------------------------------------------------------------------------------------
+def _flat_search_fixed_blocks(faiss: ModuleType, index: Any, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS exact search whose result does not depend on the thread count.
+
+    ``IndexFlatL2.search`` computes distances block by block with SGEMM (blocks of
+    ``faiss.cvar.distance_compute_blas_query_bs`` queries), and a multi-threaded SGEMM partitions its output by the
+    thread count, computing some entries with edge micro-kernels that round differently: the neighbours of a cell then
+    changed with ``n_jobs``. Here every query block is searched by one call on one thread (OpenMP and BLAS), so each
+    block runs exactly the SGEMMs of a single-threaded search of all queries; the blocks run concurrently on the
+    threads of the enclosing :func:`gpuc._utils.cpu_threads` block (FAISS releases the GIL). A last block too small
+    for FAISS's SGEMM path (``distance_compute_blas_threshold``) is merged into the one before, as a single call
+    would treat it.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuc._utils import current_n_jobs, threadpool_controller
+
+    nq = xq.shape[0]
+    block = int(getattr(faiss.cvar, "distance_compute_blas_query_bs", 4096))
+    threshold = int(getattr(faiss.cvar, "distance_compute_blas_threshold", 20))
+    starts = list(range(0, nq, block))
+    if len(starts) > 1 and nq - starts[-1] <= threshold:
+        starts.pop()
+    spans = list(zip(starts, [*starts[1:], nq], strict=True))
+    prev = faiss.omp_get_max_threads()
+    controller = threadpool_controller()
+    faiss.omp_set_num_threads(1)
+    try:
+        with (
+            controller.limit(limits=1) if controller is not None else _nothing(),
+            ThreadPoolExecutor(max_workers=max(1, min(current_n_jobs(), len(spans)))) as pool,
+        ):
+            parts = list(pool.map(lambda span: index.search(xq[span[0] : span[1]], k), spans))
+    finally:
+        faiss.omp_set_num_threads(prev)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield
+
+
 def knn_blocked(
     xp: ModuleType, x: Any, n_neighbors: int, *, queries: Any = None, block_size: int | None = None
 ) -> tuple[Any, Any]:

@@ -203,3 +203,16 @@ def test_gene_blocks_run_on_n_jobs_threads(monkeypatch):
     with cpu_threads(3):
         threads.map_blocks(blocks, lambda b: b.start)
     assert seen == [3]
+
+
+def test_exact_knn_identical_for_any_n_jobs():
+    """More queries than FAISS's SGEMM block (4,096): a multi-threaded SGEMM rounded some distances differently."""
+    from gpuc._backend import get_backend
+
+    x = np.random.default_rng(0).normal(size=(4500, 30)).astype(np.float32)
+    with cpu_threads(1):
+        d1, i1 = get_backend("cpu").knn(x, 15, method="exact")
+    with cpu_threads(2):
+        d2, i2 = get_backend("cpu").knn(x, 15, method="exact")
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_array_equal(d1, d2)

@@ -415,7 +415,8 @@ def metacells(
     arche = _assemble(arche_blocks, n)
     kernel = _assemble(kernel_blocks, n, square=True)
     table = pd.concat(tables)
-    present = [lab for lab in table.index if lab in set(labels)]
+    labelled = set(labels)  # built once: the membership test below runs once per metacell
+    present = [lab for lab in table.index if lab in labelled]
     uns: dict[str, Any] = {
         "params": {
             "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
