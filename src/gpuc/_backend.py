@@ -317,10 +317,18 @@ def _flat_search_fixed_blocks(faiss: ModuleType, index: Any, xq: np.ndarray, k: 
             controller.limit(limits=1) if controller is not None else _nothing(),
             ThreadPoolExecutor(max_workers=max(1, min(current_n_jobs(), len(spans)))) as pool,
         ):
-            parts = list(pool.map(lambda span: index.search(xq[span[0] : span[1]], k), spans))
+            parts = list(pool.map(lambda span: _search_one_thread(faiss, index, xq[span[0] : span[1]], k), spans))
     finally:
         faiss.omp_set_num_threads(prev)
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _search_one_thread(faiss: ModuleType, index: Any, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``index.search`` on one OpenMP thread: the thread count is a per-thread OpenMP setting, so it is set in the
+    pool thread that searches (a new thread starts from ``OMP_NUM_THREADS`` or the core count).
+    """
+    faiss.omp_set_num_threads(1)
+    return index.search(xq, k)
 
 
 @contextlib.contextmanager

@@ -96,7 +96,7 @@ def aligned(obj: Any) -> Any:
 
     Arrays that reach a Dask worker can lie at any byte offset of a message (a scattered design matrix arrives at
     offset 27, say); numpy then multiplies them with its own loops instead of BLAS, which rounds differently in the
-    last bit. A copy in the same memory order (C or Fortran) makes the worker compute exactly what this process does.
+    last bit. A copy in the same memory order (C or Fortran) makes the worker compute what this process does.
     """
     import numpy as np
 
