@@ -173,15 +173,16 @@ def _restart_chunks(op: Operator, ks: list[int], n_runs: int, client: Any) -> li
     """The units of a distributed fit: ``(k, runs)`` pairs covering every restart of every rank.
 
     On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so
-    restarts are grouped into units of about equal work (a run's cost grows with its k), about four per worker in
-    all, for load balance; a rank's runs stay together up to that size, as they share the passes over the data. Dense
+    restarts are grouped into units of at most about half a worker's share of the work (a run's cost grows with its
+    k), so that the units, started costliest first, balance the workers; a rank's runs stay together up to that size,
+    as they share the passes over the data (a split rank passes over it once per unit). Dense
     products go through BLAS, which may round a column differently with the width of the product: there each rank
     stays one unit, so the runs are bit-identical to the in-process fit.
     """
     if not op.sparse:
         return [(k, range(n_runs)) for k in ks]
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-    target = sum(k * n_runs for k in ks) / (4.0 * n_workers)  # work per unit, in run-ranks
+    target = sum(k * n_runs for k in ks) / (2.0 * n_workers)  # work per unit, in run-ranks
     out = []
     for k in ks:
         size = max(1, min(n_runs, round(target / k)))
