@@ -62,12 +62,14 @@ def resolve_client(client: Any = None) -> Any:
     return value
 
 
-def client_name(client: Any) -> str | None:
-    """A short description of where units ran (for ``uns[...]['params']`` and the log): None in process."""
-    if client is None:
-        return None
-    info = client.scheduler_info()
-    return f"dask ({len(info.get('workers', {}))} workers)"
+def n_workers(client: Any) -> int:
+    """The workers the client's scheduler knows of now (at least 1)."""
+    return max(1, len(client.scheduler_info().get("workers", {})))
+
+
+def runs_on(backend: Any, client: Any) -> str:
+    """Where a tool's units run, for its log line: the device, and the cluster's size when there is one."""
+    return backend.name if client is None else f"{backend.name}, dask with {n_workers(client)} workers"
 
 
 @dataclass
@@ -99,6 +101,7 @@ def aligned(obj: Any) -> Any:
     last bit. A copy in the same memory order (C or Fortran) makes the worker compute what this process does.
     """
     import numpy as np
+    import scipy.sparse
 
     if isinstance(obj, np.ndarray):
         return obj if obj.flags.aligned else obj.copy(order="K")
@@ -106,7 +109,7 @@ def aligned(obj: Any) -> Any:
         return type(obj)(aligned(v) for v in obj)
     if isinstance(obj, dict):
         return {k: aligned(v) for k, v in obj.items()}
-    if hasattr(obj, "tocsr") and hasattr(obj, "format"):  # a scipy sparse matrix or array
+    if scipy.sparse.issparse(obj):
         for name in ("data", "indices", "indptr", "row", "col", "offsets"):
             part = getattr(obj, name, None)
             if isinstance(part, np.ndarray) and not part.flags.aligned:

@@ -41,6 +41,7 @@ from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
     DeseqFit,
     _fit_dispersions,
+    check_design,
     check_reduced,
     compute_size_factors,
     dispersion_prior,
@@ -309,11 +310,7 @@ def run_analysis_blocked(
     """
     bk = backend
     dask_client = resolve_client(client)
-    x = np.asarray(plan.design.matrix, dtype=np.float64)
-    n, p = x.shape
-    if n <= p:
-        msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
-        raise ValueError(msg)
+    x, n, p = check_design(plan.design.matrix)
     reduced, lrt_df = check_reduced(None if plan.reduced is None else plan.reduced.matrix, p)
     y_all = _gene_major(counts)
     G = y_all.shape[0]

@@ -152,11 +152,7 @@ def run_deseq(
     """
     xp = bk.xp
     messages: list[str] = []
-    x = np.asarray(x, dtype=np.float64)
-    n, p = x.shape
-    if n <= p:
-        msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
-        raise ValueError(msg)
+    x, n, p = check_design(x)
     reduced, lrt_df = check_reduced(reduced, p)
     y_all = bk.asarray(counts, dtype=np.float64)
     if bk.sparse.issparse(y_all):
@@ -241,6 +237,16 @@ def run_deseq(
         lrt_df=lrt_df,
         messages=messages,
     )
+
+
+def check_design(x: Any) -> tuple[np.ndarray, int, int]:
+    """The model matrix as float64 and its samples and coefficients; raise without residual degrees of freedom."""
+    x = np.asarray(x, dtype=np.float64)
+    n, p = x.shape
+    if n <= p:
+        msg = f"no residual degrees of freedom: {n} samples and {p} model coefficients. Add replicates or simplify the design."
+        raise ValueError(msg)
+    return x, n, p
 
 
 def check_reduced(reduced: np.ndarray | None, p: int) -> tuple[np.ndarray | None, int | None]:

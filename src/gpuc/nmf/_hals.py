@@ -72,6 +72,10 @@ class HalsResult:
         """Run ``run``'s usages as ``(m, k)``."""
         return self.usages[:, run, :]
 
+    def moved(self, move: Any) -> HalsResult:
+        """The same result with ``move`` applied to the factors (e.g. ``to_host`` or ``backend.asarray``)."""
+        return HalsResult(move(self.usages), move(self.spectra_t), self.losses, self.n_iter, self.converged, self.norm2)
+
 
 @dataclass
 class Operator:

@@ -14,7 +14,7 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
-from gpuc._dask import client_name, is_dask_array, map_units, resolve_client
+from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
 from gpuc._validate import (
@@ -290,7 +290,7 @@ def deseq(
     start = logg.info(
         f"DESeq2: {adata.n_obs} samples x {adata.n_vars} genes"
         + ("" if groupby is None else f", {len(planned)} groups of {groupby!r}")
-        + f" ({backend.name}{'' if dask_client is None else ', ' + client_name(dask_client)})"
+        + f" ({runs_on(backend, dask_client)})"
     )
     units = [
         (
@@ -306,10 +306,9 @@ def deseq(
     ]
     if dask_client is not None and groupby is None:
         # one design: the per-gene steps as gene-block tasks, the global steps here between them
-        (_, (_, block_counts, plan, sf)) = units[0]
         fitted = [
             run_analysis_blocked(
-                backend, block_counts, plan, client=dask_client, size_factors=sf, **options, n_jobs=n_jobs
+                backend, counts, planned[0][2], client=dask_client, size_factors=size_factors, **options, n_jobs=n_jobs
             )
         ]
     else:

@@ -15,7 +15,7 @@ from scanpy import logging as logg
 
 from gpuc import _keys
 from gpuc._backend import Backend, Device, get_backend, to_host
-from gpuc._dask import client_name, map_units, resolve_client
+from gpuc._dask import map_units, n_workers, resolve_client, runs_on
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._lazy import load
 from gpuc._utils import derive_seed, progress
@@ -181,8 +181,7 @@ def _restart_chunks(op: Operator, ks: list[int], n_runs: int, client: Any) -> li
     """
     if not op.sparse:
         return [(k, range(n_runs)) for k in ks]
-    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-    target = sum(k * n_runs for k in ks) / (2.0 * n_workers)  # work per unit, in run-ranks
+    target = sum(k * n_runs for k in ks) / (2.0 * n_workers(client))  # work per unit, in run-ranks
     out = []
     for k in ks:
         size = max(1, min(n_runs, round(target / k)))
@@ -197,10 +196,7 @@ def _fit_restarts(
 ) -> HalsResult:
     """Restarts ``runs`` of rank ``k`` (seeds from ``(random_state, k, run)``), factors brought to the host."""
     seeds = [derive_seed(random_state, k, i) for i in runs]
-    fits = fit_hals_groups(backend, op, [(k, seeds)], **options)[0]
-    return HalsResult(
-        to_host(fits.usages), to_host(fits.spectra_t), fits.losses, fits.n_iter, fits.converged, fits.norm2
-    )
+    return fit_hals_groups(backend, op, [(k, seeds)], **options)[0].moved(to_host)
 
 
 def _join_restarts(parts: list[HalsResult]) -> HalsResult:
@@ -247,11 +243,7 @@ def _sweep_row_unit(
     backend: Backend, k: int, fits: HalsResult, *, op: Operator, options: dict, n_jobs: int | None
 ) -> dict:
     """The sweep row of one rank from its restarts (consensus without the refit), as a dict."""
-    fits = HalsResult(
-        backend.asarray(fits.usages), backend.asarray(fits.spectra_t), fits.losses, fits.n_iter, fits.converged,
-        fits.norm2,
-    )  # fmt: skip
-    return vars(sweep_row(backend, op, fits, k, **options, n_jobs=n_jobs))
+    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **options, n_jobs=n_jobs))
 
 
 def _call_params(**call: Any) -> dict[str, Any]:
@@ -416,8 +408,7 @@ def nmf_k_sweep(
 
     dask_client = resolve_client(client)
     start = logg.info(
-        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({backend.name}"
-        f"{'' if dask_client is None else ', ' + client_name(dask_client)})"
+        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, dask_client)})"
     )
     rows = []
     t0 = time.perf_counter()
@@ -636,8 +627,7 @@ def consensus_nmf(
 
     dask_client = resolve_client(client)
     start = logg.info(
-        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({backend.name}"
-        f"{'' if dask_client is None else ', ' + client_name(dask_client)})"
+        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, dask_client)})"
     )
     t0 = time.perf_counter()
     hals = {
@@ -650,10 +640,7 @@ def consensus_nmf(
     if dask_client is not None:
         # batches of restarts as tasks; the consensus of the pooled runs is computed here, as in process
         fits = _fit_on_cluster(dask_client, backend, op, [k], n_runs, random_state, hals, n_jobs, "consensus_nmf")[k]
-        fits = HalsResult(
-            backend.asarray(fits.usages), backend.asarray(fits.spectra_t), fits.losses, fits.n_iter, fits.converged,
-            fits.norm2,
-        )  # fmt: skip
+        fits = fits.moved(backend.asarray)
     else:
         bar = progress(total=max_iter, desc=f"HALS k={k}")
         fits = run_k(backend, op, k, n_runs, random_state, **hals, progress=bar.update, n_jobs=n_jobs)
