@@ -230,6 +230,23 @@ def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
             _SCOPE.reset(token)
 
 
+@contextlib.contextmanager
+def serial_blas() -> Iterator[None]:
+    """Run the enclosed code with BLAS on one thread (the other thread pools keep their counts).
+
+    For loops that alternate compiled parallel kernels with small BLAS products: OpenBLAS's threads keep spinning for
+    a while after each call, taking the cores that numba's threads need next, which made two-thread fits slower than
+    one-thread ones, while products that small gain nothing from threads. It also makes those products round exactly
+    as in a one-thread run (a multi-threaded GEMM may split its output and round the pieces differently).
+    """
+    controller = threadpool_controller()
+    if controller is None or current_n_jobs() == 1:
+        yield
+        return
+    with controller.limit(limits=1, user_api="blas"):
+        yield
+
+
 def limit_faiss_threads(faiss: Any) -> None:
     """Give FAISS the threads of the enclosing :func:`cpu_threads` block (nothing outside one)."""
     scope = _SCOPE.get()

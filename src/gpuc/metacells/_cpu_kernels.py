@@ -219,3 +219,170 @@ def csr_times_csr_dense(ip: Any, ix: Any, dx: Any, jp: Any, jx: Any, dj: Any, k:
             for q in range(jp[j], jp[j + 1]):
                 out[i, jx[q]] += v * dj[q]
     return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def csr_times_dense(ip: Any, ix: Any, dx: Any, x: Any) -> Any:  # pragma: no cover - compiled
+    """Dense ``X @ x`` of a CSR matrix X (n x m) and a dense (m, k) array, each row summed in stored order from zero
+    (scipy's ``csr_matvecs`` order, so the result is scipy's bit for bit); rows in parallel.
+    """
+    n = ip.shape[0] - 1
+    k = x.shape[1]
+    out = np.zeros((n, k))
+    for i in prange(n):
+        for p in range(ip[i], ip[i + 1]):
+            j = ix[p]
+            v = dx[p]
+            for c in range(k):
+                out[i, c] += v * x[j, c]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def picked_columns(kp: Any, kx: Any, kd: Any, picks: Any, n: int) -> Any:  # pragma: no cover - compiled
+    """``K[:, picks]`` of a symmetric CSR kernel K as an (n, len(picks)) CSR matrix with sorted rows: row ``picks[m]``
+    of K becomes column ``m`` (scipy's ``csr_matrix(K[picks].T)`` after ``sort_indices``, without its overheads).
+    """
+    k = picks.shape[0]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    for m in range(k):
+        r = picks[m]
+        for p in range(kp[r], kp[r + 1]):
+            indptr[kx[p] + 1] += 1
+    for i in range(n):
+        indptr[i + 1] += indptr[i]
+    fill = indptr[:-1].copy()
+    indices = np.empty(indptr[n], dtype=np.int64)
+    data = np.empty(indptr[n])
+    for m in range(k):  # columns in increasing order, so every row comes out sorted
+        r = picks[m]
+        for p in range(kp[r], kp[r + 1]):
+            i = kx[p]
+            indices[fill[i]] = m
+            data[fill[i]] = kd[p]
+            fill[i] += 1
+    return indptr, indices, data
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def frank_wolfe_columns(picks: Any) -> Any:  # pragma: no cover - compiled
+    """CSC parts of the matrix whose column ``c`` is the Frank-Wolfe iterate after visiting ``picks[:, c]``.
+
+    The operations of :func:`gpuc.metacells._solver._from_argmins` (the reference's recursion ``v <- v + g (e - v)``
+    on the distinct picks only, rows sorted), column by column in parallel.
+    """
+    n_steps, n_cols = picks.shape
+    rows = np.empty((n_cols, n_steps), dtype=np.int64)
+    counts = np.zeros(n_cols, dtype=np.int64)
+    for c in prange(n_cols):
+        srt = np.sort(picks[:, c])
+        u = 0
+        for t in range(n_steps):
+            if t == 0 or srt[t] != srt[t - 1]:
+                rows[c, u] = srt[t]
+                u += 1
+        counts[c] = u
+    indptr = np.zeros(n_cols + 1, dtype=np.int64)
+    for c in range(n_cols):
+        indptr[c + 1] = indptr[c] + counts[c]
+    indices = np.empty(indptr[n_cols], dtype=np.int64)
+    data = np.zeros(indptr[n_cols])
+    for c in prange(n_cols):
+        u = counts[c]
+        base = indptr[c]
+        for e in range(u):
+            indices[base + e] = rows[c, e]
+        vals = data[base : base + u]
+        for t in range(n_steps):
+            h = np.searchsorted(rows[c, :u], picks[t, c])
+            if t == 0:
+                vals[h] = 1.0
+                continue
+            gam = 2.0 / (t + 2.0)
+            vh = vals[h]
+            for e in range(u):
+                vals[e] = vals[e] - vals[e] * gam
+            vals[h] = vh + gam * (1.0 - vh)
+    return indptr, indices, data
+
+
+@njit(cache=True, nogil=True)
+def fw_b_update(
+    y: Any, s: Any, kp: Any, kx: Any, kd: Any, r: Any, picks: Any
+) -> None:  # pragma: no cover - compiled
+    """Steps 1.. of the dense-gradient B-update in one call: ``picks[0]`` (the argmin of ``K B_prev R - S``) is given;
+    step t gathers ``K[:, picks[t - 1]]`` (:func:`picked_columns`) and runs :func:`fw_b_step` with step size
+    ``2 / (t + 1)``, writing ``picks[t]``. The same operations as the step-by-step loop, without a Python round trip
+    (and a thread wake-up) between steps.
+    """
+    n = y.shape[0]
+    for t in range(1, picks.shape[0]):
+        ip, ix, dx = picked_columns(kp, kx, kd, picks[t - 1], n)
+        picks[t] = fw_b_step(y, s, ip, ix, dx, r, 2.0 / (t + 1.0), t == 1)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def csr_matmat(ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, n_cols: int) -> Any:  # pragma: no cover
+    """CSR parts of ``X @ Y`` for CSR X (n x m) and CSR Y (m x n_cols), exactly as scipy's ``csr_matmat`` computes
+    them: each row summed in X's stored order, its columns in scipy's output order (the reverse of their first
+    appearance) and exact zeros dropped, so the matrix equals scipy's product array for array. Row chunks run in
+    parallel, each with its own accumulator.
+    """
+    n = ap.shape[0] - 1
+    n_chunks = max(1, min(N_CHUNKS, n))
+    upper = np.zeros(n + 1, dtype=np.int64)
+    for ch in prange(n_chunks):  # structural entries per row (an upper bound of the stored ones)
+        seen = np.full(n_cols, -1, dtype=np.int64)
+        for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
+            cnt = 0
+            for p in range(ap[i], ap[i + 1]):
+                j = ax[p]
+                for q in range(bp[j], bp[j + 1]):
+                    c = bx[q]
+                    if seen[c] != i:
+                        seen[c] = i
+                        cnt += 1
+            upper[i + 1] = cnt
+    for i in range(n):
+        upper[i + 1] += upper[i]
+    idx = np.empty(upper[n], dtype=np.int64)
+    val = np.empty(upper[n])
+    kept = np.zeros(n, dtype=np.int64)
+    for ch in prange(n_chunks):
+        nxt = np.full(n_cols, -1, dtype=np.int64)
+        sums = np.zeros(n_cols)
+        for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
+            head = -2
+            length = 0
+            for p in range(ap[i], ap[i + 1]):
+                j = ax[p]
+                v = ad[p]
+                for q in range(bp[j], bp[j + 1]):
+                    c = bx[q]
+                    sums[c] += v * bd[q]
+                    if nxt[c] == -1:
+                        nxt[c] = head
+                        head = c
+                        length += 1
+            out = upper[i]
+            for _ in range(length):
+                if sums[head] != 0:
+                    idx[out] = head
+                    val[out] = sums[head]
+                    out += 1
+                tmp = head
+                head = nxt[head]
+                nxt[tmp] = -1
+                sums[tmp] = 0.0
+            kept[i] = out - upper[i]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        indptr[i + 1] = indptr[i] + kept[i]
+    if indptr[n] == upper[n]:
+        return indptr, idx, val
+    indices = np.empty(indptr[n], dtype=np.int64)
+    data = np.empty(indptr[n])
+    for i in prange(n):
+        indices[indptr[i] : indptr[i + 1]] = idx[upper[i] : upper[i] + kept[i]]
+        data[indptr[i] : indptr[i + 1]] = val[upper[i] : upper[i] + kept[i]]
+    return indptr, indices, data

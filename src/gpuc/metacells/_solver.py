@@ -19,6 +19,7 @@ the same floating-point operations, so CPU and array code give identical picks (
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -30,7 +31,7 @@ import numpy as np
 
 from gpuc._backend import Backend
 from gpuc._errors import ConvergenceWarning
-from gpuc._utils import numba_kernels
+from gpuc._utils import numba_kernels, serial_blas
 
 
 class MetacellConvergenceWarning(ConvergenceWarning):
@@ -72,6 +73,9 @@ def _from_argmins(backend: Backend, picks: Any, shape: tuple[int, int]) -> Any:
     The first step has g = 1, which makes the start irrelevant: hit entries become exactly 1, the rest exactly 0.
     """
     xp, sparse = backend.xp, backend.sparse
+    fused = _fused(backend)
+    if fused is not None:  # the same operations in one compiled pass
+        return sparse.csc_matrix(fused.frank_wolfe_columns(picks)[::-1], shape=shape)
     n_steps, n_cols = picks.shape
     # per column, sort its T picks (stable) and number the distinct ones: entry ids come out in CSC order
     pt = xp.ascontiguousarray(picks.T)  # (n_cols, T)
@@ -111,6 +115,18 @@ def _fused(backend: Backend) -> Any:
     return None if backend.is_gpu else _kernels()
 
 
+def kernel_times(backend: Backend, kmat: Any, x: Any) -> Any:
+    """``K @ X`` (sparse CSR) for the CSR kernel K and a sparse X; on the CPU with numba one compiled pass equal to
+    scipy's product array for array (same sums, same index order), rows in parallel.
+    """
+    fused = _fused(backend)
+    if fused is None:
+        return backend.sparse.csr_matrix(kmat @ x)
+    y = backend.sparse.csr_matrix(x)
+    parts = fused.csr_matmat(kmat.indptr, kmat.indices, kmat.data, y.indptr, y.indices, y.data, y.shape[1])
+    return backend.sparse.csr_matrix(parts[::-1], shape=(kmat.shape[0], y.shape[1]))
+
+
 def gram(backend: Backend, a: Any) -> Any:
     """``R = A A^T`` (dense k x k): from a sparse kernel, O(n T^2), when cells use few archetypes relative to k."""
     xp = backend.xp
@@ -139,6 +155,8 @@ def gram_and_s(backend: Backend, kmat: Any, a: Any) -> tuple[Any, Any]:
         s_mat = fused.csr_times_csr_dense(kmat.indptr, kmat.indices, kmat.data, at.indptr, at.indices, at.data, k)
         return gram(backend, a), s_mat
     at = _dense(a.T, xp)  # (n, k), shared by R and S
+    if fused is not None:  # scipy's sums, rows in parallel
+        return xp.ascontiguousarray(at.T @ at), fused.csr_times_dense(kmat.indptr, kmat.indices, kmat.data, at)
     return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
 
 
@@ -163,7 +181,7 @@ def update_a(
     fused = _fused(backend)
     n, k = b.shape
     if kb is None:
-        kb = sparse.csr_matrix(kmat @ b)
+        kb = kernel_times(backend, kmat, b)
     q = _dense(b.T @ kb, xp)  # (k, k), symmetric
     picks = xp.empty((n_steps, n), dtype=xp.int64)
     a_sparse_t = None
@@ -200,6 +218,10 @@ def update_a(
 
 def _picked_kernel_columns(backend: Backend, kmat: Any, picked: Any) -> Any:
     """``K[:, picked]`` as an (n, k) CSR matrix with sorted rows (K symmetric: the picked rows, transposed)."""
+    fused = _fused(backend)
+    if fused is not None:
+        parts = fused.picked_columns(kmat.indptr, kmat.indices, kmat.data, picked, kmat.shape[0])
+        return backend.sparse.csr_matrix(parts[::-1], shape=(kmat.shape[0], len(picked)))
     ka = backend.sparse.csr_matrix(kmat[picked].T)
     ka.sort_indices()
     return ka
@@ -212,7 +234,7 @@ def _update_b_restricted(
     sparse = backend.sparse
     n, k = s_csr.shape
     if kb is None:
-        kb = sparse.csr_matrix(kmat @ b_prev)
+        kb = kernel_times(backend, kmat, b_prev)
     y = np.empty(s_csr.nnz)
     picks = np.empty((n_steps, k), dtype=np.int64)
     dead = ~np.asarray(r != 0).any(axis=0)  # archetypes no cell uses: K B R = 0 = K A^T in that column, argmin 0
@@ -297,20 +319,19 @@ def update_b(
     if _restricted_gradient(gradient, fused, n, k):
         if r is None:
             r = gram(backend, a)
-        s_csr = sparse.csr_matrix(kmat @ sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
+        s_csr = kernel_times(backend, kmat, sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
         return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr, kb)
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
     if kb is None:
-        kb = sparse.csr_matrix(kmat @ b_prev)
-    y = xp.ascontiguousarray(xp.asarray(kb @ r))  # K B R: (K B) is sparse, O(nnz k)
+        kb = kernel_times(backend, kmat, b_prev)
     picks = xp.empty((n_steps, k), dtype=xp.int64)
     if fused is not None:
+        y = fused.csr_times_dense(kb.indptr, kb.indices, kb.data, r)  # K B R: (K B) is sparse, O(nnz k)
         picks[0] = fused.col_argmin_diff(y, s_mat)
-        for t in range(1, n_steps):
-            ka = _picked_kernel_columns(backend, kmat, picks[t - 1])
-            picks[t] = fused.fw_b_step(y, s_mat, ka.indptr, ka.indices, ka.data, r, 2.0 / (t + 1.0), t == 1)
+        fused.fw_b_update(y, s_mat, kmat.indptr, kmat.indices, kmat.data, r, picks)
         return _from_argmins(backend, picks, (n, k))
+    y = xp.ascontiguousarray(xp.asarray(kb @ r))  # K B R: (K B) is sparse, O(nnz k)
     cols = xp.arange(k)
     picks[0] = xp.argmin(y - s_mat, axis=0)
     gbuf = xp.empty((min(block, n), k), dtype=y.dtype)
@@ -355,7 +376,7 @@ def rss_reduced(
     """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n."""
     xp = backend.xp
     if kb is None:
-        kb = backend.sparse.csr_matrix(kmat @ b)
+        kb = kernel_times(backend, kmat, b)
     tr_kba = float(kb.multiply(a.T).sum())
     q = xp.asarray((b.T @ kb).toarray())
     r = _dense(a @ a.T, xp) if r is None else r
@@ -425,47 +446,49 @@ def fit(
     if max_iter < min_iter:
         msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
         raise ValueError(msg)
-    if kmat is None:
-        kmat = sparse.csr_matrix(mmat @ mmat.T)
-    m_sq = float((mmat.data * mmat.data).sum())
-    # on the GPU few big blocks (kernel-launch bound), on the CPU cache-sized ones
-    if block is not None:
-        block_a = block_b = block
-    elif backend.is_gpu:  # few big blocks: kernel-launch bound
-        block_a = block_b = max(1, min(n, (1 << 27) // max(k, 1)))
-    else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
-        block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
-    b = one_hot_b(backend, archetypes, n, k)
-    # K B (sparse) serves the A-update, the B-update and the RSS of the same B: computed once per B
-    kb = sparse.csr_matrix(kmat @ b)
-    a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb)
-    rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb)]
-    threshold = convergence_epsilon * rss[0]
-    converged = False
-    n_iter = 0
-    secs: list[float] = []
-    while (not converged and n_iter < max_iter) or n_iter < min_iter:
-        t0 = time.perf_counter()
-        n_iter += 1
-        a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb)
-        if _restricted_gradient(gradient, _fused(backend), n, k):
-            r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
-        else:
-            r, s_mat = gram_and_s(backend, kmat, a)
-        b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat, kb=kb)
-        del s_mat
-        kb = sparse.csr_matrix(kmat @ b)
-        rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb))
-        secs.append(time.perf_counter() - t0)
-        if callback is not None:
-            callback(n_iter, rss[-1])
-        if abs(rss[-2] - rss[-1]) < threshold:
-            converged = True
-    if not converged:
-        warnings.warn(
-            f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
-            "the result is kept. Increase max_iter or convergence_epsilon.",
-            MetacellConvergenceWarning,
-            stacklevel=2,
-        )
-    return FitResult(a, b, rss, n_iter, converged, threshold, np.asarray(archetypes), secs)
+    # the BLAS products of the loop are k x k and n x k: one BLAS thread, the cores go to the compiled kernels
+    with contextlib.nullcontext() if backend.is_gpu else serial_blas():
+        if kmat is None:
+            kmat = sparse.csr_matrix(mmat @ mmat.T)
+        m_sq = float((mmat.data * mmat.data).sum())
+        # on the GPU few big blocks (kernel-launch bound), on the CPU cache-sized ones
+        if block is not None:
+            block_a = block_b = block
+        elif backend.is_gpu:  # few big blocks: kernel-launch bound
+            block_a = block_b = max(1, min(n, (1 << 27) // max(k, 1)))
+        else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
+            block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
+        b = one_hot_b(backend, archetypes, n, k)
+        # K B (sparse) serves the A-update, the B-update and the RSS of the same B: computed once per B
+        kb = kernel_times(backend, kmat, b)
+        a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb)
+        rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb)]
+        threshold = convergence_epsilon * rss[0]
+        converged = False
+        n_iter = 0
+        secs: list[float] = []
+        while (not converged and n_iter < max_iter) or n_iter < min_iter:
+            t0 = time.perf_counter()
+            n_iter += 1
+            a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb)
+            if _restricted_gradient(gradient, _fused(backend), n, k):
+                r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
+            else:
+                r, s_mat = gram_and_s(backend, kmat, a)
+            b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat, kb=kb)
+            del s_mat
+            kb = kernel_times(backend, kmat, b)
+            rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb))
+            secs.append(time.perf_counter() - t0)
+            if callback is not None:
+                callback(n_iter, rss[-1])
+            if abs(rss[-2] - rss[-1]) < threshold:
+                converged = True
+        if not converged:
+            warnings.warn(
+                f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
+                "the result is kept. Increase max_iter or convergence_epsilon.",
+                MetacellConvergenceWarning,
+                stacklevel=2,
+            )
+        return FitResult(a, b, rss, n_iter, converged, threshold, np.asarray(archetypes), secs)
