@@ -307,9 +307,7 @@ def frank_wolfe_columns(picks: Any) -> Any:  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def fw_b_update(
-    y: Any, s: Any, kp: Any, kx: Any, kd: Any, r: Any, picks: Any
-) -> None:  # pragma: no cover - compiled
+def fw_b_update(y: Any, s: Any, kp: Any, kx: Any, kd: Any, r: Any, picks: Any) -> None:  # pragma: no cover - compiled
     """Steps 1.. of the dense-gradient B-update in one call: ``picks[0]`` (the argmin of ``K B_prev R - S``) is given;
     step t gathers ``K[:, picks[t - 1]]`` (:func:`picked_columns`) and runs :func:`fw_b_step` with step size
     ``2 / (t + 1)``, writing ``picks[t]``. The same operations as the step-by-step loop, without a Python round trip

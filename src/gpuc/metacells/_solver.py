@@ -231,7 +231,6 @@ def _update_b_restricted(
     backend: Backend, fused: Any, kmat: Any, b_prev: Any, n_steps: int, r: Any, s_csr: Any, kb: Any = None
 ) -> Any:
     """The ``gradient="restricted"`` B-update of :func:`update_b` (CPU, numba kernels); ``s_csr`` is K A^T."""
-    sparse = backend.sparse
     n, k = s_csr.shape
     if kb is None:
         kb = kernel_times(backend, kmat, b_prev)
