@@ -23,7 +23,14 @@ KERNEL_MODULES = ("gpuc.nmf._hals_numba", "gpuc.metacells._cpu_kernels", "gpuc.d
 # cached code and are not loaded on their own)
 CALLED = {
     "gpuc.nmf._hals_numba": {"spectra_half", "usage_half", "sweep"},
-    "gpuc.metacells._cpu_kernels": {"fw_a_block", "fw_b_step"},
+    "gpuc.metacells._cpu_kernels": {
+        "fw_a_block",
+        "fw_b_update",
+        "col_argmin_diff",
+        "csr_times_dense",
+        "csr_matmat",
+        "frank_wolfe_columns",
+    },
     "gpuc.deseq._kernels_numba": {"nb_logpost", "irls", "nb_const"},
 }
 

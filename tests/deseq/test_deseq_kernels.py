@@ -67,3 +67,25 @@ def test_pipeline_compiled_equals_numpy(disable_numba, formula, sim_bulk):
     np.testing.assert_array_equal(f1.genes["betaIter"], f2.genes["betaIter"])
     for k in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
         np.testing.assert_allclose(r1[k], r2[k], rtol=1e-6, atol=1e-12, equal_nan=True)
+
+
+def test_independent_filtering_equals_per_threshold_bh():
+    """The sort-once filtering gives, array for array, what a BH adjustment of each threshold's genes gives."""
+    from gpuc.deseq._stats import independent_filtering, p_adjust_bh
+
+    rng = np.random.default_rng(3)
+    g = 4000
+    base_mean = np.where(rng.random(g) < 0.1, 0.0, rng.lognormal(3, 2, g))
+    p = np.concatenate([rng.uniform(0, 1e-4, 400), rng.random(g - 400)])
+    p[rng.choice(g, 300, replace=False)] = np.nan
+    p[:50] = p[50]  # ties
+    rng.shuffle(p)
+    alpha = 0.1
+    padj, info = independent_filtering(base_mean, p, alpha)
+    for j, cut in enumerate(info["cutoffs"]):
+        use = base_mean >= cut
+        ref = np.full(g, np.nan)
+        ref[use] = p_adjust_bh(p[use])
+        assert info["num_rejections"][j] == int(np.sum(ref[~np.isnan(ref)] < alpha))
+        if cut == info["filter_threshold"]:
+            np.testing.assert_array_equal(padj, ref)

@@ -213,3 +213,34 @@ def test_min_iter_is_honoured_and_max_below_min_rejected(mc_ref, mc_ref_kernel, 
     assert res.n_iter == 5 and res.converged
     with pytest.raises(ValueError, match="max_iter"):
         fit(cpu, mc_ref_kernel, mc_ref["archetypes"], max_iter=2, min_iter=5)
+
+
+def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu, disable_numba):
+    """The numba products of the fit equal scipy's results exactly (values, index order, shapes)."""
+    pytest.importorskip("numba")
+    from gpuc.metacells import _cpu_kernels as kern
+    from gpuc.metacells._solver import _from_argmins, _picked_kernel_columns, kernel_times
+
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    n = kmat.shape[0]
+    rng = np.random.default_rng(0)
+    b = sp.random(n, 12, density=0.02, format="csc", random_state=1)
+    ref = kmat @ b.tocsr()
+    got = kernel_times(cpu, kmat, b)
+    for part in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
+    dense = rng.random((n, 12))
+    np.testing.assert_array_equal(kern.csr_times_dense(kmat.indptr, kmat.indices, kmat.data, dense), kmat @ dense)
+    picks = rng.integers(0, n, 12)
+    picks[3] = picks[7]  # a cell picked twice
+    ka = sp.csr_matrix(kmat[picks].T)
+    ka.sort_indices()
+    got = _picked_kernel_columns(cpu, kmat, picks)
+    for part in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, part), getattr(ka, part))
+    steps = rng.integers(0, 40, (50, 30))
+    fw = _from_argmins(cpu, steps, (40, 30))
+    disable_numba()  # the array code (the GPU's)
+    ref = _from_argmins(cpu, steps, (40, 30))
+    for part in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(fw, part), getattr(ref, part))

@@ -162,19 +162,37 @@ def _lowest(
     return float(np.sum(w[nleft : nrt + 1] * y[nleft : nrt + 1])), True
 
 
+def _bh_of_sorted(p_sorted: np.ndarray) -> np.ndarray:
+    """BH-adjusted values of ascending p-values, with the operations of :func:`p_adjust_bh` (scipy's
+    ``false_discovery_control``: ``p * (m / i)``, reverse running minimum, clipped to [0, 1]). Ties get equal values
+    whatever their order, so any sort of the same values gives the same adjusted values.
+    """
+    m = p_sorted.shape[0]
+    adj = p_sorted * (m / np.arange(1, m + 1, dtype=np.float64))
+    np.minimum.accumulate(adj[::-1], out=adj[::-1])
+    return np.clip(adj, 0.0, 1.0)
+
+
 def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: float) -> tuple[np.ndarray, dict]:
-    """R ``pvalueAdjustment`` (genefilter ``filtered_p`` over a 50-point theta grid, lowess with f=1/5)."""
+    """R ``pvalueAdjustment`` (genefilter ``filtered_p`` over a 50-point theta grid, lowess with f=1/5).
+
+    The p-values are sorted once: each filter keeps a subset of the genes, and a subset of a sorted array is sorted,
+    so every threshold's BH adjustment is :func:`_bh_of_sorted` of a masked slice (the values of
+    :func:`p_adjust_bh` on that subset); only the chosen threshold's adjusted p-values are scattered back to genes.
+    """
     lower = float(np.mean(base_mean == 0))
     upper = 0.95 if lower < 0.95 else 1.0
     theta = np.linspace(lower, upper, 50)
     cutoffs = np.quantile(base_mean, theta)
-    res = np.full((base_mean.shape[0], theta.shape[0]), np.nan)
+    pvalue = np.asarray(pvalue, dtype=np.float64)
+    order = np.argsort(pvalue)  # NaN last
+    order = order[~np.isnan(pvalue[order])]
+    p_sorted, mean_sorted = pvalue[order], base_mean[order]
+    num_rej = np.zeros(theta.shape[0], dtype=np.int64)
     for j, cut in enumerate(cutoffs):  # 50 filter thresholds
-        use = base_mean >= cut
-        if use.any():
-            res[use, j] = p_adjust_bh(pvalue[use])
-    with np.errstate(invalid="ignore"):
-        num_rej = np.sum(res < alpha, axis=0)
+        keep = mean_sorted >= cut
+        if keep.any():
+            num_rej[j] = int(np.count_nonzero(_bh_of_sorted(p_sorted[keep]) < alpha))
     fit = lowess(theta, num_rej.astype(np.float64), f=1.0 / 5.0)
     if num_rej.max() <= 10:
         j = 0
@@ -191,4 +209,7 @@ def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: floa
         "filter_theta": float(theta[j]),
         "filter_threshold": float(cutoffs[j]),
     }
-    return res[:, j], info
+    padj = np.full(base_mean.shape[0], np.nan)
+    keep = mean_sorted >= cutoffs[j]
+    padj[order[keep]] = _bh_of_sorted(p_sorted[keep])
+    return padj, info
