@@ -235,6 +235,9 @@ def _r_deseq(quick: bool, tmp: str) -> dict:
 def _spawn(who: str, case: str, args: argparse.Namespace, *, n_jobs: int | None = None, threads: int | None = None,
            warm_calls: int = 0) -> dict:  # fmt: skip
     env = dict(os.environ)
+    # a user's Python caches bytecode; some CI images switch that off, which would recompile every module imported
+    # during the call (gpuc's lazily imported engine modules) in every process
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if threads is not None:
         env.update(dict.fromkeys(THREAD_VARS, str(threads)))
     cmd = [sys.executable, __file__, "one", who, case, "--warm-calls", str(warm_calls)]
