@@ -294,10 +294,12 @@ def dask_client():
     import dask
 
     with (
-        # forked workers start with gpuc already imported (spawned ones spend seconds importing it and scanpy)
+        # forked workers start with gpuc already imported (spawned ones spend seconds importing it and scanpy); they
+        # also start with the test process's memory (its data and numba's compiled code, about 1 GB after the kernels
+        # compile in a fresh checkout), so a per-worker memory limit would pause them before their first task
         dask.config.set({"distributed.worker.multiprocessing-method": "fork"}),
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit="1GiB"
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", memory_limit=0
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
