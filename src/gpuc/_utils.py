@@ -235,9 +235,9 @@ def serial_blas() -> Iterator[None]:
     """Run the enclosed code with BLAS on one thread (the other thread pools keep their counts).
 
     For loops that alternate compiled parallel kernels with small BLAS products: OpenBLAS's threads keep spinning for
-    a while after each call, taking the cores that numba's threads need next, which made two-thread fits slower than
-    one-thread ones, while products that small gain nothing from threads. It also makes those products round exactly
-    as in a one-thread run (a multi-threaded GEMM may split its output and round the pieces differently).
+    a while after each call and take the cores that numba's threads need next, while products that small gain
+    nothing from threads. It also makes those products round exactly as in a one-thread run (a multi-threaded GEMM
+    may split its output and round the pieces differently).
     """
     controller = threadpool_controller()
     if controller is None or current_n_jobs() == 1:

@@ -13,8 +13,9 @@ and the row-independent products. ``gram_of_columns`` stays serial: its sums ove
 
 The sparse products of the fit (``csr_matmat`` for K B and K A^T, ``csr_times_dense`` for K A^T with a dense A^T and
 K B R, ``picked_columns`` for K[:, picks], ``frank_wolfe_columns`` for A and B) reproduce scipy's and numpy's results
-array for array (same sums in the same order, same index order), so replacing those calls changed no pick; they
-remove scipy's per-call overhead, which was larger than the work at a few thousand cells, and run rows in parallel.
+array for array (same sums in the same order, same index order), so they give the picks of the scipy calls they
+replace; they avoid scipy's per-call overhead, which exceeds the work at a few thousand cells, and run rows in
+parallel.
 ``fw_b_update`` runs all steps of a dense-gradient B-update in one call (no Python, no thread wake-up between steps).
 """
 
