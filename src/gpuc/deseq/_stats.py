@@ -52,13 +52,24 @@ def lrt(dev_reduced: np.ndarray, dev_full: np.ndarray, df: int) -> tuple[np.ndar
     return stat, scipy.stats.chi2.sf(stat, df)
 
 
+def _bh_of_sorted(p_sorted: np.ndarray) -> np.ndarray:
+    """BH-adjusted values of ascending p-values with scipy's ``false_discovery_control`` operations (``p * (m / i)``,
+    reverse running minimum, clipped to [0, 1]). Ties get equal values whatever their order, so any sort of the same
+    values gives the same adjusted values.
+    """
+    m = p_sorted.shape[0]
+    adj = p_sorted * (m / np.arange(1, m + 1, dtype=np.float64))
+    np.minimum.accumulate(adj[::-1], out=adj[::-1])
+    return np.clip(adj, 0.0, 1.0)
+
+
 def p_adjust_bh(p: np.ndarray) -> np.ndarray:
     """R ``p.adjust(method="BH")`` ignoring NaN (n = number of non-NaN p-values; NaN stays NaN)."""
     p = np.asarray(p, dtype=np.float64)
     out = np.full(p.shape, np.nan)
-    ok = ~np.isnan(p)
-    if ok.any():
-        out[ok] = scipy.stats.false_discovery_control(p[ok], method="bh")
+    order = np.argsort(p)  # NaN last
+    order = order[~np.isnan(p[order])]
+    out[order] = _bh_of_sorted(p[order])
     return out
 
 
@@ -162,23 +173,12 @@ def _lowest(
     return float(np.sum(w[nleft : nrt + 1] * y[nleft : nrt + 1])), True
 
 
-def _bh_of_sorted(p_sorted: np.ndarray) -> np.ndarray:
-    """BH-adjusted values of ascending p-values, with the operations of :func:`p_adjust_bh` (scipy's
-    ``false_discovery_control``: ``p * (m / i)``, reverse running minimum, clipped to [0, 1]). Ties get equal values
-    whatever their order, so any sort of the same values gives the same adjusted values.
-    """
-    m = p_sorted.shape[0]
-    adj = p_sorted * (m / np.arange(1, m + 1, dtype=np.float64))
-    np.minimum.accumulate(adj[::-1], out=adj[::-1])
-    return np.clip(adj, 0.0, 1.0)
-
-
 def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: float) -> tuple[np.ndarray, dict]:
     """R ``pvalueAdjustment`` (genefilter ``filtered_p`` over a 50-point theta grid, lowess with f=1/5).
 
     The p-values are sorted once: each filter keeps a subset of the genes, and a subset of a sorted array is sorted,
-    so every threshold's BH adjustment is :func:`_bh_of_sorted` of a masked slice (the values of
-    :func:`p_adjust_bh` on that subset); only the chosen threshold's adjusted p-values are scattered back to genes.
+    so every threshold's BH adjustment (:func:`p_adjust_bh` of that subset) is :func:`_bh_of_sorted` of a masked
+    slice; only the chosen threshold's adjusted p-values are scattered back to genes.
     """
     lower = float(np.mean(base_mean == 0))
     upper = 0.95 if lower < 0.95 else 1.0
