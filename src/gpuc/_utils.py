@@ -230,16 +230,22 @@ def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
             _SCOPE.reset(token)
 
 
+# a BLAS product below this many floating-point operations (~0.05 s on one core) gains less from threads than the
+# idle threads' spinning afterwards costs (OpenBLAS's threads spin ~0.1 s after each call): it runs on one thread
+SMALL_BLAS_FLOPS = 1e9
+
+
 @contextlib.contextmanager
-def serial_blas() -> Iterator[None]:
-    """Run the enclosed code with BLAS on one thread (the other thread pools keep their counts).
+def serial_blas(enabled: bool = True) -> Iterator[None]:
+    """Run the enclosed code with BLAS on one thread (the other thread pools keep their counts); nothing when not
+    ``enabled``.
 
     For loops that alternate compiled parallel kernels with small BLAS products: OpenBLAS's threads keep spinning for
     a while after each call and take the cores that numba's threads need next, while products that small gain
     nothing from threads. It also makes those products round exactly as in a one-thread run (a multi-threaded GEMM
     may split its output and round the pieces differently).
     """
-    controller = threadpool_controller()
+    controller = threadpool_controller() if enabled else None
     if controller is None or current_n_jobs() == 1:
         yield
         return

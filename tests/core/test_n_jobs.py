@@ -4,6 +4,7 @@ any thread count (every parallel sum is merged in a fixed order)."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 
 import anndata as ad
@@ -184,25 +185,32 @@ def test_gene_blocks_run_on_n_jobs_threads(monkeypatch):
     seen = []
 
     class Pool:
-        def __init__(self, max_workers: int) -> None:
+        def __init__(self, max_workers: int, **kwargs: object) -> None:
             seen.append(max_workers)
-
-        def __enter__(self) -> Pool:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
 
         def map(self, fn, blocks):
             return map(fn, blocks)
 
     monkeypatch.setattr(threads, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(threads, "_POOLS", {})
     blocks = [slice(i, i + 1) for i in range(8)]
     with cpu_threads(1):
         assert threads.map_blocks(blocks, lambda b: b.start) == list(range(8))
     with cpu_threads(3):
-        threads.map_blocks(blocks, lambda b: b.start)
+        assert threads.map_blocks(blocks, lambda b: b.start) == list(range(8))
+        # each block sees the caller's thread count, and a second map reuses the executor
+        assert threads.map_blocks(blocks, lambda b: threads.n_threads()) == [3] * 8
     assert seen == [3]
+
+
+def test_gene_blocks_in_real_threads_keep_block_order():
+    import gpuc.deseq._threads as threads
+
+    blocks = [slice(i, i + 1) for i in range(40)]
+    with cpu_threads(2):
+        names = threads.map_blocks(blocks, lambda b: (b.start, threading.current_thread().name))
+    assert [i for i, _ in names] == list(range(40))
+    assert all(name.startswith("gpuc-deseq") for _, name in names)
 
 
 def test_exact_knn_identical_for_any_n_jobs():
@@ -216,3 +224,26 @@ def test_exact_knn_identical_for_any_n_jobs():
         d2, i2 = get_backend("cpu").knn(x, 15, method="exact")
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_array_equal(d1, d2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_gene_blocks_in_a_forked_child_get_their_own_threads():
+    """A forked child inherits the parent's executor but not its threads: it must not queue work on it (a hang)."""
+    import multiprocessing
+
+    import gpuc.deseq._threads as threads
+
+    blocks = [slice(i, i + 1) for i in range(8)]
+    with cpu_threads(2):
+        threads.map_blocks(blocks, lambda b: b.start)  # the parent's executor exists now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        result = pool.apply_async(_map_blocks_in_child).get(timeout=60)
+    assert result == list(range(8))
+
+
+def _map_blocks_in_child() -> list[int]:
+    import gpuc.deseq._threads as threads
+
+    with cpu_threads(2):
+        return threads.map_blocks([slice(i, i + 1) for i in range(8)], lambda b: b.start)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gpuc._backend import Backend
-from gpuc._utils import threaded
+from gpuc._utils import serial_blas, threaded
 from gpuc.deseq._design import Design, build_design, contrast_vector
 from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
 
@@ -140,31 +140,32 @@ def run_analysis(
     """Fit DESeq2 on samples x genes ``counts`` and test every contrast of ``plan`` (Wald, or the likelihood-ratio
     test when the plan has a reduced design); with ``lfc_shrink`` the tables also get shrunken fold changes.
     ``n_jobs``: CPU threads (gene blocks in parallel, :func:`gpuc._utils.cpu_threads`); per-gene results do not depend
-    on it.
+    on it. BLAS runs on one thread: its products here are small, per gene, and the threads go to the gene blocks.
     """
-    fit = run_deseq(
-        backend,
-        counts,
-        plan.design.matrix,
-        size_factors=size_factors,
-        fit_type=fit_type,
-        refit_cooks=refit_cooks,
-        min_replicates=min_replicates,
-        max_iter=max_iter,
-        reduced=None if plan.reduced is None else plan.reduced.matrix,
-    )
-    return tabulate(
-        backend,
-        fit,
-        plan,
-        gene_names=gene_names,
-        alpha=alpha,
-        cooks_filter=cooks_filter,
-        independent_filter=independent_filter,
-        lfc_threshold=lfc_threshold,
-        alt_hypothesis=alt_hypothesis,
-        lfc_shrink=lfc_shrink,
-    )
+    with serial_blas(not backend.is_gpu):
+        fit = run_deseq(
+            backend,
+            counts,
+            plan.design.matrix,
+            size_factors=size_factors,
+            fit_type=fit_type,
+            refit_cooks=refit_cooks,
+            min_replicates=min_replicates,
+            max_iter=max_iter,
+            reduced=None if plan.reduced is None else plan.reduced.matrix,
+        )
+        return tabulate(
+            backend,
+            fit,
+            plan,
+            gene_names=gene_names,
+            alpha=alpha,
+            cooks_filter=cooks_filter,
+            independent_filter=independent_filter,
+            lfc_threshold=lfc_threshold,
+            alt_hypothesis=alt_hypothesis,
+            lfc_shrink=lfc_shrink,
+        )
 
 
 def tabulate(

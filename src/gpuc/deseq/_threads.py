@@ -9,6 +9,8 @@ whole-matrix temporaries). On the GPU the whole batch is one call. The number of
 
 from __future__ import annotations
 
+import contextvars
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,10 +38,31 @@ def gene_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None
     return [slice(edges[i], edges[i + 1]) for i in range(k)]
 
 
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process's executor with ``workers`` threads, made once per process.
+
+    A fit maps blocks several times, and starting the threads for each map costs milliseconds; idle executor threads
+    wait on their queue and use no CPU. The key holds the process id: a forked child (e.g. a Dask worker) inherits
+    the parent's executor objects but not their threads, so it makes its own.
+    """
+    key = (os.getpid(), workers)
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuc-deseq")
+    return pool
+
+
 def map_blocks(blocks: list[slice], fn: Callable[[slice], Any]) -> list[Any]:
-    """Run ``fn`` on every block (in a thread pool when more than one thread is allowed), results in block order."""
+    """Run ``fn`` on every block (in a thread pool when more than one thread is allowed), results in block order.
+
+    Each block runs in the caller's context (``contextvars``), so the enclosing :func:`gpuc._utils.cpu_threads`
+    block is seen inside it.
+    """
     workers = min(n_threads(), len(blocks))
     if workers < 2:
         return [fn(b) for b in blocks]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(fn, blocks))
+    ctx = contextvars.copy_context()
+    return list(_pool(workers).map(lambda b: ctx.copy().run(fn, b), blocks))

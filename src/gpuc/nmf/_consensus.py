@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpuc._backend import Backend, get_backend, to_host
-from gpuc._utils import threaded
+from gpuc._utils import SMALL_BLAS_FLOPS, serial_blas, threaded
 from gpuc.nmf._hals import TOL, UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
 
 Metric = Literal["cosine", "euclidean"]
@@ -124,7 +124,10 @@ def local_density(
     live = norms > COLLAPSED_NORM
     unit = pool / xp.where(live, norms, 1.0)[:, None]
     unit = unit * live[:, None]
-    sim = xp.clip(unit @ unit.T, -1.0, 1.0)
+    # a pool product too small to gain from BLAS threads runs on one (serial_blas: idle OpenBLAS threads would spin
+    # through the k-means and refit that follow, and through the next call's fit)
+    with serial_blas(xp is np and 2.0 * unit.shape[0] ** 2 * unit.shape[1] < SMALL_BLAS_FLOPS):
+        sim = xp.clip(unit @ unit.T, -1.0, 1.0)
     dist = 1.0 - sim if metric == "cosine" else xp.sqrt(xp.maximum(2.0 - 2.0 * sim, 0.0))
     live_h = np.asarray(backend.to_host(live), dtype=bool)
     n_live = int(live_h.sum())
