@@ -170,6 +170,7 @@ def test_deseq_and_vst_identical_for_any_n_jobs(monkeypatch):
 
     monkeypatch.setattr(threads, "BLOCK_ENTRIES", 1024)  # 128-gene blocks: several blocks run in the thread pool
     a = _bulk()
+    _small_stage_spans(monkeypatch)
     for nj in (1, 2):
         gpuc.tl.deseq(a, design="~condition", device="cpu", n_jobs=nj, key_added=f"d{nj}")
         gpuc.tl.vst(a, device="cpu", n_jobs=nj, key_added=f"v{nj}")
@@ -177,6 +178,34 @@ def test_deseq_and_vst_identical_for_any_n_jobs(monkeypatch):
         np.testing.assert_array_equal(a.var[f"d1_{field}"].to_numpy(), a.var[f"d2_{field}"].to_numpy(), err_msg=field)
     np.testing.assert_array_equal(a.layers["v1"], a.layers["v2"])
     assert a.uns["d2"]["params"]["n_jobs"] == 2
+
+
+def _small_stage_spans(monkeypatch) -> None:
+    import gpuc.deseq._threads as threads
+
+    # 200-gene stage spans (each with two solver blocks inside) instead of 2^17 entries
+    monkeypatch.setattr(threads, "STAGE_ENTRIES", 1)
+    monkeypatch.setattr(threads, "STAGE_MIN_GENES", 200)
+
+
+def test_deseq_with_cooks_refit_identical_for_any_n_jobs(monkeypatch):
+    """Stage spans run the outlier replacement and refit inside each span, in parallel."""
+    import gpuc.deseq._threads as threads
+
+    monkeypatch.setattr(threads, "BLOCK_ENTRIES", 1024)
+    _small_stage_spans(monkeypatch)
+    rng = np.random.default_rng(3)
+    n_genes, n = 700, 16
+    mean = rng.gamma(2.0, 50.0, n_genes)
+    x = rng.negative_binomial(5, 5 / (5 + np.outer(np.r_[np.ones(8), np.full(8, 1.5)], mean)))
+    x[0, rng.choice(n_genes, 60, replace=False)] *= 40  # outliers: Cook's replacement and refit
+    obs = pd.DataFrame({"condition": np.repeat(["a", "b"], 8)}, index=[f"s{i}" for i in range(n)])
+    a = ad.AnnData(x.astype(np.int64), obs=obs)
+    for nj in (1, 2):
+        gpuc.tl.deseq(a, design="~condition", device="cpu", n_jobs=nj, key_added=f"d{nj}")
+    assert a.var["d1_replace"].sum() > 0  # the refit ran
+    for field in [c[3:] for c in a.var.columns if c.startswith("d1_")]:
+        np.testing.assert_array_equal(a.var[f"d1_{field}"].to_numpy(), a.var[f"d2_{field}"].to_numpy(), err_msg=field)
 
 
 def test_gene_blocks_run_on_n_jobs_threads(monkeypatch):

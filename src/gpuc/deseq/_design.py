@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from formulaic import Formula
+from formulaic_contrasts import FormulaicContrasts
 
 
 @dataclass
@@ -40,8 +42,6 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
     if not isinstance(design, str) or not design.strip().startswith("~"):
         msg = f"design must be a formula string starting with '~' (e.g. '~condition') or a DataFrame, got {design!r}."
         raise ValueError(msg)
-    from formulaic_contrasts import FormulaicContrasts
-
     variables = _formula_variables(design, obs)
     for v in variables:
         if obs[v].isna().any():
@@ -82,8 +82,6 @@ def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
 
     Raises a :class:`ValueError` naming the variables that are not columns of ``obs``.
     """
-    from formulaic import Formula
-
     try:
         names = {str(v) for v in Formula(formula).required_variables}
     except Exception as err:  # formulaic raises many types

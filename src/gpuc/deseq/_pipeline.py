@@ -27,6 +27,7 @@ from gpuc.deseq._dispersion import (
 from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum
 from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
 from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
+from gpuc.deseq._threads import map_blocks, stage_blocks
 
 
 @dataclass
@@ -87,6 +88,15 @@ def dispersion_start(
 def _fit_dispersions(
     bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
 ) -> tuple[Any, Any, Any, Any]:
+    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
+    if blocks is not None:  # CPU: the whole stage per gene span, spans in parallel
+        parts = map_blocks(
+            blocks,
+            lambda s: _fit_dispersions(bk, y[s], sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu),
+        )
+        cat = np.concatenate
+        state = tuple(cat([q[3][i] for q in parts]) for i in range(4))
+        return cat([q[0] for q in parts]), cat([q[1] for q in parts]), cat([q[2] for q in parts]), state
     a0, mu = dispersion_start(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
     return gw.alpha, gw.converged, mu, gw.state
@@ -313,8 +323,29 @@ def fit_genes(
 
     A gene's results depend only on its own counts, genewise fit and trend value and on the global values passed in
     (size factors, design, trend, prior variance), so any split of the genes into blocks gives the same values.
-    Returns the per-gene arrays (the LRT statistic and p-value on the host, None without ``reduced``).
+    Returns the per-gene arrays (the LRT statistic and p-value on the host, None without ``reduced``). On the CPU
+    the genes run in spans (:func:`gpuc.deseq._threads.stage_blocks`), in parallel.
     """
+    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
+    if blocks is not None:
+        per_gene = {"norm": norm, "base_mean": base_mean, "base_var": base_var, "gw": gw, "gw_conv": gw_conv}
+        per_gene |= {"mu_disp": mu_disp, "fitted": fitted}
+        options = {"trend": trend, "prior_var": prior_var, "var_log_disp": var_log_disp, "refit_cooks": refit_cooks}
+        options |= {"min_replicates": min_replicates, "min_mu": min_mu, "min_disp": min_disp, "max_disp": max_disp}
+        options |= {"reduced": reduced, "max_iter": max_iter}
+        parts = map_blocks(
+            blocks,
+            lambda s: fit_genes(
+                bk,
+                y[s],
+                sf,
+                x,
+                **{k: v[s] for k, v in per_gene.items()},
+                gw_state=tuple(v[s] for v in gw_state),
+                **options,
+            ),
+        )
+        return {k: None if parts[0][k] is None else np.concatenate([q[k] for q in parts]) for k in parts[0]}
     xp = bk.xp
     n, p = x.shape
     xd = bk.asarray(x)

@@ -1,10 +1,16 @@
-"""CPU only: run a per-gene engine function on cache-sized gene blocks, in threads (numpy and scipy.special
-release the GIL).
+"""CPU only: run per-gene engine work on gene blocks, in threads (numpy and scipy.special release the GIL).
 
-Every gene is solved independently, so blocks give the same per-gene results as one call. Blocks of about 2^16
-matrix entries keep the many elementwise temporaries of a Newton step in cache (faster and far less memory than
-whole-matrix temporaries). On the GPU the whole batch is one call. The number of threads follows ``n_jobs``
-(:func:`gpuc._utils.cpu_threads`); results are per gene, so they do not depend on it.
+Every gene is solved independently, so blocks give the same per-gene results as one call. Two levels:
+
+- :func:`stage_blocks`: the per-gene stages of a fit (dispersion start and genewise fit; MAP, GLM, Cook's and refit)
+  run on spans of about ``STAGE_ENTRIES`` matrix entries, in parallel, so that everything between the solvers
+  (moments, mu, Cook's distances, outlier replacement) is parallel too. The spans have a fixed size whatever the
+  thread count, so results never depend on ``n_jobs``.
+- :func:`gene_blocks`: inside a stage, the solvers work on cache-sized blocks of about ``BLOCK_ENTRIES`` entries,
+  which keep the many elementwise temporaries of a Newton step in cache (faster and far less memory than
+  whole-matrix temporaries); inside a stage block they run one after the other on the block's thread.
+
+On the GPU the whole batch is one call. The number of threads follows ``n_jobs`` (:func:`gpuc._utils.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from gpuc._backend import Backend
 from gpuc._utils import current_n_jobs
 
 BLOCK_ENTRIES = 2**16
+STAGE_ENTRIES = 2**17
+STAGE_MIN_GENES = 512
+
+# set inside a block's task: nested maps run on that thread (queueing them on the same executor could deadlock)
+_IN_BLOCK: contextvars.ContextVar[bool] = contextvars.ContextVar("gpuc_deseq_in_block", default=False)
 
 
 def n_threads() -> int:
@@ -26,16 +37,29 @@ def n_threads() -> int:
     return current_n_jobs()
 
 
-def gene_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None:
-    """Slices of about ``BLOCK_ENTRIES / n_samples`` genes, or None to run in one call (GPU, small problems)."""
-    if bk.is_gpu:
-        return None
-    size = max(128, BLOCK_ENTRIES // max(n_samples, 1))
+def _even_slices(n_genes: int, size: int) -> list[slice] | None:
+    # ceil(n_genes / size) slices of nearly equal length, or None when one holds every gene
     k = -(-n_genes // size)
     if k < 2:
         return None
     edges = [round(i * n_genes / k) for i in range(k + 1)]
     return [slice(edges[i], edges[i + 1]) for i in range(k)]
+
+
+def gene_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None:
+    """Slices of about ``BLOCK_ENTRIES / n_samples`` genes, or None to run in one call (GPU, small problems)."""
+    if bk.is_gpu:
+        return None
+    return _even_slices(n_genes, max(128, BLOCK_ENTRIES // max(n_samples, 1)))
+
+
+def stage_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None:
+    """Slices of about ``STAGE_ENTRIES / n_samples`` genes for a whole per-gene stage, or None to run it in one call
+    (GPU, small problems, or already inside a block). Independent of the thread count.
+    """
+    if bk.is_gpu or _IN_BLOCK.get():
+        return None
+    return _even_slices(n_genes, max(STAGE_MIN_GENES, STAGE_ENTRIES // max(n_samples, 1)))
 
 
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
@@ -58,11 +82,19 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 def map_blocks(blocks: list[slice], fn: Callable[[slice], Any]) -> list[Any]:
     """Run ``fn`` on every block (in a thread pool when more than one thread is allowed), results in block order.
 
-    Each block runs in the caller's context (``contextvars``), so the enclosing :func:`gpuc._utils.cpu_threads`
-    block is seen inside it.
+    Each block runs in a copy of the caller's context (``contextvars``), so the enclosing
+    :func:`gpuc._utils.cpu_threads` block is seen inside it; maps nested inside a block run serially on its thread,
+    with any thread count (so block boundaries, hence results, never depend on it).
     """
-    workers = min(n_threads(), len(blocks))
-    if workers < 2:
+    if _IN_BLOCK.get():
         return [fn(b) for b in blocks]
     ctx = contextvars.copy_context()
-    return list(_pool(workers).map(lambda b: ctx.copy().run(fn, b), blocks))
+
+    def task(b: slice) -> Any:
+        _IN_BLOCK.set(True)  # in the task's copy of the context only
+        return fn(b)
+
+    workers = min(n_threads(), len(blocks))
+    if workers < 2:
+        return [ctx.copy().run(task, b) for b in blocks]
+    return list(_pool(workers).map(lambda b: ctx.copy().run(task, b), blocks))
