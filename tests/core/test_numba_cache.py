@@ -31,7 +31,7 @@ CALLED = {
         "csr_matmat",
         "frank_wolfe_columns",
     },
-    "gpuc.deseq._kernels_numba": {"nb_logpost", "irls", "nb_const"},
+    "gpuc.deseq._kernels_numba": {"newton_log_alpha", "nb_logpost", "irls", "nb_const"},
 }
 
 SCRIPT = f"""

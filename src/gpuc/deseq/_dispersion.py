@@ -295,11 +295,120 @@ def _fit_log_alpha(
     10 * min_disp are refitted on R's 20+20-point grid. Elsewhere the exact optimum is kept.
     """
     xp = bk.xp
-    G = y.shape[0]
     p = x.shape[1]
     xx = outer_rows(x)
     lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
     la = xp.clip(xp.log(alpha0), lo, hi)
+    pm_all = prior_mean
+
+    def pm(i: Any) -> Any:
+        return None if pm_all is None else pm_all[i]
+
+    args = (la, y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state)
+    kern = None
+    if not bk.is_gpu:
+        from gpuc.deseq._kernels import newton_kernel
+
+        kern = newton_kernel()
+    la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args) if kern is not None else _newton(bk, *args)
+    state = (la.copy(), f.copy(), g.copy(), h.copy())
+    if bool((~conv).any()):
+        bad = xp.nonzero(~conv)[0]
+        la[bad] = _grid_search(
+            bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
+        )
+    if r_state is not None:
+        la0, f0, lp0_r, target, f1, stuck = r_state
+        f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
+        est = xp.where(stuck, target, la)
+        last = xp.where(stuck, f1, f_opt)
+        no_increase = last - f0 < xp.abs(lp0_r) / 1e6
+        est = xp.where(no_increase, la0, est)
+        regrid = stuck & (xp.exp(est) > 10 * min_disp)
+        if bool(regrid.any()):
+            gi = xp.nonzero(regrid)[0]
+            est[gi] = _grid_search(
+                bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var
+            )
+        la = est
+    alpha = xp.clip(xp.exp(la), min_disp, max_disp)
+    return DispFit(alpha, iters, conv, state)
+
+
+def _newton_compiled(
+    kern: Any,
+    la: np.ndarray,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    lo: float,
+    hi: float,
+    maxit: int,
+    tol: float,
+    r_flat_start: bool,
+    init_state: tuple | None,
+) -> tuple:
+    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_numba.newton_log_alpha``)."""
+    G = y.shape[0]
+    c = np.ascontiguousarray
+    has_prior = prior_mean is not None
+    pm = c(prior_mean, dtype=np.float64) if has_prior else np.empty(0)
+    st = tuple(c(v, dtype=np.float64) for v in init_state) if init_state is not None else (np.empty(0),) * 4
+    out = np.empty((10 if r_flat_start else 6, G))
+    la_start = c(la, dtype=np.float64)
+    kern(
+        la_start,
+        c(y, dtype=np.float64),
+        c(mu, dtype=np.float64),
+        c(xx, dtype=np.float64),
+        p,
+        cr,
+        has_prior,
+        pm,
+        0.0 if prior_var is None else float(prior_var),
+        lo,
+        hi,
+        maxit,
+        tol,
+        init_state is not None,
+        *st,
+        r_flat_start,
+        out,
+    )
+    r_state = None
+    if r_flat_start:
+        r_state = (la_start, out[9].copy(), out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
+    return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
+
+
+def _newton(
+    bk: Backend,
+    la: Any,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    lo: float,
+    hi: float,
+    maxit: int,
+    tol: float,
+    r_flat_start: bool,
+    init_state: tuple | None,
+) -> tuple:
+    """The safeguarded Newton iterations of :func:`_fit_log_alpha` for all genes at once (array code, any device).
+
+    Returns the iterate, its log posterior, gradient and Hessian, the iterations, convergence, and R's first-step
+    quantities ``(start, f0, f0, target, f1, stuck)`` with ``r_flat_start`` (else None).
+    """
+    xp = bk.xp
+    G = y.shape[0]
     pm_all = prior_mean
     iters = xp.zeros(G, dtype=xp.int64)
     conv = xp.zeros(G, dtype=bool)
@@ -430,28 +539,7 @@ def _fit_log_alpha(
         conv[idx] = done & accepted
         idx = idx[~done]
     conv[idx] = False
-    state = (la.copy(), f.copy(), g.copy(), h.copy())
-    if bool((~conv).any()):
-        bad = xp.nonzero(~conv)[0]
-        la[bad] = _grid_search(
-            bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
-        )
-    if r_state is not None:
-        la0, f0, lp0_r, target, f1, stuck = r_state
-        f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
-        est = xp.where(stuck, target, la)
-        last = xp.where(stuck, f1, f_opt)
-        no_increase = last - f0 < xp.abs(lp0_r) / 1e6
-        est = xp.where(no_increase, la0, est)
-        regrid = stuck & (xp.exp(est) > 10 * min_disp)
-        if bool(regrid.any()):
-            gi = xp.nonzero(regrid)[0]
-            est[gi] = _grid_search(
-                bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var
-            )
-        la = est
-    alpha = xp.clip(xp.exp(la), min_disp, max_disp)
-    return DispFit(alpha, iters, conv, state)
+    return la, f, g, h, iters, conv, r_state
 
 
 def _grid_search(

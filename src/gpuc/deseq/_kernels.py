@@ -15,3 +15,5 @@ nb_logpost_kernel = numba_kernels("gpuc.deseq._kernels_numba", "nb_logpost")
 irls_kernel = numba_kernels("gpuc.deseq._kernels_numba", "irls")
 # the per-gene mu-free part of the NB log-likelihood, sum lgamma(y + r) - lgamma(r) - lgamma(y + 1), r = 1/alpha
 nb_const_kernel = numba_kernels("gpuc.deseq._kernels_numba", "nb_const")
+# the per-gene safeguarded Newton loop of _dispersion._fit_log_alpha
+newton_kernel = numba_kernels("gpuc.deseq._kernels_numba", "newton_log_alpha")
