@@ -231,6 +231,11 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
     dense = rng.random((n, 12))
     np.testing.assert_array_equal(kern.csr_times_dense(kmat.indptr, kmat.indices, kmat.data, dense), kmat @ dense)
+    # a row block through a slice of indptr (the A-update's blocks), as scipy's row slice gives it
+    lo, hi = n // 3, n // 3 + 57
+    ip = kmat.indptr[lo : hi + 1]
+    np.testing.assert_array_equal(kern.csr_times_dense(ip, kmat.indices, kmat.data, dense), kmat[lo:hi] @ dense)
+    np.testing.assert_array_equal(kern.csr_rows_dense(ip, kmat.indices, kmat.data, n), kmat[lo:hi].toarray())
     picks = rng.integers(0, n, 12)
     picks[3] = picks[7]  # a cell picked twice
     ka = sp.csr_matrix(kmat[picks].T)

@@ -245,6 +245,19 @@ def csr_times_dense(ip: Any, ix: Any, dx: Any, x: Any) -> Any:  # pragma: no cov
     return out
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def csr_rows_dense(ip: Any, ix: Any, dx: Any, n_cols: int) -> Any:  # pragma: no cover - compiled
+    """The rows of a CSR matrix given by ``ip`` (a slice of its indptr: absolute offsets into ``ix``/``dx``) as a
+    dense array, entries added in stored order into zeros (scipy's ``toarray`` of the row slice); rows in parallel.
+    """
+    n = ip.shape[0] - 1
+    out = np.zeros((n, n_cols))
+    for i in prange(n):
+        for p in range(ip[i], ip[i + 1]):
+            out[i, ix[p]] += dx[p]
+    return out
+
+
 @njit(cache=True, nogil=True)
 def picked_columns(kp: Any, kx: Any, kd: Any, picks: Any, n: int) -> Any:  # pragma: no cover - compiled
     """``K[:, picks]`` of a symmetric CSR kernel K as an (n, len(picks)) CSR matrix with sorted rows: row ``picks[m]``

@@ -189,9 +189,14 @@ def update_a(
         a_sparse_t = sparse.csr_matrix(a_prev.T)
     for s in range(0, n, block):
         e = min(n, s + block)
-        p = _dense(kb[s:e], xp)  # (c, k)
+        if fused is not None:  # the rows of the block as scipy's slice and product give them, rows in parallel
+            p = fused.csr_rows_dense(kb.indptr[s : e + 1], kb.indices, kb.data, k)
+        else:
+            p = _dense(kb[s:e], xp)  # (c, k)
         if isinstance(a_prev, str):  # uniform start: Q A0 is the same for every cell
             qa = xp.repeat((q.sum(axis=1) / k)[None, :], e - s, axis=0)
+        elif a_sparse_t is not None and fused is not None:
+            qa = fused.csr_times_dense(a_sparse_t.indptr[s : e + 1], a_sparse_t.indices, a_sparse_t.data, q)
         elif a_sparse_t is not None:
             qa = xp.ascontiguousarray(xp.asarray(a_sparse_t[s:e] @ q))
         else:
