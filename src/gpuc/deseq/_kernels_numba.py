@@ -225,48 +225,60 @@ def nb_logpost(la, y, mu, xx, derivs, cr, f, ga, ha, m, a2, a3):  # pragma: no c
             ha[i] = hai
 
 
+@njit(cache=True, nogil=True, inline="always")
+def solve_pivoted(a, rhs, p, want_logdet, want_solve):  # pragma: no cover - compiled
+    """Gaussian elimination with partial pivoting (LAPACK's ``getrf``/``getrs`` order) of the p x p ``a`` against the
+    right-hand sides ``rhs`` (p x q), in place: with ``want_solve`` ``rhs`` ends as ``a^-1 rhs``. Returns log|det a|
+    when ``want_logdet`` (else 0). Only the upper triangle of ``a`` is kept up to date (the rest is never read).
+    """
+    q = rhs.shape[1]
+    logdet = 0.0
+    for c in range(p):
+        piv = c
+        best = abs(a[c, c])
+        for r_ in range(c + 1, p):
+            if abs(a[r_, c]) > best:
+                best = abs(a[r_, c])
+                piv = r_
+        if piv != c:
+            for v in range(p):
+                tmp = a[c, v]
+                a[c, v] = a[piv, v]
+                a[piv, v] = tmp
+            for k in range(q):
+                tmp = rhs[c, k]
+                rhs[c, k] = rhs[piv, k]
+                rhs[piv, k] = tmp
+        d0 = a[c, c]
+        if want_logdet:
+            logdet += math.log(abs(d0))
+        for r_ in range(c + 1, p):
+            fct = a[r_, c] / d0
+            if fct != 0.0:
+                for v in range(c + 1, p):
+                    a[r_, v] -= fct * a[c, v]
+                for k in range(q):
+                    rhs[r_, k] -= fct * rhs[c, k]
+    if want_solve:  # back substitution, column by column
+        for k in range(q):
+            for c in range(p - 1, -1, -1):
+                acc = rhs[c, k]
+                for v in range(c + 1, p):
+                    acc -= a[c, v] * rhs[v, k]
+                rhs[c, k] = acc / a[c, c]
+    return logdet
+
+
 @njit(cache=True, nogil=True)
 def lu_logdet_inv(mflat, p, lu, minv, want_inv):  # pragma: no cover - compiled
-    """log|det M| of the p x p matrix ``mflat`` (row-major) by LU with partial pivoting (LAPACK's ``getrf``, as
-    numpy's ``slogdet``), and M^-1 into ``minv`` when ``want_inv``.
+    """log|det M| of the p x p matrix ``mflat`` (row-major), as numpy's ``slogdet``, and M^-1 into ``minv`` when
+    ``want_inv`` (:func:`solve_pivoted` against the identity).
     """
     for u in range(p):
         for v in range(p):
             lu[u, v] = mflat[u * p + v]
             minv[u, v] = 1.0 if u == v else 0.0
-    logdet = 0.0
-    for c in range(p):
-        piv = c
-        best = abs(lu[c, c])
-        for r_ in range(c + 1, p):
-            if abs(lu[r_, c]) > best:
-                best = abs(lu[r_, c])
-                piv = r_
-        if piv != c:
-            for v in range(p):
-                tmp = lu[c, v]
-                lu[c, v] = lu[piv, v]
-                lu[piv, v] = tmp
-                tmp = minv[c, v]
-                minv[c, v] = minv[piv, v]
-                minv[piv, v] = tmp
-        d0 = lu[c, c]
-        logdet += math.log(abs(d0))
-        for r_ in range(c + 1, p):
-            fct = lu[r_, c] / d0
-            lu[r_, c] = fct
-            for v in range(c + 1, p):
-                lu[r_, v] -= fct * lu[c, v]
-            for v in range(p):
-                minv[r_, v] -= fct * minv[c, v]
-    if want_inv:  # back substitution of U X = L^-1 P, column by column
-        for k in range(p):
-            for c in range(p - 1, -1, -1):
-                acc = minv[c, k]
-                for v in range(c + 1, p):
-                    acc -= lu[c, v] * minv[v, k]
-                minv[c, k] = acc / lu[c, c]
-    return logdet
+    return solve_pivoted(lu, minv, p, True, want_inv)
 
 
 @njit(cache=True, nogil=True)
@@ -442,7 +454,7 @@ def irls(
     log_min_mu = math.log(min_mu)
     logsf = np.log(sf)
     mat = np.empty((p, p))
-    rhs = np.empty(p)
+    rhs = np.empty((p, 1))
     b = np.empty(p)
     ec = np.empty(nc)
     lc = np.empty(nc)
@@ -473,7 +485,7 @@ def irls(
         bad = False
         for t in range(maxit):
             for u in range(p):
-                rhs[u] = 0.0
+                rhs[u, 0] = 0.0
                 for v in range(p):
                     mat[u, v] = 0.0
             for j in range(n):
@@ -484,7 +496,7 @@ def irls(
                 wz = w * lm[j] + (y[i, j] - m_) * inv_one
                 for u in range(p):
                     xu = x[j, u]
-                    rhs[u] += wz * xu
+                    rhs[u, 0] += wz * xu
                     wxu = w * xu
                     for v in range(u, p):
                         mat[u, v] += wxu * x[j, v]
@@ -492,34 +504,9 @@ def irls(
                 mat[u, u] += lam[u]
                 for v in range(u):
                     mat[u, v] = mat[v, u]
-            # Gaussian elimination with partial pivoting (as LAPACK gesv)
-            for c in range(p):
-                piv = c
-                best = abs(mat[c, c])
-                for r_ in range(c + 1, p):
-                    if abs(mat[r_, c]) > best:
-                        best = abs(mat[r_, c])
-                        piv = r_
-                if piv != c:
-                    for v in range(p):
-                        tmp = mat[c, v]
-                        mat[c, v] = mat[piv, v]
-                        mat[piv, v] = tmp
-                    tmp = rhs[c]
-                    rhs[c] = rhs[piv]
-                    rhs[piv] = tmp
-                d0 = mat[c, c]
-                for r_ in range(c + 1, p):
-                    fct = mat[r_, c] / d0
-                    if fct != 0.0:
-                        for v in range(c, p):
-                            mat[r_, v] -= fct * mat[c, v]
-                        rhs[r_] -= fct * rhs[c]
-            for c in range(p - 1, -1, -1):
-                s = rhs[c]
-                for v in range(c + 1, p):
-                    s -= mat[c, v] * b[v]
-                b[c] = s / mat[c, c]
+            solve_pivoted(mat, rhs, p, False, True)  # as LAPACK gesv
+            for u in range(p):
+                b[u] = rhs[u, 0]
             iters[i] += 1
             big = False
             for u in range(p):
