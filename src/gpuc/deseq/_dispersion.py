@@ -318,11 +318,13 @@ def _fit_log_alpha(
             bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
         )
     if r_state is not None:
-        la0, f0, lp0_r, target, f1, stuck = r_state
+        la0, f0, target, f1, stuck = r_state
         f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
         est = xp.where(stuck, target, la)
         last = xp.where(stuck, f1, f_opt)
-        no_increase = last - f0 < xp.abs(lp0_r) / 1e6
+        # R: noIncrease <- last_lp < initial_lp + abs(initial_lp) / 1e6 (our log posterior is R's: its likelihood
+        # also omits log y! and uses y log(mu + 1/alpha))
+        no_increase = last - f0 < xp.abs(f0) / 1e6
         est = xp.where(no_increase, la0, est)
         regrid = stuck & (xp.exp(est) > 10 * min_disp)
         if bool(regrid.any()):
@@ -381,7 +383,7 @@ def _newton_compiled(
     )
     r_state = None
     if r_flat_start:
-        r_state = (la_start, out[9].copy(), out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
+        r_state = (la_start, out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
     return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
 
 
@@ -405,7 +407,7 @@ def _newton(
     """The safeguarded Newton iterations of :func:`_fit_log_alpha` for all genes at once (array code, any device).
 
     Returns the iterate, its log posterior, gradient and Hessian, the iterations, convergence, and R's first-step
-    quantities ``(start, f0, f0, target, f1, stuck)`` with ``r_flat_start`` (else None).
+    quantities ``(start, f0, target, f1, stuck)`` with ``r_flat_start`` (else None).
     """
     xp = bk.xp
     G = y.shape[0]
@@ -466,8 +468,7 @@ def _newton(
         # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
         # gain of any step R can take is below it, whatever the rounding noise of the log posterior
         stuck = (armijo & (f1 - f < 1e-6)) | (g * g < 1e-6)
-        lp0_r = f  # equals R's log posterior (R's likelihood also omits log y! and uses y log(mu + 1/alpha))
-        r_state = (la.copy(), f.copy(), lp0_r, target, f1, stuck)
+        r_state = (la.copy(), f.copy(), target, f1, stuck)
     for _ in range(maxit):
         if idx.shape[0] == 0:
             break
