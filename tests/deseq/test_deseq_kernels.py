@@ -3,6 +3,8 @@ replace (which the GPU and numba-less CPUs run)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.special
@@ -123,3 +125,43 @@ def test_newton_kernel_equals_array_loop(monkeypatch, prior):
     np.testing.assert_allclose(got.alpha, ref.alpha, rtol=1e-9, atol=1e-12)
     for a, b in zip(got.state, ref.state, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-7)  # log alpha there: 1e-7 is 1e-14 in alpha
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_sample_medians_in_column_blocks_equal_nanmedian(complete):
+    """The per-sample medians of the size factors, computed in column blocks on two threads, are numpy's nanmedian."""
+    from gpuc._utils import cpu_threads
+    from gpuc.deseq._size_factors import sample_medians
+    from gpuc.deseq._threads import column_blocks
+
+    rng = np.random.default_rng(7)
+    ratio = rng.normal(size=(3000, 90))
+    if not complete:
+        ratio[rng.random(ratio.shape) < 0.2] = np.nan
+        ratio[:, 3] = np.nan  # a sample without a usable gene
+    bk = get_backend("cpu")
+    assert len(column_blocks(bk, ratio.shape[1], ratio.shape[0])) > 1
+    with np.errstate(all="ignore"), cpu_threads(2), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = sample_medians(bk, ratio, complete=complete)
+        want = np.nanmedian(ratio, axis=0)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gene_moments_in_spans_equal_whole_matrix():
+    """Normalised counts, baseMean and baseVar computed in parallel gene spans equal the whole-matrix numpy values."""
+    from gpuc._utils import cpu_threads
+    from gpuc.deseq._pipeline import gene_moments
+    from gpuc.deseq._threads import stage_blocks
+
+    rng = np.random.default_rng(8)
+    y = rng.poisson(20.0, size=(6000, 40)).astype(np.float64)
+    sf = rng.uniform(0.5, 2.0, 40)
+    bk = get_backend("cpu")
+    assert len(stage_blocks(bk, *y.shape)) > 1
+    with cpu_threads(2):
+        norm, mean, var = gene_moments(bk, y, sf)
+    want = y / sf[None, :]
+    np.testing.assert_array_equal(norm, want)
+    np.testing.assert_array_equal(mean, want.mean(axis=1))
+    np.testing.assert_array_equal(var, want.var(axis=1, ddof=1))

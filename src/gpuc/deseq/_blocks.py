@@ -49,7 +49,7 @@ from gpuc.deseq._pipeline import (
     fit_genes,
     gene_fields,
 )
-from gpuc.deseq._size_factors import NoCommonGenesError
+from gpuc.deseq._size_factors import NoCommonGenesError, sample_medians
 
 BLOCK_BYTES = 256 * 2**20
 MIN_MU = 0.5
@@ -142,7 +142,7 @@ def size_factors_blocked(
             logy = xp.log(yu)
         ratio[at : at + yu.shape[0]] = xp.where(yu > 0, logy - lg[u][:, None], xp.nan)
         at += yu.shape[0]
-    sf = xp.exp(xp.nanmedian(ratio, axis=0))
+    sf = xp.exp(sample_medians(bk, ratio, complete=kind == "ratio"))
     if kind == "poscounts":
         sf = sf / xp.exp(xp.log(sf).mean())
     return sf, kind, note

@@ -59,7 +59,6 @@ POSCOUNTS_NOTE = "every gene has at least one zero count; using size_factors='po
 
 def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None) -> tuple[Any, str, str | None]:
     """Size factors of gene-major counts, switching ratio -> poscounts (with a message) when every gene has a zero."""
-    nz = (y > 0).any(axis=1)
     if kind == "ratio":
         has_common = bool((y > 0).all(axis=1).any()) if control is None else bool((y[control] > 0).all(axis=1).any())
         if not has_common:
@@ -72,9 +71,28 @@ def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None)
     if kind == "poscounts":
         return size_factors_poscounts(bk, y, control), "poscounts", None
     if kind == "iterative":
-        return size_factors_iterative(bk, y[nz]), "iterative", None
+        return size_factors_iterative(bk, y[(y > 0).any(axis=1)]), "iterative", None
     msg = f"size_factors={kind!r} is not valid."
     raise ValueError(msg)
+
+
+def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
+    """The normalised counts ``y / sf`` of gene-major counts and their per-gene mean and variance (R's baseMean and
+    baseVar). On the CPU the genes run in spans in parallel; each gene's values are its own, so they are the same.
+    """
+    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
+    if blocks is None:
+        norm = y / sf[None, :]
+        return norm, norm.mean(axis=1), norm.var(axis=1, ddof=1)
+    norm, mean, var = np.empty_like(y), np.empty(y.shape[0]), np.empty(y.shape[0])
+
+    def span(s: slice) -> None:
+        np.divide(y[s], sf[None, :], out=norm[s])
+        mean[s] = norm[s].mean(axis=1)
+        var[s] = norm[s].var(axis=1, ddof=1)
+
+    map_blocks(blocks, span)
+    return norm, mean, var
 
 
 def dispersion_start(
@@ -183,9 +201,7 @@ def run_deseq(
     nonzero = (y_all > 0).any(axis=1)
     nz_idx = xp.nonzero(nonzero)[0]
     y = y_all[nz_idx]
-    norm = y / sf[None, :]
-    base_mean = norm.mean(axis=1)
-    base_var = norm.var(axis=1, ddof=1)
+    norm, base_mean, base_var = gene_moments(bk, y, sf)
 
     # ---- dispersions
     gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
@@ -568,7 +584,9 @@ def results(
             res["stat"][nz], res["pvalue"][nz] = 0.0, 1.0
     if zero_groups is not None:
         a, b = zero_groups
-        both = ~(fit.counts[:, a | b] > 0).any(axis=1) & ~fit.genes["allZero"]
+        in_groups = a | b
+        counts = fit.counts if in_groups.all() else fit.counts[:, in_groups]  # a two-level factor: every sample
+        both = ~(counts > 0).any(axis=1) & ~fit.genes["allZero"]
         if both.any():
             res["log2FoldChange"][both] = 0.0
             if test == "wald":

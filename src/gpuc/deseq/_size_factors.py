@@ -7,10 +7,49 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc.deseq._threads import column_blocks, map_blocks, stage_blocks
 
 
 class NoCommonGenesError(ValueError):
     """Every gene has at least one zero count, so the median-of-ratios size factors are undefined."""
+
+
+def sample_medians(bk: Backend, ratio: Any, *, complete: bool) -> Any:
+    """Per sample (column) median of the log ratios ``ratio`` (usable genes x samples), NaN entries (zero counts)
+    skipped.
+
+    ``complete``: ``ratio`` holds no NaN (the ratio type's usable genes have no zero count), so the plain median is
+    taken: the same values as the NaN-skipping one, without its per-column copies. On the CPU the samples run in
+    column blocks in parallel (:func:`gpuc.deseq._threads.column_blocks`; each column's median is its own, so the
+    split does not change a value).
+    """
+    xp = bk.xp
+    median = xp.median if complete else xp.nanmedian
+    blocks = column_blocks(bk, ratio.shape[1], ratio.shape[0])
+    if blocks is None:
+        return median(ratio, axis=0)
+    return np.concatenate(map_blocks(blocks, lambda s: median(ratio[:, s], axis=0)))
+
+
+def _log_counts(bk: Backend, y: Any) -> tuple[Any, Any]:
+    """``log(y)`` of gene-major counts and its per-gene mean (the log geometric mean; -inf for a gene with a zero
+    count). On the CPU the genes run in spans in parallel (each gene's values are its own).
+    """
+    xp = bk.xp
+    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
+    if blocks is None:
+        with np.errstate(divide="ignore"):
+            logy = xp.log(y)
+        return logy, logy.mean(axis=1)
+    logy, loggeo = np.empty(y.shape), np.empty(y.shape[0])
+
+    def span(s: slice) -> None:
+        with np.errstate(divide="ignore"):
+            np.log(y[s], out=logy[s])
+        loggeo[s] = logy[s].mean(axis=1)
+
+    map_blocks(blocks, span)
+    return logy, loggeo
 
 
 def _median_of_ratios(bk: Backend, y: Any, loggeo: Any) -> Any:
@@ -21,19 +60,24 @@ def _median_of_ratios(bk: Backend, y: Any, loggeo: Any) -> Any:
         logy = xp.log(y[usable])  # (G_used, n)
     ratio = logy - loggeo[usable][:, None]
     ratio = xp.where(y[usable] > 0, ratio, xp.nan)
-    return xp.exp(xp.nanmedian(ratio, axis=0))
+    return xp.exp(sample_medians(bk, ratio, complete=False))
 
 
 def size_factors_ratio(bk: Backend, y: Any, control: Any = None) -> Any:
-    """Median-of-ratios size factors for gene-major counts ``y`` (genes x samples), not rescaled (as R)."""
+    """Median-of-ratios size factors for gene-major counts ``y`` (genes x samples), not rescaled (as R).
+
+    A gene is usable when its log geometric mean is finite, i.e. when it has no zero count, so its log ratios are
+    all finite.
+    """
     xp = bk.xp
     yc = y if control is None else y[control]
-    with np.errstate(divide="ignore"):
-        loggeo = xp.log(yc).mean(axis=1)
-    if not bool(xp.isfinite(loggeo).any()):
+    logy, loggeo = _log_counts(bk, yc)
+    usable = xp.isfinite(loggeo)
+    if not bool(usable.any()):
         msg = "every gene has at least one zero count, so median-of-ratios size factors are undefined; use size_factors='poscounts'."
         raise NoCommonGenesError(msg)
-    return _median_of_ratios(bk, yc, loggeo)
+    ratio = logy[usable] - loggeo[usable][:, None]
+    return xp.exp(sample_medians(bk, ratio, complete=True))
 
 
 def size_factors_poscounts(bk: Backend, y: Any, control: Any = None) -> Any:

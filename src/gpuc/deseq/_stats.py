@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.stats
 
@@ -63,6 +65,18 @@ def _bh_of_sorted(p_sorted: np.ndarray) -> np.ndarray:
     return np.clip(adj, 0.0, 1.0)
 
 
+def _bh_rejections(p_sorted: np.ndarray, alpha: float) -> int:
+    """How many BH-adjusted values of ascending ``p_sorted`` are below ``alpha`` (``alpha <= 1``), without forming them.
+
+    The adjusted value at rank i is the minimum of ``p_(j) * (m / j)`` over j >= i (clipping to [0, 1] does not move
+    a value across ``alpha``), so it is below ``alpha`` exactly for the ranks up to the last j whose own
+    ``p_(j) * (m / j)`` is: the count is that j. The products are :func:`_bh_of_sorted`'s, so the count is the same.
+    """
+    m = p_sorted.shape[0]
+    below = np.flatnonzero(p_sorted * (m / np.arange(1, m + 1, dtype=np.float64)) < alpha)
+    return int(below[-1]) + 1 if below.size else 0
+
+
 def p_adjust_bh(p: np.ndarray) -> np.ndarray:
     """R ``p.adjust(method="BH")`` ignoring NaN (n = number of non-NaN p-values; NaN stays NaN)."""
     p = np.asarray(p, dtype=np.float64)
@@ -80,45 +94,49 @@ def lowess(
 
     ``x`` must be sorted. Returns the fitted values at ``x``. Written out rather than taken from statsmodels because
     the independent-filtering threshold must follow R's clowess, whose robustness weights statsmodels' lowess
-    computes differently.
+    computes differently. The element loops run on Python floats (the same IEEE operations as numpy's float64
+    scalars, several times faster per operation); the sums over a window stay numpy's.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n = x.shape[0]
     if n < 2:
         return y.copy()
+    xl = x.tolist()
     if delta is None:
-        delta = 0.01 * (x[-1] - x[0])
+        delta = 0.01 * (xl[-1] - xl[0])
     ns = max(min(int(f * n + 1e-7), n), 2)
     rw = np.ones(n)
     ys = np.zeros(n)
+    w = np.zeros(n)
     for it in range(iters + 1):
+        rwl = rw.tolist()
         nleft, nright = 0, ns - 1
         last = -1
         i = 0
         while True:
             if nright < n - 1:
-                d1 = x[i] - x[nleft]
-                d2 = x[nright + 1] - x[i]
+                d1 = xl[i] - xl[nleft]
+                d2 = xl[nright + 1] - xl[i]
                 if d1 > d2:
                     nleft += 1
                     nright += 1
                     continue
-            ys[i], ok = _lowest(x, y, x[i], nleft, nright, rw, it > 0)
-            if not ok:
-                ys[i] = y[i]
+            fit, ok = _lowest(x, xl, y, xl[i], nleft, nright, rwl, it > 0, w)
+            ys[i] = fit if ok else y[i]
             if last < i - 1:
-                denom = x[i] - x[last]
+                denom = xl[i] - xl[last]
+                yi, ylast = float(ys[i]), float(ys[last])
                 for j in range(last + 1, i):
-                    alpha = (x[j] - x[last]) / denom
-                    ys[j] = alpha * ys[i] + (1 - alpha) * ys[last]
+                    alpha = (xl[j] - xl[last]) / denom
+                    ys[j] = alpha * yi + (1 - alpha) * ylast
             last = i
-            cut = x[last] + delta
+            cut = xl[last] + delta
             i = last + 1
             while i < n:
-                if x[i] > cut:
+                if xl[i] > cut:
                     break
-                if x[i] == x[last]:
+                if xl[i] == xl[last]:
                     ys[i] = ys[last]
                     last = i
                 i += 1
@@ -140,37 +158,51 @@ def lowess(
 
 
 def _lowest(
-    x: np.ndarray, y: np.ndarray, xs: float, nleft: int, nright: int, rw: np.ndarray, userw: bool
+    x: np.ndarray,
+    xl: list[float],
+    y: np.ndarray,
+    xs: float,
+    nleft: int,
+    nright: int,
+    rwl: list[float],
+    userw: bool,
+    w: np.ndarray,
 ) -> tuple[float, bool]:
-    n = x.shape[0]
-    rng = x[-1] - x[0]
-    h = max(xs - x[nleft], x[nright] - xs)
+    # clowess's local weighted linear fit at xs over x[nleft:nright + 1] (``xl``, ``rwl``: x and the robustness
+    # weights as lists); ``w`` is scratch of length n
+    n = len(xl)
+    rng = xl[-1] - xl[0]
+    h = max(xs - xl[nleft], xl[nright] - xs)
     h9, h1 = 0.999 * h, 0.001 * h
-    w = np.zeros(n)
     j = nleft
     a = 0.0
     while j < n:
-        r = abs(x[j] - xs)
+        r = abs(xl[j] - xs)
         if r <= h9:
-            w[j] = 1.0 if r <= h1 else (1 - (r / h) ** 3) ** 3
+            wj = 1.0 if r <= h1 else (1 - (r / h) ** 3) ** 3
             if userw:
-                w[j] *= rw[j]
-            a += w[j]
-        elif x[j] > xs:
+                wj *= rwl[j]
+            w[j] = wj
+            a += wj
+        elif xl[j] > xs:
             break
+        else:
+            w[j] = 0.0
         j += 1
     nrt = j - 1
     if a <= 0:
         return 0.0, False
-    w[nleft : nrt + 1] /= a
+    win = slice(nleft, nrt + 1)
+    total = np.add.reduce  # np.sum without its wrapper (the same summation)
+    w[win] /= a
     if h > 0:
-        a = float(np.sum(w[nleft : nrt + 1] * x[nleft : nrt + 1]))
+        a = float(total(w[win] * x[win]))
         b = xs - a
-        c = float(np.sum(w[nleft : nrt + 1] * (x[nleft : nrt + 1] - a) ** 2))
-        if np.sqrt(c) > 0.001 * rng:
+        c = float(total(w[win] * (x[win] - a) ** 2))
+        if math.sqrt(c) > 0.001 * rng:
             b /= c
-            w[nleft : nrt + 1] *= b * (x[nleft : nrt + 1] - a) + 1.0
-    return float(np.sum(w[nleft : nrt + 1] * y[nleft : nrt + 1])), True
+            w[win] *= b * (x[win] - a) + 1.0
+    return float(total(w[win] * y[win])), True
 
 
 def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: float) -> tuple[np.ndarray, dict]:
@@ -192,7 +224,7 @@ def independent_filtering(base_mean: np.ndarray, pvalue: np.ndarray, alpha: floa
     for j, cut in enumerate(cutoffs):  # 50 filter thresholds
         keep = mean_sorted >= cut
         if keep.any():
-            num_rej[j] = int(np.count_nonzero(_bh_of_sorted(p_sorted[keep]) < alpha))
+            num_rej[j] = _bh_rejections(p_sorted[keep], alpha)
     fit = lowess(theta, num_rej.astype(np.float64), f=1.0 / 5.0)
     if num_rej.max() <= 10:
         j = 0

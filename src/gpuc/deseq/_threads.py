@@ -62,6 +62,16 @@ def stage_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | Non
     return _even_slices(n_genes, max(STAGE_MIN_GENES, STAGE_ENTRIES // max(n_samples, 1)))
 
 
+def column_blocks(bk: Backend, n_cols: int, n_rows: int) -> list[slice] | None:
+    """Slices of the columns (e.g. samples) of an ``n_rows x n_cols`` matrix, about ``STAGE_ENTRIES`` entries each,
+    for column-wise work (one result per column, so any split gives the same values); None on the GPU, inside a
+    block, or when one slice holds every column. Independent of the thread count.
+    """
+    if bk.is_gpu or _IN_BLOCK.get():
+        return None
+    return _even_slices(n_cols, max(1, STAGE_ENTRIES // max(n_rows, 1)))
+
+
 _POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
