@@ -160,6 +160,11 @@ def gram_and_s(backend: Backend, kmat: Any, a: Any) -> tuple[Any, Any]:
     return xp.ascontiguousarray(at.T @ at), xp.ascontiguousarray(xp.asarray(kmat @ at))
 
 
+def kernel_gram(backend: Backend, b: Any, kb: Any) -> Any:
+    """``Q = B^T K B`` (dense k x k, symmetric) from ``kb = K B``: the A-update's quadratic term and the RSS's."""
+    return _dense(b.T @ kb, backend.xp)
+
+
 def update_a(
     backend: Backend,
     kmat: Any,
@@ -169,6 +174,7 @@ def update_a(
     *,
     block: int = 2048,
     kb: Any = None,
+    q: Any = None,
 ) -> Any:
     """SEACells ``_updateA``: T Frank-Wolfe steps on every column of A with B fixed.
 
@@ -176,13 +182,15 @@ def update_a(
     independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
     ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q. On the CPU the
     inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False.
+    ``kb = K B`` (sparse) and ``q`` (:func:`kernel_gram`) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
     fused = _fused(backend)
     n, k = b.shape
     if kb is None:
         kb = kernel_times(backend, kmat, b)
-    q = _dense(b.T @ kb, xp)  # (k, k), symmetric
+    if q is None:
+        q = kernel_gram(backend, b, kb)
     picks = xp.empty((n_steps, n), dtype=xp.int64)
     a_sparse_t = None
     if not isinstance(a_prev, str) and sparse.issparse(a_prev):
@@ -376,13 +384,16 @@ def rss_reduced(
     squared: bool = False,
     kb: Any = None,
     r: Any = None,
+    q: Any = None,
 ) -> float:
-    """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n."""
+    """``||M - M B A||_F`` from ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)``; never forms anything n x n.
+    ``kb = K B``, ``r = A A^T`` and ``q = B^T K B`` may be passed when already computed.
+    """
     xp = backend.xp
     if kb is None:
         kb = kernel_times(backend, kmat, b)
     tr_kba = float(kb.multiply(a.T).sum())
-    q = xp.asarray((b.T @ kb).toarray())
+    q = kernel_gram(backend, b, kb) if q is None else q
     r = _dense(a @ a.T, xp) if r is None else r
     quad = float((q * r).sum())
     val = max(m_sq - 2.0 * tr_kba + quad, 0.0)
@@ -463,10 +474,12 @@ def fit(
         else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
             block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
         b = one_hot_b(backend, archetypes, n, k)
-        # K B (sparse) serves the A-update, the B-update and the RSS of the same B: computed once per B
+        # K B (sparse) serves the A-update, the B-update and the RSS of the same B, and B^T K B the A-update and the
+        # RSS: each computed once per B
         kb = kernel_times(backend, kmat, b)
-        a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb)
-        rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb)]
+        q = kernel_gram(backend, b, kb)
+        a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb, q=q)
+        rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb, q=q)]
         threshold = convergence_epsilon * rss[0]
         converged = False
         n_iter = 0
@@ -474,7 +487,7 @@ def fit(
         while (not converged and n_iter < max_iter) or n_iter < min_iter:
             t0 = time.perf_counter()
             n_iter += 1
-            a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb)
+            a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
             if _restricted_gradient(gradient, _fused(backend), n, k):
                 r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
             else:
@@ -482,7 +495,8 @@ def fit(
             b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat, kb=kb)
             del s_mat
             kb = kernel_times(backend, kmat, b)
-            rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb))
+            q = kernel_gram(backend, b, kb)
+            rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb, q=q))
             secs.append(time.perf_counter() - t0)
             if callback is not None:
                 callback(n_iter, rss[-1])
