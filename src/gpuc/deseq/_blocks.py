@@ -48,6 +48,7 @@ from gpuc.deseq._pipeline import (
     dispersion_start,
     fit_genes,
     gene_fields,
+    gene_moments,
 )
 from gpuc.deseq._size_factors import NoCommonGenesError, sample_medians
 
@@ -218,7 +219,7 @@ def fit_block(
     _, nonzero, yz = _block_counts(bk, y, lo)
     sf = bk.asarray(size_factors)
     xd = bk.asarray(design)
-    norm = yz / sf[None, :]
+    norm, base_mean, base_var = gene_moments(bk, yz, sf)
     max_disp = max(10.0, float(design.shape[0]))
     _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU)
     parts = fit_genes(
@@ -227,8 +228,8 @@ def fit_block(
         sf,
         design,
         norm=norm,
-        base_mean=norm.mean(axis=1),
-        base_var=norm.var(axis=1, ddof=1),
+        base_mean=base_mean,
+        base_var=base_var,
         gw=bk.xp.array(genewise["gw"]),  # copies: fit_genes updates the refitted genes in place
         gw_conv=bk.xp.array(genewise["gw_conv"]),
         mu_disp=mu_disp,

@@ -27,7 +27,7 @@ from gpuc.deseq._dispersion import (
 from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum
 from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
 from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
-from gpuc.deseq._threads import map_blocks, stage_blocks
+from gpuc.deseq._threads import map_blocks, over_gene_spans, stage_blocks
 
 
 @dataclass
@@ -80,18 +80,15 @@ def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
     """The normalised counts ``y / sf`` of gene-major counts and their per-gene mean and variance (R's baseMean and
     baseVar). On the CPU the genes run in spans in parallel; each gene's values are its own, so they are the same.
     """
-    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
-    if blocks is None:
-        norm = y / sf[None, :]
-        return norm, norm.mean(axis=1), norm.var(axis=1, ddof=1)
-    norm, mean, var = np.empty_like(y), np.empty(y.shape[0]), np.empty(y.shape[0])
+    xp = bk.xp
+    norm, mean, var = xp.empty(y.shape), xp.empty(y.shape[0]), xp.empty(y.shape[0])
 
     def span(s: slice) -> None:
-        np.divide(y[s], sf[None, :], out=norm[s])
+        xp.divide(y[s], sf[None, :], out=norm[s])
         mean[s] = norm[s].mean(axis=1)
         var[s] = norm[s].var(axis=1, ddof=1)
 
-    map_blocks(blocks, span)
+    over_gene_spans(bk, y.shape[0], y.shape[1], span)
     return norm, mean, var
 
 
@@ -407,9 +404,7 @@ def fit_genes(
             y_fit = y_new
             new_all_zero = replace & ~(y_new > 0).any(axis=1)
             ridx = xp.nonzero(replace & ~new_all_zero)[0]
-            norm_r = y_new / sf[None, :]
-            base_mean = norm_r.mean(axis=1)
-            base_var = norm_r.var(axis=1, ddof=1)
+            norm_r, base_mean, base_var = gene_moments(bk, y_new, sf)
             if ridx.shape[0] > 0:
                 yr = y_new[ridx]
                 gw_r, gwc_r, mu_r, gw_state_r = _fit_dispersions(

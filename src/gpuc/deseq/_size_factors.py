@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
-from gpuc.deseq._threads import column_blocks, map_blocks, stage_blocks
+from gpuc.deseq._threads import column_blocks, map_blocks, over_gene_spans
 
 
 class NoCommonGenesError(ValueError):
@@ -36,19 +36,14 @@ def _log_counts(bk: Backend, y: Any) -> tuple[Any, Any]:
     count). On the CPU the genes run in spans in parallel (each gene's values are its own).
     """
     xp = bk.xp
-    blocks = stage_blocks(bk, y.shape[0], y.shape[1])
-    if blocks is None:
-        with np.errstate(divide="ignore"):
-            logy = xp.log(y)
-        return logy, logy.mean(axis=1)
-    logy, loggeo = np.empty(y.shape), np.empty(y.shape[0])
+    logy, loggeo = xp.empty(y.shape), xp.empty(y.shape[0])
 
     def span(s: slice) -> None:
         with np.errstate(divide="ignore"):
-            np.log(y[s], out=logy[s])
+            xp.log(y[s], out=logy[s])
         loggeo[s] = logy[s].mean(axis=1)
 
-    map_blocks(blocks, span)
+    over_gene_spans(bk, y.shape[0], y.shape[1], span)
     return logy, loggeo
 
 

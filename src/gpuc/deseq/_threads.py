@@ -62,6 +62,14 @@ def stage_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | Non
     return _even_slices(n_genes, max(STAGE_MIN_GENES, STAGE_ENTRIES // max(n_samples, 1)))
 
 
+def over_gene_spans(bk: Backend, n_genes: int, n_samples: int, fn: Callable[[slice], None]) -> None:
+    """Run ``fn`` (which writes the rows of its slice of genes into preallocated outputs) on the stage spans of
+    :func:`stage_blocks` in parallel, or once on all genes where there are none (GPU, small problems, inside a
+    block). For per-gene work, whose values do not depend on the split.
+    """
+    map_blocks(stage_blocks(bk, n_genes, n_samples) or [slice(None)], fn)
+
+
 def column_blocks(bk: Backend, n_cols: int, n_rows: int) -> list[slice] | None:
     """Slices of the columns (e.g. samples) of an ``n_rows x n_cols`` matrix, about ``STAGE_ENTRIES`` entries each,
     for column-wise work (one result per column, so any split gives the same values); None on the GPU, inside a
