@@ -29,6 +29,23 @@ def test_kernel_equals_seacells_reference(pbmc68k, mc_ref, mc_ref_kernel, cpu):
     assert (sigma > 0).all()
 
 
+def test_kernel_does_not_depend_on_the_block_size(pbmc68k, cpu):
+    x = pbmc68k.obsm["X_pca"]
+    m, sigma = build_kernel(cpu, x)
+    for chunk in (1, 37, 10**7):
+        other, other_sigma = build_kernel(cpu, x, chunk=chunk)
+        for part in ("data", "indices", "indptr"):
+            np.testing.assert_array_equal(getattr(other, part), getattr(m, part))
+        np.testing.assert_array_equal(other_sigma, sigma)
+
+
+def test_greedy_reads_the_symmetric_kernel_by_rows(mc_ref_kernel, cpu):
+    # K = M M^T is exactly symmetric, so reading column p as row p changes nothing (the CSC copy is gone)
+    k = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    assert (k != k.T).nnz == 0
+    np.testing.assert_array_equal(k[[5]].toarray().ravel(), k.tocsc()[:, 5].toarray().ravel())
+
+
 def test_intersection_graph_is_the_mutual_subset(pbmc68k, cpu):
     union, _ = build_kernel(cpu, pbmc68k.obsm["X_pca"], graph="union")
     inter, _ = build_kernel(cpu, pbmc68k.obsm["X_pca"], graph="intersection")

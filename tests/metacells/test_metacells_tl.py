@@ -179,3 +179,20 @@ def test_groupby_with_explicit_sizes(pbmc68k):
     info = pbmc68k.uns["metacell"]
     assert {g: v["n_metacells"] for g, v in info["groups"].items()} == {"G1": 6, "S": 3, "G2M": 2}
     assert pbmc68k.obsm["metacell_weights"].shape[1] == 11
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hard_labels_argmax_equals_scipys(seed):
+    # the adapter's vectorised row argmax gives scipy's answer on ties, negatives, stored zeros and empty rows
+    from gpuc.tl._metacells import _row_argmax
+
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(1, 60)), int(rng.integers(1, 15))
+    m = sp.random(n, k, density=float(rng.uniform(0.0, 1.0)), format="csr", random_state=seed)
+    if seed % 3 == 0:
+        m.data = np.round(m.data * 3) / 3  # ties between stored entries
+    if seed % 5 == 0:
+        m.data -= 0.5  # negative maxima, where implicit zeros win
+    if seed % 7 == 0:
+        m.data[::3] = 0.0  # stored zeros
+    np.testing.assert_array_equal(_row_argmax(m), np.asarray(m.argmax(axis=1)).ravel())

@@ -91,18 +91,24 @@ def max_min_sampling(backend: Backend, dc: Any, n_waypoints: int, *, seed: int =
 
 
 def greedy_centers(backend: Backend, kmat: Any, n_centers: int) -> np.ndarray:
-    """Greedy adaptive column-subset selection on ``K`` (the reference's variant, g grows by omega**2)."""
+    """Greedy adaptive column-subset selection on ``K`` (the reference's variant, g grows by omega**2).
+
+    ``kmat`` is the symmetric CSR kernel ``K = M M^T`` (as :func:`gpuc.metacells.run_metacells` builds it, exactly
+    symmetric), so the column of each pick is read as its row: no CSC copy of K.
+    """
     xp = backend.xp
     n = kmat.shape[0]
     n_centers = min(n_centers, n)
-    f = xp.asarray(kmat.multiply(kmat).sum(axis=0)).ravel().astype(xp.float64)
+    # column sums of K * K (elementwise), squaring the stored values in place of a sparse-sparse product
+    squares = kmat.copy()
+    squares.data *= kmat.data
+    f = xp.asarray(squares.sum(axis=0)).ravel().astype(xp.float64)
     g = xp.asarray(kmat.diagonal()).ravel().astype(xp.float64)
     omega = xp.zeros((n_centers, n), dtype=xp.float64)
     centers = np.zeros(n_centers, dtype=np.int64)
-    kcsc = kmat.tocsc()
     for j in range(n_centers):
         p = int(xp.argmax(f / g))
-        col = xp.asarray(kcsc[:, p].toarray()).ravel()
+        col = xp.asarray(kmat[p].toarray()).ravel()  # K[:, p] == K[p, :] (K symmetric)
         delta = col - omega[:j, p] @ omega[:j] if j else col
         delta[p] = xp.maximum(delta[p], 0.0)
         o = delta / xp.maximum(xp.sqrt(delta[p]), 1e-6)
