@@ -243,9 +243,11 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     got = _picked_kernel_columns(cpu, kmat, picks)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ka, part))
-    steps = rng.integers(0, 40, (50, 30))
-    fw = _from_argmins(cpu, steps, (40, 30))
+    # Frank-Wolfe columns with few rows (A: rows read off in order) and with many (B: distinct picks sorted)
+    cases = [(rng.integers(0, rows, (50, cols)), (rows, cols)) for rows, cols in ((40, 30), (1000, 12))]
+    fws = [_from_argmins(cpu, steps, shape) for steps, shape in cases]
     disable_numba()  # the array code (the GPU's)
-    ref = _from_argmins(cpu, steps, (40, 30))
-    for part in ("indptr", "indices", "data"):
-        np.testing.assert_array_equal(getattr(fw, part), getattr(ref, part))
+    for fw, (steps, shape) in zip(fws, cases, strict=True):
+        ref = _from_argmins(cpu, steps, shape)
+        for part in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(fw, part), getattr(ref, part))

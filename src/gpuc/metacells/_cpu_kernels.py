@@ -285,44 +285,71 @@ def picked_columns(kp: Any, kx: Any, kd: Any, picks: Any, n: int) -> Any:  # pra
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def frank_wolfe_columns(picks: Any) -> Any:  # pragma: no cover - compiled
-    """CSC parts of the matrix whose column ``c`` is the Frank-Wolfe iterate after visiting ``picks[:, c]``.
+def frank_wolfe_columns(picks: Any, n_rows: int) -> Any:  # pragma: no cover - compiled
+    """CSC parts of the (n_rows, n_cols) matrix whose column ``c`` is the Frank-Wolfe iterate after visiting
+    ``picks[:, c]`` (row positions below ``n_rows``).
 
     The operations of :func:`gpuc.metacells._solver._from_argmins` (the reference's recursion ``v <- v + g (e - v)``
-    on the distinct picks only, rows sorted), column by column in parallel.
+    on the distinct picks only, rows sorted). Column chunks run in parallel, each with a row-position table of
+    ``n_rows`` entries, so a step finds its entry by one lookup; with few rows (A: the k archetypes) the distinct
+    picks are read off the table in order instead of sorted.
     """
     n_steps, n_cols = picks.shape
-    rows = np.empty((n_cols, n_steps), dtype=np.int64)
+    pt = np.ascontiguousarray(picks.T)  # each column's picks contiguous
+    n_chunks = max(1, min(N_CHUNKS, n_cols))
     counts = np.zeros(n_cols, dtype=np.int64)
-    for c in prange(n_cols):
-        srt = np.sort(picks[:, c])
-        u = 0
-        for t in range(n_steps):
-            if t == 0 or srt[t] != srt[t - 1]:
-                rows[c, u] = srt[t]
-                u += 1
-        counts[c] = u
+    for ch in prange(n_chunks):  # distinct picks per column
+        last_col = np.full(n_rows, -1, dtype=np.int64)
+        for c in range(ch * n_cols // n_chunks, (ch + 1) * n_cols // n_chunks):
+            u = 0
+            for t in range(n_steps):
+                v = pt[c, t]
+                if last_col[v] != c:
+                    last_col[v] = c
+                    u += 1
+            counts[c] = u
     indptr = np.zeros(n_cols + 1, dtype=np.int64)
     for c in range(n_cols):
         indptr[c + 1] = indptr[c] + counts[c]
     indices = np.empty(indptr[n_cols], dtype=np.int64)
     data = np.zeros(indptr[n_cols])
-    for c in prange(n_cols):
-        u = counts[c]
-        base = indptr[c]
-        for e in range(u):
-            indices[base + e] = rows[c, e]
-        vals = data[base : base + u]
-        for t in range(n_steps):
-            h = np.searchsorted(rows[c, :u], picks[t, c])
-            if t == 0:
-                vals[h] = 1.0
-                continue
-            gam = 2.0 / (t + 2.0)
-            vh = vals[h]
+    for ch in prange(n_chunks):
+        pos = np.full(n_rows, -1, dtype=np.int64)  # row -> its entry in the current column, -1 elsewhere
+        for c in range(ch * n_cols // n_chunks, (ch + 1) * n_cols // n_chunks):
+            u = counts[c]
+            base = indptr[c]
+            m = 0
+            for t in range(n_steps):  # mark the distinct rows
+                v = pt[c, t]
+                if pos[v] < 0:
+                    pos[v] = 0
+                    indices[base + m] = v
+                    m += 1
+            if n_rows <= 4 * n_steps:
+                e = 0
+                for v in range(n_rows):
+                    if pos[v] == 0:
+                        indices[base + e] = v
+                        pos[v] = e
+                        e += 1
+            else:
+                srt = np.sort(indices[base : base + u])
+                for e in range(u):
+                    indices[base + e] = srt[e]
+                    pos[srt[e]] = e
+            vals = data[base : base + u]
+            for t in range(n_steps):
+                h = pos[pt[c, t]]
+                if t == 0:
+                    vals[h] = 1.0
+                    continue
+                gam = 2.0 / (t + 2.0)
+                vh = vals[h]
+                for e in range(u):
+                    vals[e] = vals[e] - vals[e] * gam
+                vals[h] = vh + gam * (1.0 - vh)
             for e in range(u):
-                vals[e] = vals[e] - vals[e] * gam
-            vals[h] = vh + gam * (1.0 - vh)
+                pos[indices[base + e]] = -1
     return indptr, indices, data
 
 

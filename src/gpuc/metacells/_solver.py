@@ -75,7 +75,7 @@ def _from_argmins(backend: Backend, picks: Any, shape: tuple[int, int]) -> Any:
     xp, sparse = backend.xp, backend.sparse
     fused = _fused(backend)
     if fused is not None:  # the same operations in one compiled pass
-        return sparse.csc_matrix(fused.frank_wolfe_columns(picks)[::-1], shape=shape)
+        return sparse.csc_matrix(fused.frank_wolfe_columns(picks, shape[0])[::-1], shape=shape)
     n_steps, n_cols = picks.shape
     # per column, sort its T picks (stable) and number the distinct ones: entry ids come out in CSC order
     pt = xp.ascontiguousarray(picks.T)  # (n_cols, T)
