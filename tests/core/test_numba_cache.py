@@ -26,6 +26,7 @@ CALLED = {
     "gpuc.metacells._cpu_kernels": {
         "fw_a_block",
         "fw_b_update",
+        "chunk_buckets",
         "col_argmin_diff",
         "csr_times_dense",
         "csr_matmat",

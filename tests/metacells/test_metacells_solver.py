@@ -126,6 +126,24 @@ def test_b_update_gradient_paths_give_the_same_picks(mc_ref, mc_ref_kernel, cpu,
     np.testing.assert_array_equal(got, update_b(cpu, kmat, a, b0, 50, gradient="dense").toarray())
 
 
+def test_compiled_dense_b_update_equals_the_array_code_exactly(mc_ref, mc_ref_kernel, cpu, disable_numba):
+    """The compiled B-update (each row chunk gathering its part of K[:, picks] from the bucketed K) picks what the
+    array code (the GPU's) picks, and gives its B bit for bit; a cell picked twice in a step is gathered twice."""
+    pytest.importorskip("numba")
+    kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
+    a = sp.csc_matrix(mc_ref["A"])
+    b0 = sp.csc_matrix(mc_ref["B"])
+    b_twice = b0.tolil()
+    b_twice[:, 1] = b_twice[:, 0]  # two archetypes on the same cells: equal picks in a step
+    starts = (b0, sp.csc_matrix(b_twice))
+    got = [update_b(cpu, kmat, a, start, 30, gradient="dense").tocsc() for start in starts]
+    disable_numba()
+    for fast, start in zip(got, starts, strict=True):
+        want = update_b(cpu, kmat, a, start, 30, gradient="dense").tocsc()
+        for part in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(fast, part), getattr(want, part))
+
+
 def test_restricted_b_update_promotes_columns_without_a_negative_pattern_minimum(mc_ref, mc_ref_kernel, cpu):
     """Columns whose gradient is >= 0 on the pattern (here exactly 0) and unused archetypes take the exact path."""
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)

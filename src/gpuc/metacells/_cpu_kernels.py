@@ -16,7 +16,9 @@ K B R, ``picked_columns`` for K[:, picks], ``frank_wolfe_columns`` for A and B) 
 array for array (same sums in the same order, same index order), so they give the picks of the scipy calls they
 replace; they avoid scipy's per-call overhead, which exceeds the work at a few thousand cells, and run rows in
 parallel.
-``fw_b_update`` runs all steps of a dense-gradient B-update in one call (no Python, no thread wake-up between steps).
+``fw_b_update`` runs all steps of a dense-gradient B-update in one call (no Python, no thread wake-up between steps);
+each step's row chunks gather their own part of K[:, picks] from a copy of K bucketed once per fit by chunk
+(``chunk_buckets``), so no serial transpose is left between the parallel steps.
 """
 
 from __future__ import annotations
@@ -90,38 +92,6 @@ def col_argmin_diff(y: Any, s: Any) -> Any:  # pragma: no cover - compiled
         for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             for j in range(k):
                 g = y[i, j] - s[i, j]
-                if g < best[c, j]:
-                    best[c, j] = g
-                    idx[c, j] = i
-    return merge_argmin(best, idx)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def fw_b_step(
-    y: Any, s: Any, indptr: Any, indices: Any, data: Any, r: Any, gam: float, first: bool
-) -> Any:  # pragma: no cover
-    """One B-step: ``y += gam (K[:, picks] R - y)`` (``y = ...`` when ``first``), then the column argmin of
-    ``y - s``. ``(indptr, indices, data)`` is K[:, picks] as an (n, k) CSR matrix. Row chunks run in parallel and
-    are merged keeping the earliest row on ties (numpy's rule).
-    """
-    n, k = y.shape
-    n_chunks = max(1, min(N_CHUNKS, n))
-    best = np.full((n_chunks, k), np.inf)
-    idx = np.zeros((n_chunks, k), dtype=np.int64)
-    for c in prange(n_chunks):
-        z = np.zeros(k)
-        for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
-            for j in range(k):
-                z[j] = 0.0
-            for pp in range(indptr[i], indptr[i + 1]):
-                m = indices[pp]
-                v = data[pp]
-                for j in range(k):
-                    z[j] += v * r[m, j]
-            for j in range(k):
-                yv = z[j] if first else fw_blend(y[i, j], z[j], gam)
-                y[i, j] = yv
-                g = yv - s[i, j]
                 if g < best[c, j]:
                     best[c, j] = g
                     idx[c, j] = i
@@ -353,17 +323,104 @@ def frank_wolfe_columns(picks: Any, n_rows: int) -> Any:  # pragma: no cover - c
     return indptr, indices, data
 
 
-@njit(cache=True, nogil=True)
-def fw_b_update(y: Any, s: Any, kp: Any, kx: Any, kd: Any, r: Any, picks: Any) -> None:  # pragma: no cover - compiled
-    """Steps 1.. of the dense-gradient B-update in one call: ``picks[0]`` (the argmin of ``K B_prev R - S``) is given;
-    step t gathers ``K[:, picks[t - 1]]`` (:func:`picked_columns`) and runs :func:`fw_b_step` with step size
-    ``2 / (t + 1)``, writing ``picks[t]``. The same operations as the step-by-step loop, without a Python round trip
-    (and a thread wake-up) between steps.
+@njit(cache=True, nogil=True, parallel=True)
+def chunk_buckets(kp: Any, kx: Any, kd: Any) -> Any:  # pragma: no cover - compiled
+    """Each row of a square CSR kernel K with its entries grouped by the B-update row chunk of their column (the
+    chunks of :func:`fw_b_step`, ``N_CHUNKS`` of them), keeping the stored order within a group.
+
+    Returns ``(bounds, indices, data)``: the entries of row ``r`` whose column falls in chunk ``c`` are
+    ``indices[bounds[r, c]:bounds[r, c + 1]]`` (and ``data``). Built once per fit, it lets every chunk of a B-step
+    gather its part of ``K[:, picks]`` itself, in parallel, instead of one serial transpose per step.
     """
-    n = y.shape[0]
+    n = kp.shape[0] - 1
+    n_chunks = max(1, min(N_CHUNKS, n))
+    chunk_of = np.empty(n, dtype=np.int64)
+    for c in range(n_chunks):
+        chunk_of[c * n // n_chunks : (c + 1) * n // n_chunks] = c
+    bounds = np.empty((n, n_chunks + 1), dtype=np.int64)
+    indices = np.empty_like(kx)
+    data = np.empty_like(kd)
+    for ch in prange(n_chunks):  # rows of K in chunks: a counting sort of each row by its entries' chunks
+        fill = np.empty(n_chunks + 1, dtype=np.int64)
+        for r in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
+            fill[:] = 0
+            for p in range(kp[r], kp[r + 1]):
+                fill[chunk_of[kx[p]] + 1] += 1
+            fill[0] = kp[r]
+            for c in range(n_chunks):
+                fill[c + 1] += fill[c]
+            bounds[r] = fill
+            for p in range(kp[r], kp[r + 1]):
+                c = chunk_of[kx[p]]
+                indices[fill[c]] = kx[p]
+                data[fill[c]] = kd[p]
+                fill[c] += 1
+    return bounds, indices, data
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def fw_b_step(
+    y: Any, s: Any, bounds: Any, bx: Any, bd: Any, prev: Any, r: Any, gam: float, first: bool
+) -> Any:  # pragma: no cover - compiled
+    """One B-step: ``y += gam (K[:, prev] R - y)`` (``y = ...`` when ``first``), then the column argmin of
+    ``y - s``. ``(bounds, bx, bd)`` is K bucketed by :func:`chunk_buckets`. Each row chunk gathers its rows of
+    ``K[:, prev]``, the entries ``(m, K[prev[m], i])`` in increasing ``m`` (the rows of :func:`picked_columns`'s CSR,
+    which the array code multiplies by R), and updates them; the chunks run in parallel and their minima are merged
+    keeping the earliest row on ties (numpy's rule).
+    """
+    n, k = y.shape
+    n_chunks = bounds.shape[1] - 1
+    best = np.full((n_chunks, k), np.inf)
+    idx = np.zeros((n_chunks, k), dtype=np.int64)
+    for c in prange(n_chunks):
+        lo = c * n // n_chunks
+        rows = (c + 1) * n // n_chunks - lo
+        ptr = np.zeros(rows + 1, dtype=np.int64)
+        for m in range(k):
+            pr = prev[m]
+            for p in range(bounds[pr, c], bounds[pr, c + 1]):
+                ptr[bx[p] - lo + 1] += 1
+        for i in range(rows):
+            ptr[i + 1] += ptr[i]
+        cols = np.empty(ptr[rows], dtype=np.int64)
+        vals = np.empty(ptr[rows])
+        fill = ptr[:rows].copy()
+        for m in range(k):  # columns in increasing order: every row's entries come out sorted by m
+            pr = prev[m]
+            for p in range(bounds[pr, c], bounds[pr, c + 1]):
+                i = bx[p] - lo
+                cols[fill[i]] = m
+                vals[fill[i]] = bd[p]
+                fill[i] += 1
+        z = np.zeros(k)
+        for i in range(rows):
+            for j in range(k):
+                z[j] = 0.0
+            for pp in range(ptr[i], ptr[i + 1]):
+                m = cols[pp]
+                v = vals[pp]
+                for j in range(k):
+                    z[j] += v * r[m, j]
+            row = lo + i
+            for j in range(k):
+                yv = z[j] if first else fw_blend(y[row, j], z[j], gam)
+                y[row, j] = yv
+                g = yv - s[row, j]
+                if g < best[c, j]:
+                    best[c, j] = g
+                    idx[c, j] = row
+    return merge_argmin(best, idx)
+
+
+@njit(cache=True, nogil=True)
+def fw_b_update(y: Any, s: Any, bounds: Any, bx: Any, bd: Any, r: Any, picks: Any) -> None:  # pragma: no cover
+    """Steps 1.. of the dense-gradient B-update in one call: ``picks[0]`` (the argmin of ``K B_prev R - S``) is given;
+    step t gathers ``K[:, picks[t - 1]]`` from the bucketed K of :func:`chunk_buckets` and runs
+    :func:`fw_b_step` with step size ``2 / (t + 1)``, writing ``picks[t]``. The same operations as the
+    step-by-step loop, without a Python round trip (and a thread wake-up) between steps.
+    """
     for t in range(1, picks.shape[0]):
-        ip, ix, dx = picked_columns(kp, kx, kd, picks[t - 1], n)
-        picks[t] = fw_b_step(y, s, ip, ix, dx, r, 2.0 / (t + 1.0), t == 1)
+        picks[t] = fw_b_step(y, s, bounds, bx, bd, picks[t - 1], r, 2.0 / (t + 1.0), t == 1)
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -38,11 +38,14 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     array (three n x k float64 arrays on the GPU, and on the CPU while n k <= ``DENSE_GRADIENT_MAX``). Sparse parts
     (12 bytes per stored entry): the kernel and its square (~``4 * n_neighbors`` entries per cell after the union
     symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
-    ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell).
+    ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell); on the CPU's dense-gradient path,
+    a chunk-bucketed copy of the kernel's square.
     """
     nk = float(n) * float(k)
-    dense = (8.0 * nk if nk <= DENSE_A0_MAX else 0.0) + (24.0 * nk if gpu or nk <= DENSE_GRADIENT_MAX else 0.0)
+    dense_gradient = gpu or nk <= DENSE_GRADIENT_MAX
+    dense = (8.0 * nk if nk <= DENSE_A0_MAX else 0.0) + (24.0 * nk if dense_gradient else 0.0)
     per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + (0 if gpu else min(k, 2 * n_neighbors * fw_iters))
+    per_cell += 2 * n_neighbors if dense_gradient and not gpu else 0
     return dense + 12.0 * n * per_cell
 
 

@@ -283,6 +283,15 @@ def _update_b_restricted(
     return _from_argmins(backend, picks, (n, k))
 
 
+def kernel_buckets(backend: Backend, kmat: Any) -> Any:
+    """K's entries grouped by the compiled B-update's row chunks (``_cpu_kernels.chunk_buckets``), or ``None`` where
+    the compiled kernels are not used. A copy of K (12 bytes per stored entry) plus ``n x 17`` offsets; computed
+    once per fit, it serves every B-step's gather of ``K[:, picks]``.
+    """
+    fused = _fused(backend)
+    return None if fused is None else fused.chunk_buckets(kmat.indptr, kmat.indices, kmat.data)
+
+
 def _restricted_gradient(gradient: str, fused: Any, n: int, k: int) -> bool:
     """Whether the B-update uses the restricted gradient (see :func:`update_b`'s ``gradient``)."""
     return gradient == "restricted" or (gradient == "auto" and fused is not None and n * k > DENSE_GRADIENT_MAX)
@@ -300,6 +309,7 @@ def update_b(
     r: Any = None,
     s_mat: Any = None,
     kb: Any = None,
+    kbuckets: Any = None,
 ) -> Any:
     """SEACells ``_updateB``: T Frank-Wolfe steps on every column of B with A fixed (``kmat`` symmetric CSR).
 
@@ -317,7 +327,8 @@ def update_b(
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
-    dense path) and ``kb = K B_prev`` (sparse) may be passed when already computed.
+    dense path) and ``kb = K B_prev`` (sparse) may be passed when already computed, and so may ``kbuckets``
+    (:func:`kernel_buckets` of ``kmat``, used by the compiled dense path).
     """
     xp, sparse = backend.xp, backend.sparse
     fused = _fused(backend)
@@ -341,7 +352,8 @@ def update_b(
     if fused is not None:
         y = fused.csr_times_dense(kb.indptr, kb.indices, kb.data, r)  # K B R: (K B) is sparse, O(nnz k)
         picks[0] = fused.col_argmin_diff(y, s_mat)
-        fused.fw_b_update(y, s_mat, kmat.indptr, kmat.indices, kmat.data, r, picks)
+        bounds, bx, bd = kernel_buckets(backend, kmat) if kbuckets is None else kbuckets
+        fused.fw_b_update(y, s_mat, bounds, bx, bd, r, picks)
         return _from_argmins(backend, picks, (n, k))
     y = xp.ascontiguousarray(xp.asarray(kb @ r))  # K B R: (K B) is sparse, O(nnz k)
     cols = xp.arange(k)
@@ -474,6 +486,8 @@ def fit(
         else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
             block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
         b = one_hot_b(backend, archetypes, n, k)
+        restricted = _restricted_gradient(gradient, _fused(backend), n, k)
+        kbuckets = None if restricted else kernel_buckets(backend, kmat)
         # K B (sparse) serves the A-update, the B-update and the RSS of the same B, and B^T K B the A-update and the
         # RSS: each computed once per B
         kb = kernel_times(backend, kmat, b)
@@ -488,11 +502,23 @@ def fit(
             t0 = time.perf_counter()
             n_iter += 1
             a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
-            if _restricted_gradient(gradient, _fused(backend), n, k):
+            if restricted:
                 r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
             else:
                 r, s_mat = gram_and_s(backend, kmat, a)
-            b = update_b(backend, kmat, a, b, fw_iters, block=block_b, gradient=gradient, r=r, s_mat=s_mat, kb=kb)
+            b = update_b(
+                backend,
+                kmat,
+                a,
+                b,
+                fw_iters,
+                block=block_b,
+                gradient=gradient,
+                r=r,
+                s_mat=s_mat,
+                kb=kb,
+                kbuckets=kbuckets,
+            )
             del s_mat
             kb = kernel_times(backend, kmat, b)
             q = kernel_gram(backend, b, kb)
