@@ -128,13 +128,13 @@ def test_b_update_gradient_paths_give_the_same_picks(mc_ref, mc_ref_kernel, cpu,
 
 def test_compiled_dense_b_update_equals_the_array_code_exactly(mc_ref, mc_ref_kernel, cpu, disable_numba):
     """The compiled B-update (each row chunk gathering its part of K[:, picks] from the bucketed K) picks what the
-    array code (the GPU's) picks, and gives its B bit for bit; a cell picked twice in a step is gathered twice."""
+    array code (the GPU's) picks, and gives its B bit for bit, also from a B0 with two archetypes on the same cells."""
     pytest.importorskip("numba")
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
     a = sp.csc_matrix(mc_ref["A"])
     b0 = sp.csc_matrix(mc_ref["B"])
     b_twice = b0.tolil()
-    b_twice[:, 1] = b_twice[:, 0]  # two archetypes on the same cells: equal picks in a step
+    b_twice[:, 1] = b_twice[:, 0]  # two archetypes starting on the same cells
     starts = (b0, sp.csc_matrix(b_twice))
     got = [update_b(cpu, kmat, a, start, 30, gradient="dense").tocsc() for start in starts]
     disable_numba()

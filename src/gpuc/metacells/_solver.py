@@ -285,7 +285,7 @@ def _update_b_restricted(
 
 def kernel_buckets(backend: Backend, kmat: Any) -> Any:
     """K's entries grouped by the compiled B-update's row chunks (``_cpu_kernels.chunk_buckets``), or ``None`` where
-    the compiled kernels are not used. A copy of K (12 bytes per stored entry) plus ``n x 17`` offsets; computed
+    the compiled kernels are not used. A copy of K (12 bytes per stored entry) plus ``n x (N_CHUNKS + 1)`` offsets; computed
     once per fit, it serves every B-step's gather of ``K[:, picks]``.
     """
     fused = _fused(backend)
