@@ -247,6 +247,11 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     got = kernel_times(cpu, kmat, b)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
+    # a product too wide for one slot per column and row: its columns are counted in a first pass
+    wide = sp.random(n, kern.DIRECT_SLOTS_MAX // n + 1, density=0.002, format="csr", random_state=2)
+    ref, got = kmat @ wide, kernel_times(cpu, kmat, wide)
+    for part in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
     dense = rng.random((n, 12))
     np.testing.assert_array_equal(kern.csr_times_dense(kmat.indptr, kmat.indices, kmat.data, dense), kmat @ dense)
     # a row block through a slice of indptr (the A-update's blocks), as scipy's row slice gives it

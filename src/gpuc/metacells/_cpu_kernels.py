@@ -423,30 +423,86 @@ def fw_b_update(y: Any, s: Any, bounds: Any, bx: Any, bd: Any, r: Any, picks: An
         picks[t] = fw_b_step(y, s, bounds, bx, bd, picks[t - 1], r, 2.0 / (t + 1.0), t == 1)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _product_row(
+    ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, i: int, sums: Any, nxt: Any
+) -> Any:  # pragma: no cover
+    """Row ``i`` of ``X @ Y`` accumulated into ``sums`` as scipy's ``csr_matmat`` does (X's stored order); its
+    columns form a linked list through ``nxt`` from the returned head (the reverse of their first appearance), with
+    the returned length. Rows of Y without entries are skipped before X's value is read.
+    """
+    head = -2
+    length = 0
+    for p in range(ap[i], ap[i + 1]):
+        j = ax[p]
+        q0 = bp[j]
+        q1 = bp[j + 1]
+        if q0 == q1:
+            continue
+        v = ad[p]
+        for q in range(q0, q1):
+            c = bx[q]
+            sums[c] += v * bd[q]
+            if nxt[c] == -1:
+                nxt[c] = head
+                head = c
+                length += 1
+    return head, length
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flush_row(head: int, length: int, sums: Any, nxt: Any, idx: Any, val: Any, out: int) -> int:  # pragma: no cover
+    """Write the non-zero sums of one :func:`_product_row` from position ``out`` in list order, reset the
+    accumulator, and return the position after the last one written (exact zeros are dropped, as scipy does).
+    """
+    for _ in range(length):
+        if sums[head] != 0:
+            idx[out] = head
+            val[out] = sums[head]
+            out += 1
+        tmp = head
+        head = nxt[head]
+        nxt[tmp] = -1
+        sums[tmp] = 0.0
+    return out
+
+
+# products with at most this many n x n_cols slots are written in one pass into n_cols slots per row (16 bytes
+# each, 32 MB at most); larger ones count each row's columns in a first pass
+DIRECT_SLOTS_MAX = 1 << 21
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def csr_matmat(ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, n_cols: int) -> Any:  # pragma: no cover
     """CSR parts of ``X @ Y`` for CSR X (n x m) and CSR Y (m x n_cols), exactly as scipy's ``csr_matmat`` computes
     them: each row summed in X's stored order, its columns in scipy's output order (the reverse of their first
     appearance) and exact zeros dropped, so the matrix equals scipy's product array for array. Row chunks run in
-    parallel, each with its own accumulator.
+    parallel, each with its own accumulator. Up to ``DIRECT_SLOTS_MAX`` entries of n x n_cols, every row is
+    written once into ``n_cols`` slots of its own and the kept entries are packed after; above, a first pass counts
+    each row's columns (an upper bound of its stored entries) so that the rows are written in place.
     """
     n = ap.shape[0] - 1
     n_chunks = max(1, min(N_CHUNKS, n))
+    direct = n * n_cols <= DIRECT_SLOTS_MAX
     upper = np.zeros(n + 1, dtype=np.int64)
-    for ch in prange(n_chunks):  # structural entries per row (an upper bound of the stored ones)
-        seen = np.full(n_cols, -1, dtype=np.int64)
-        for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
-            cnt = 0
-            for p in range(ap[i], ap[i + 1]):
-                j = ax[p]
-                for q in range(bp[j], bp[j + 1]):
-                    c = bx[q]
-                    if seen[c] != i:
-                        seen[c] = i
-                        cnt += 1
-            upper[i + 1] = cnt
-    for i in range(n):
-        upper[i + 1] += upper[i]
+    if direct:
+        for i in range(n):
+            upper[i + 1] = upper[i] + n_cols
+    else:
+        for ch in prange(n_chunks):  # structural entries per row
+            seen = np.full(n_cols, -1, dtype=np.int64)
+            for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
+                cnt = 0
+                for p in range(ap[i], ap[i + 1]):
+                    j = ax[p]
+                    for q in range(bp[j], bp[j + 1]):
+                        c = bx[q]
+                        if seen[c] != i:
+                            seen[c] = i
+                            cnt += 1
+                upper[i + 1] = cnt
+        for i in range(n):
+            upper[i + 1] += upper[i]
     idx = np.empty(upper[n], dtype=np.int64)
     val = np.empty(upper[n])
     kept = np.zeros(n, dtype=np.int64)
@@ -454,29 +510,8 @@ def csr_matmat(ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, n_cols: int
         nxt = np.full(n_cols, -1, dtype=np.int64)
         sums = np.zeros(n_cols)
         for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
-            head = -2
-            length = 0
-            for p in range(ap[i], ap[i + 1]):
-                j = ax[p]
-                v = ad[p]
-                for q in range(bp[j], bp[j + 1]):
-                    c = bx[q]
-                    sums[c] += v * bd[q]
-                    if nxt[c] == -1:
-                        nxt[c] = head
-                        head = c
-                        length += 1
-            out = upper[i]
-            for _ in range(length):
-                if sums[head] != 0:
-                    idx[out] = head
-                    val[out] = sums[head]
-                    out += 1
-                tmp = head
-                head = nxt[head]
-                nxt[tmp] = -1
-                sums[tmp] = 0.0
-            kept[i] = out - upper[i]
+            head, length = _product_row(ap, ax, ad, bp, bx, bd, i, sums, nxt)
+            kept[i] = _flush_row(head, length, sums, nxt, idx, val, upper[i]) - upper[i]
     indptr = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
         indptr[i + 1] = indptr[i] + kept[i]
