@@ -20,6 +20,11 @@ The headline ratio is peer at defaults / gpuc cold at defaults (the fresh-proces
 cache is filled by one untimed gpuc process per case first (a fresh install compiles once; ``bench_coldstart.py``
 measures that). Timings are medians; the 1-min load average is recorded before and after each case.
 
+Every call works in place on the loaded AnnData, as each tool's users call it by default (gpuc ``copy=False``, a
+rerun replacing the previous outputs; SEACells given the AnnData itself, as in its tutorial); a copy of the data
+would add its own first-touch memory cost to the cold call (about 0.1 s for pbmc3k's 40 MB on the AMD VM of
+docs/benchmarks.md).
+
 Cases
 -----
 * ``nmf_small``: ``consensus_nmf`` k=7 x 20 runs + consensus on the 700 x 500 cNMF fixture (integer counts, cNMF's
@@ -108,7 +113,7 @@ def _deseq_data(quick: bool):
 def _prepare(
     who: str, case: str, quick: bool, n_jobs: int | None, threads: int | None, tmp: str
 ) -> Callable[[], object]:
-    """Load the data of ``case`` and import ``who``; return the timed call (each call works on its own copy)."""
+    """Load the data of ``case`` and import ``who``; return the timed call (in place, each tool's default)."""
     if who == "gpuc":
         import gpuc
 
@@ -119,11 +124,11 @@ def _prepare(
             ad = AnnData(_nmf_matrix(case, quick))
             k, n_runs = _nmf_setup(case, quick)
             kw = {"mask_var": None, "preprocessing": "sd", "metric": "euclidean", "density_threshold": 0.5}
-            return lambda: gpuc.tl.consensus_nmf(ad, k, n_runs=n_runs, device="cpu", n_jobs=n_jobs, copy=True, **kw)
+            return lambda: gpuc.tl.consensus_nmf(ad, k, n_runs=n_runs, device="cpu", n_jobs=n_jobs, **kw)
         if case.startswith("metacells"):
             ad, k, eps, max_iter = _metacells_data(case, quick)
             return lambda: gpuc.tl.metacells(
-                ad, k, convergence_epsilon=eps, max_iter=max_iter, device="cpu", n_jobs=n_jobs, copy=True
+                ad, k, convergence_epsilon=eps, max_iter=max_iter, device="cpu", n_jobs=n_jobs
             )
         import anndata as ad_
 
@@ -168,7 +173,7 @@ def _prepare(
         def run() -> None:
             np.random.seed(0)  # noqa: NPY002 - SEACells 0.3.3 draws from the global RNG
             model = SEACells.core.SEACells(
-                ad.copy(),
+                ad,
                 build_kernel_on="X_pca",
                 n_SEACells=k,
                 n_waypoint_eigs=10,
