@@ -207,11 +207,24 @@ def csr_times_dense(ip: Any, ix: Any, dx: Any, x: Any) -> Any:  # pragma: no cov
     k = x.shape[1]
     out = np.zeros((n, k))
     for i in prange(n):
-        for p in range(ip[i], ip[i + 1]):
-            j = ix[p]
-            v = dx[p]
+        o = out[i]
+        p = ip[i]
+        end = ip[i + 1]
+        while p + 4 <= end:  # four entries per pass over the row: the same sums in the same order, a quarter the loads
+            v0, v1, v2, v3 = dx[p], dx[p + 1], dx[p + 2], dx[p + 3]
+            x0, x1, x2, x3 = x[ix[p]], x[ix[p + 1]], x[ix[p + 2]], x[ix[p + 3]]
             for c in range(k):
-                out[i, c] += v * x[j, c]
+                acc = o[c] + v0 * x0[c]
+                acc = acc + v1 * x1[c]
+                acc = acc + v2 * x2[c]
+                o[c] = acc + v3 * x3[c]
+            p += 4
+        while p < end:
+            v0 = dx[p]
+            x0 = x[ix[p]]
+            for c in range(k):
+                o[c] += v0 * x0[c]
+            p += 1
     return out
 
 
@@ -393,22 +406,37 @@ def fw_b_step(
                 vals[fill[i]] = bd[p]
                 fill[i] += 1
         z = np.zeros(k)
+        best_c = np.full(k, np.inf)  # this chunk's minima in arrays of its own, copied out at the end
+        idx_c = np.zeros(k, dtype=np.int64)
         for i in range(rows):
+            row = lo + i
+            y_row = y[row]
+            s_row = s[row]
             for j in range(k):
                 z[j] = 0.0
-            for pp in range(ptr[i], ptr[i + 1]):
-                m = cols[pp]
-                v = vals[pp]
+            pp = ptr[i]
+            end = ptr[i + 1]
+            while pp + 2 <= end:  # two entries per pass over z: the same sums in the same order
+                v0, v1 = vals[pp], vals[pp + 1]
+                r0, r1 = r[cols[pp]], r[cols[pp + 1]]
                 for j in range(k):
-                    z[j] += v * r[m, j]
-            row = lo + i
+                    acc = z[j] + v0 * r0[j]
+                    z[j] = acc + v1 * r1[j]
+                pp += 2
+            if pp < end:
+                v0 = vals[pp]
+                r0 = r[cols[pp]]
+                for j in range(k):
+                    z[j] += v0 * r0[j]
             for j in range(k):
-                yv = z[j] if first else fw_blend(y[row, j], z[j], gam)
-                y[row, j] = yv
-                g = yv - s[row, j]
-                if g < best[c, j]:
-                    best[c, j] = g
-                    idx[c, j] = row
+                yv = z[j] if first else fw_blend(y_row[j], z[j], gam)
+                y_row[j] = yv
+                g = yv - s_row[j]
+                if g < best_c[j]:
+                    best_c[j] = g
+                    idx_c[j] = row
+        best[c] = best_c
+        idx[c] = idx_c
     return merge_argmin(best, idx)
 
 
