@@ -12,7 +12,7 @@ from gpuc._backend import Backend
 from gpuc._utils import threaded
 from gpuc.metacells._init import initial_archetypes
 from gpuc.metacells._kernel import KnnResult, build_kernel, compute_knn
-from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit
+from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit, kernel_times
 
 KNN_DIFFUSION = 30  # neighbours of Palantir's diffusion map (SEACells' waypoints), self included
 
@@ -97,7 +97,7 @@ def run_metacells(
             "non-zero distance, i.e. duplicate cells in the embedding. Remove duplicated rows (or add tiny noise) first."
         )
         raise ValueError(msg)
-    kmat = backend.sparse.csr_matrix(mmat @ mmat.T)
+    kmat = kernel_times(backend, mmat, mmat.T)  # K = M M^T, scipy's product (compiled and parallel on the CPU)
     backend.synchronize()
     timings["kernel"] = time.perf_counter() - t0
     t0 = time.perf_counter()

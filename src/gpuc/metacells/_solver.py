@@ -467,7 +467,6 @@ def fit(
     -------
     :class:`FitResult`; emits :class:`MetacellConvergenceWarning` when max_iter is reached without convergence.
     """
-    sparse = backend.sparse
     n = mmat.shape[0]
     k = len(archetypes) if k is None else k
     if max_iter < min_iter:
@@ -476,7 +475,7 @@ def fit(
     # the BLAS products of the loop are k x k and n x k: one BLAS thread, the cores go to the compiled kernels
     with contextlib.nullcontext() if backend.is_gpu else serial_blas():
         if kmat is None:
-            kmat = sparse.csr_matrix(mmat @ mmat.T)
+            kmat = kernel_times(backend, mmat, mmat.T)
         m_sq = float((mmat.data * mmat.data).sum())
         # on the GPU few big blocks (kernel-launch bound), on the CPU cache-sized ones
         if block is not None:
