@@ -247,6 +247,9 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     got = kernel_times(cpu, kmat, b)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
+    from gpuc.metacells._pipeline import DIRECT_SLOTS_MAX  # the numba-free copy used by metacells_peak_bytes
+
+    assert kern.DIRECT_SLOTS_MAX == DIRECT_SLOTS_MAX
     # a product too wide for one slot per column and row: its columns are counted in a first pass
     wide = sp.random(n, kern.DIRECT_SLOTS_MAX // n + 1, density=0.002, format="csr", random_state=2)
     ref, got = kmat @ wide, kernel_times(cpu, kmat, wide)

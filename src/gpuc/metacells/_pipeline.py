@@ -16,6 +16,9 @@ from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit, kernel_ti
 
 KNN_DIFFUSION = 30  # neighbours of Palantir's diffusion map (SEACells' waypoints), self included
 
+# n x k slots of the compiled K B (gpuc.metacells._cpu_kernels.DIRECT_SLOTS_MAX; that module needs numba, this one not)
+DIRECT_SLOTS_MAX = 1 << 21
+
 # above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
 DENSE_A0_MAX = 10_000_000  # 80 MB of float64; ~27k cells at k = n / 75
 
@@ -39,11 +42,13 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     (12 bytes per stored entry): the kernel and its square (~``4 * n_neighbors`` entries per cell after the union
     symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
     ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell); on the CPU's dense-gradient path,
-    a chunk-bucketed copy of the kernel's square.
+    a chunk-bucketed copy of the kernel's square; on the CPU, the slots of the compiled ``K B`` (16 bytes per n x k
+    entry while they fit :data:`gpuc.metacells._cpu_kernels.DIRECT_SLOTS_MAX`).
     """
     nk = float(n) * float(k)
     dense_gradient = gpu or nk <= DENSE_GRADIENT_MAX
     dense = (8.0 * nk if nk <= DENSE_A0_MAX else 0.0) + (24.0 * nk if dense_gradient else 0.0)
+    dense += 0.0 if gpu or nk > DIRECT_SLOTS_MAX else 16.0 * nk
     per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + (0 if gpu else min(k, 2 * n_neighbors * fw_iters))
     per_cell += 2 * n_neighbors if dense_gradient and not gpu else 0
     return dense + 12.0 * n * per_cell
