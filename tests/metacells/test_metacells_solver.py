@@ -237,7 +237,7 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     """The numba products of the fit equal scipy's results exactly (values, index order, shapes)."""
     pytest.importorskip("numba")
     from gpuc.metacells import _cpu_kernels as kern
-    from gpuc.metacells._solver import _from_argmins, _picked_kernel_columns, kernel_times
+    from gpuc.metacells._solver import DIRECT_SLOTS_MAX, _from_argmins, _picked_kernel_columns, kernel_times
 
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)
     n = kmat.shape[0]
@@ -247,11 +247,8 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     got = kernel_times(cpu, kmat, b)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
-    from gpuc.metacells._pipeline import DIRECT_SLOTS_MAX  # the numba-free copy used by metacells_peak_bytes
-
-    assert kern.DIRECT_SLOTS_MAX == DIRECT_SLOTS_MAX
     # a product too wide for one slot per column and row: its columns are counted in a first pass
-    wide = sp.random(n, kern.DIRECT_SLOTS_MAX // n + 1, density=0.002, format="csr", random_state=2)
+    wide = sp.random(n, DIRECT_SLOTS_MAX // n + 1, density=0.002, format="csr", random_state=2)
     ref, got = kmat @ wide, kernel_times(cpu, kmat, wide)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))

@@ -198,6 +198,31 @@ def csr_times_csr_dense(ip: Any, ix: Any, dx: Any, jp: Any, jx: Any, dj: Any, k:
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def add_scaled_rows(acc: Any, ix: Any, dx: Any, x: Any, start: int, end: int) -> None:  # pragma: no cover - compiled
+    """``acc += dx[p] * x[ix[p]]`` for ``p`` in ``start..end``, in that order (each entry of ``acc`` gets its terms
+    one by one, as a loop over ``p`` gives them), four rows of ``x`` per pass over ``acc``: a quarter of its loads and
+    stores, the same sums bit for bit.
+    """
+    k = acc.shape[0]
+    p = start
+    while p + 4 <= end:
+        v0, v1, v2, v3 = dx[p], dx[p + 1], dx[p + 2], dx[p + 3]
+        x0, x1, x2, x3 = x[ix[p]], x[ix[p + 1]], x[ix[p + 2]], x[ix[p + 3]]
+        for c in range(k):
+            a = acc[c] + v0 * x0[c]
+            a = a + v1 * x1[c]
+            a = a + v2 * x2[c]
+            acc[c] = a + v3 * x3[c]
+        p += 4
+    while p < end:
+        v0 = dx[p]
+        x0 = x[ix[p]]
+        for c in range(k):
+            acc[c] += v0 * x0[c]
+        p += 1
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def csr_times_dense(ip: Any, ix: Any, dx: Any, x: Any) -> Any:  # pragma: no cover - compiled
     """Dense ``X @ x`` of a CSR matrix X (n x m) and a dense (m, k) array, each row summed in stored order from zero
@@ -207,24 +232,7 @@ def csr_times_dense(ip: Any, ix: Any, dx: Any, x: Any) -> Any:  # pragma: no cov
     k = x.shape[1]
     out = np.zeros((n, k))
     for i in prange(n):
-        o = out[i]
-        p = ip[i]
-        end = ip[i + 1]
-        while p + 4 <= end:  # four entries per pass over the row: the same sums in the same order, a quarter the loads
-            v0, v1, v2, v3 = dx[p], dx[p + 1], dx[p + 2], dx[p + 3]
-            x0, x1, x2, x3 = x[ix[p]], x[ix[p + 1]], x[ix[p + 2]], x[ix[p + 3]]
-            for c in range(k):
-                acc = o[c] + v0 * x0[c]
-                acc = acc + v1 * x1[c]
-                acc = acc + v2 * x2[c]
-                o[c] = acc + v3 * x3[c]
-            p += 4
-        while p < end:
-            v0 = dx[p]
-            x0 = x[ix[p]]
-            for c in range(k):
-                o[c] += v0 * x0[c]
-            p += 1
+        add_scaled_rows(out[i], ix, dx, x, ip[i], ip[i + 1])
     return out
 
 
@@ -414,20 +422,7 @@ def fw_b_step(
             s_row = s[row]
             for j in range(k):
                 z[j] = 0.0
-            pp = ptr[i]
-            end = ptr[i + 1]
-            while pp + 2 <= end:  # two entries per pass over z: the same sums in the same order
-                v0, v1 = vals[pp], vals[pp + 1]
-                r0, r1 = r[cols[pp]], r[cols[pp + 1]]
-                for j in range(k):
-                    acc = z[j] + v0 * r0[j]
-                    z[j] = acc + v1 * r1[j]
-                pp += 2
-            if pp < end:
-                v0 = vals[pp]
-                r0 = r[cols[pp]]
-                for j in range(k):
-                    z[j] += v0 * r0[j]
+            add_scaled_rows(z, cols, vals, r, ptr[i], ptr[i + 1])
             for j in range(k):
                 yv = z[j] if first else fw_blend(y_row[j], z[j], gam)
                 y_row[j] = yv
@@ -495,23 +490,20 @@ def _flush_row(head: int, length: int, sums: Any, nxt: Any, idx: Any, val: Any, 
     return out
 
 
-# products with at most this many n x n_cols slots are written in one pass into n_cols slots per row (16 bytes
-# each, 32 MB at most); larger ones count each row's columns in a first pass
-DIRECT_SLOTS_MAX = 1 << 21
-
-
 @njit(cache=True, nogil=True, parallel=True)
-def csr_matmat(ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, n_cols: int) -> Any:  # pragma: no cover
+def csr_matmat(
+    ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, n_cols: int, slots_max: int
+) -> Any:  # pragma: no cover - compiled
     """CSR parts of ``X @ Y`` for CSR X (n x m) and CSR Y (m x n_cols), exactly as scipy's ``csr_matmat`` computes
     them: each row summed in X's stored order, its columns in scipy's output order (the reverse of their first
     appearance) and exact zeros dropped, so the matrix equals scipy's product array for array. Row chunks run in
-    parallel, each with its own accumulator. Up to ``DIRECT_SLOTS_MAX`` entries of n x n_cols, every row is
+    parallel, each with its own accumulator. Up to ``slots_max`` entries of n x n_cols, every row is
     written once into ``n_cols`` slots of its own and the kept entries are packed after; above, a first pass counts
     each row's columns (an upper bound of its stored entries) so that the rows are written in place.
     """
     n = ap.shape[0] - 1
     n_chunks = max(1, min(N_CHUNKS, n))
-    direct = n * n_cols <= DIRECT_SLOTS_MAX
+    direct = n * n_cols <= slots_max
     upper = np.zeros(n + 1, dtype=np.int64)
     if direct:
         for i in range(n):

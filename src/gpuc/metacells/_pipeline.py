@@ -12,12 +12,9 @@ from gpuc._backend import Backend
 from gpuc._utils import threaded
 from gpuc.metacells._init import initial_archetypes
 from gpuc.metacells._kernel import KnnResult, build_kernel, compute_knn
-from gpuc.metacells._solver import DENSE_GRADIENT_MAX, FitResult, fit, kernel_times
+from gpuc.metacells._solver import DENSE_GRADIENT_MAX, DIRECT_SLOTS_MAX, FitResult, fit, kernel_times
 
 KNN_DIFFUSION = 30  # neighbours of Palantir's diffusion map (SEACells' waypoints), self included
-
-# n x k slots of the compiled K B (gpuc.metacells._cpu_kernels.DIRECT_SLOTS_MAX; that module needs numba, this one not)
-DIRECT_SLOTS_MAX = 1 << 21
 
 # above this many (k x n) entries the dense random A0 of SEACells is replaced by the uniform start
 DENSE_A0_MAX = 10_000_000  # 80 MB of float64; ~27k cells at k = n / 75
@@ -43,7 +40,7 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
     ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell); on the CPU's dense-gradient path,
     a chunk-bucketed copy of the kernel's square; on the CPU, the slots of the compiled ``K B`` (16 bytes per n x k
-    entry while they fit :data:`gpuc.metacells._cpu_kernels.DIRECT_SLOTS_MAX`).
+    entry while they fit ``DIRECT_SLOTS_MAX``).
     """
     nk = float(n) * float(k)
     dense_gradient = gpu or nk <= DENSE_GRADIENT_MAX

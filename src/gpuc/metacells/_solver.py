@@ -57,6 +57,10 @@ class FitResult:
 # (docs/benchmarks.md, metacells "Memory"). 1e7 is ~27k cells at one metacell per 75.
 DENSE_GRADIENT_MAX = 10_000_000
 
+# CPU products K X with at most this many n x k entries are written in one pass into k slots per row (16 bytes each,
+# 32 MB at most); larger ones count each row's columns in a first pass (``_cpu_kernels.csr_matmat``)
+DIRECT_SLOTS_MAX = 1 << 21
+
 
 def fw_weights(n_steps: int) -> np.ndarray:
     """Weight of the t-th Frank-Wolfe vertex after ``n_steps`` steps with step size 2/(t+2) from any start."""
@@ -123,7 +127,9 @@ def kernel_times(backend: Backend, kmat: Any, x: Any) -> Any:
     if fused is None:
         return backend.sparse.csr_matrix(kmat @ x)
     y = backend.sparse.csr_matrix(x)
-    parts = fused.csr_matmat(kmat.indptr, kmat.indices, kmat.data, y.indptr, y.indices, y.data, y.shape[1])
+    parts = fused.csr_matmat(
+        kmat.indptr, kmat.indices, kmat.data, y.indptr, y.indices, y.data, y.shape[1], DIRECT_SLOTS_MAX
+    )
     return backend.sparse.csr_matrix(parts[::-1], shape=(kmat.shape[0], y.shape[1]))
 
 
