@@ -447,23 +447,35 @@ def fw_b_update(y: Any, s: Any, bounds: Any, bx: Any, bd: Any, r: Any, picks: An
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _rows_with_entries(ap: Any, ax: Any, nonempty: Any, i: int, visit: Any) -> int:  # pragma: no cover - compiled
+    """The positions of row ``i`` of X whose column is a row of Y with entries (``nonempty`` is 1 there, else 0),
+    in X's stored order, written to ``visit``; returns how many. Branch-free: every position is written and the
+    count advances by the flag, so a kernel row whose neighbours are hit at random (K B: about a third of the
+    cells carry B's entries) costs no mispredicted branches.
+    """
+    m = 0
+    for p in range(ap[i], ap[i + 1]):
+        visit[m] = p
+        m += nonempty[ax[p]]
+    return m
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _product_row(
-    ap: Any, ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, i: int, sums: Any, nxt: Any
+    ax: Any, ad: Any, bp: Any, bx: Any, bd: Any, visit: Any, n_visit: int, sums: Any, nxt: Any
 ) -> Any:  # pragma: no cover
-    """Row ``i`` of ``X @ Y`` accumulated into ``sums`` as scipy's ``csr_matmat`` does (X's stored order); its
-    columns form a linked list through ``nxt`` from the returned head (the reverse of their first appearance), with
-    the returned length. Rows of Y without entries are skipped before X's value is read.
+    """One row of ``X @ Y`` accumulated into ``sums`` as scipy's ``csr_matmat`` does, over the positions
+    ``visit[:n_visit]`` of X (:func:`_rows_with_entries`: X's stored order without the columns whose row of Y is
+    empty, which add nothing); its columns form a linked list through ``nxt`` from the returned head (the reverse
+    of their first appearance), with the returned length.
     """
     head = -2
     length = 0
-    for p in range(ap[i], ap[i + 1]):
+    for u in range(n_visit):
+        p = visit[u]
         j = ax[p]
-        q0 = bp[j]
-        q1 = bp[j + 1]
-        if q0 == q1:
-            continue
         v = ad[p]
-        for q in range(q0, q1):
+        for q in range(bp[j], bp[j + 1]):
             c = bx[q]
             sums[c] += v * bd[q]
             if nxt[c] == -1:
@@ -526,11 +538,20 @@ def csr_matmat(
     idx = np.empty(upper[n], dtype=np.int64)
     val = np.empty(upper[n])
     kept = np.zeros(n, dtype=np.int64)
+    m = bp.shape[0] - 1
+    nonempty = np.empty(m, dtype=np.int64)
+    for j in range(m):
+        nonempty[j] = 1 if bp[j + 1] > bp[j] else 0
+    longest = 0
+    for i in range(n):
+        longest = max(longest, ap[i + 1] - ap[i])
     for ch in prange(n_chunks):
         nxt = np.full(n_cols, -1, dtype=np.int64)
         sums = np.zeros(n_cols)
+        visit = np.empty(longest, dtype=np.int64)
         for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
-            head, length = _product_row(ap, ax, ad, bp, bx, bd, i, sums, nxt)
+            n_visit = _rows_with_entries(ap, ax, nonempty, i, visit)
+            head, length = _product_row(ax, ad, bp, bx, bd, visit, n_visit, sums, nxt)
             kept[i] = _flush_row(head, length, sums, nxt, idx, val, upper[i]) - upper[i]
     indptr = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
