@@ -384,10 +384,11 @@ def fw_b_step(
     y: Any, s: Any, bounds: Any, bx: Any, bd: Any, prev: Any, r: Any, gam: float, first: bool
 ) -> Any:  # pragma: no cover - compiled
     """One B-step: ``y += gam (K[:, prev] R - y)`` (``y = ...`` when ``first``), then the column argmin of
-    ``y - s``. ``(bounds, bx, bd)`` is K bucketed by :func:`chunk_buckets`. Each row chunk gathers its rows of
-    ``K[:, prev]``, the entries ``(m, K[prev[m], i])`` in increasing ``m`` (the rows of :func:`picked_columns`'s CSR,
-    which the array code multiplies by R), and updates them; the chunks run in parallel and their minima are merged
-    keeping the earliest row on ties (numpy's rule).
+    ``y - s``. ``(bounds, bx, bd)`` is K bucketed by :func:`chunk_buckets`. Each row chunk adds
+    ``K[prev[m], i] R[m]`` into a zeroed (rows, k) block for its cells ``i`` with ``m`` increasing, so every
+    entry of ``z = K[:, prev] R`` gets its terms in the order of the CSR rows of :func:`picked_columns` that the
+    array code multiplies by R (the same sums, bit for bit, without building those rows); then it updates its rows
+    of ``y``. The chunks run in parallel and their minima are merged keeping the earliest row on ties (numpy's rule).
     """
     n, k = y.shape
     n_chunks = bounds.shape[1] - 1
@@ -396,35 +397,24 @@ def fw_b_step(
     for c in prange(n_chunks):
         lo = c * n // n_chunks
         rows = (c + 1) * n // n_chunks - lo
-        ptr = np.zeros(rows + 1, dtype=np.int64)
+        z = np.zeros((rows, k))
         for m in range(k):
+            r_m = r[m]
             pr = prev[m]
             for p in range(bounds[pr, c], bounds[pr, c + 1]):
-                ptr[bx[p] - lo + 1] += 1
-        for i in range(rows):
-            ptr[i + 1] += ptr[i]
-        cols = np.empty(ptr[rows], dtype=np.int64)
-        vals = np.empty(ptr[rows])
-        fill = ptr[:rows].copy()
-        for m in range(k):  # columns in increasing order: every row's entries come out sorted by m
-            pr = prev[m]
-            for p in range(bounds[pr, c], bounds[pr, c + 1]):
-                i = bx[p] - lo
-                cols[fill[i]] = m
-                vals[fill[i]] = bd[p]
-                fill[i] += 1
-        z = np.zeros(k)
+                z_i = z[bx[p] - lo]
+                v = bd[p]
+                for j in range(k):
+                    z_i[j] += v * r_m[j]
         best_c = np.full(k, np.inf)  # this chunk's minima in arrays of its own, copied out at the end
         idx_c = np.zeros(k, dtype=np.int64)
         for i in range(rows):
             row = lo + i
             y_row = y[row]
             s_row = s[row]
+            z_row = z[i]
             for j in range(k):
-                z[j] = 0.0
-            add_scaled_rows(z, cols, vals, r, ptr[i], ptr[i + 1])
-            for j in range(k):
-                yv = z[j] if first else fw_blend(y_row[j], z[j], gam)
+                yv = z_row[j] if first else fw_blend(y_row[j], z_row[j], gam)
                 y_row[j] = yv
                 g = yv - s_row[j]
                 if g < best_c[j]:
