@@ -252,6 +252,15 @@ def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu
     ref, got = kmat @ wide, kernel_times(cpu, kmat, wide)
     for part in ("indptr", "indices", "data"):
         np.testing.assert_array_equal(getattr(got, part), getattr(ref, part))
+    # the RSS's tr(K B A): the product values in scipy's summing order, for an unsorted K B and for sorted rows
+    a_t = sp.random(12, n, density=0.3, format="csc", random_state=3)
+    for x in (kernel_times(cpu, kmat, b), sp.csr_matrix(b)):
+        y = sp.csr_matrix(a_t.T)
+        vals = kern.elementwise_product_values(x.indptr, x.indices, x.data, y.indptr, y.indices, y.data, 12)
+        prod = x.multiply(a_t.T).tocsr()
+        prod.sum_duplicates()
+        np.testing.assert_array_equal(vals, prod.data)
+        assert vals.sum() == x.multiply(a_t.T).sum()
     dense = rng.random((n, 12))
     np.testing.assert_array_equal(kern.csr_times_dense(kmat.indptr, kmat.indices, kmat.data, dense), kmat @ dense)
     # a row block through a slice of indptr (the A-update's blocks), as scipy's row slice gives it

@@ -249,6 +249,63 @@ def csr_rows_dense(ip: Any, ix: Any, dx: Any, n_cols: int) -> Any:  # pragma: no
     return out
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def elementwise_product_values(
+    xp: Any, xx: Any, xd: Any, yp: Any, yx: Any, yd: Any, n_cols: int
+) -> Any:  # pragma: no cover - compiled
+    """The stored values of ``X.multiply(Y)`` for CSR X and Y of ``n_cols`` columns in canonical order (rows in
+    order, columns increasing, duplicates summed first, exact zeros dropped): the array whose numpy sum is scipy's
+    ``X.multiply(Y).sum()`` (scipy sorts the product's entries before summing its data). Rows in parallel; each
+    row's product has at most Y's entries in that row, so it is written from Y's row offset and packed after.
+    """
+    n = xp.shape[0] - 1
+    n_chunks = max(1, min(N_CHUNKS, n))
+    slots = np.empty(yp[n])
+    kept = np.zeros(n, dtype=np.int64)
+    for ch in prange(n_chunks):
+        bx = np.zeros(n_cols)
+        by = np.zeros(n_cols)
+        seen = np.zeros(n_cols, dtype=np.bool_)
+        cols = np.empty(n_cols, dtype=np.int64)
+        for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
+            for p in range(xp[i], xp[i + 1]):
+                bx[xx[p]] += xd[p]
+            m = 0
+            for p in range(yp[i], yp[i + 1]):
+                j = yx[p]
+                by[j] += yd[p]
+                if not seen[j]:
+                    seen[j] = True
+                    cols[m] = j
+                    m += 1
+            for u in range(1, m):  # Y's distinct columns, increasing (insertion sort: rows are short)
+                j = cols[u]
+                w = u
+                while w > 0 and cols[w - 1] > j:
+                    cols[w] = cols[w - 1]
+                    w -= 1
+                cols[w] = j
+            out = yp[i]
+            for u in range(m):
+                j = cols[u]
+                v = bx[j] * by[j]
+                if v != 0.0:
+                    slots[out] = v
+                    out += 1
+                seen[j] = False
+                by[j] = 0.0
+            kept[i] = out - yp[i]
+            for p in range(xp[i], xp[i + 1]):
+                bx[xx[p]] = 0.0
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        offsets[i + 1] = offsets[i] + kept[i]
+    vals = np.empty(offsets[n])
+    for i in prange(n):
+        vals[offsets[i] : offsets[i + 1]] = slots[yp[i] : yp[i] + kept[i]]
+    return vals
+
+
 @njit(cache=True, nogil=True)
 def picked_columns(kp: Any, kx: Any, kd: Any, picks: Any, n: int) -> Any:  # pragma: no cover - compiled
     """``K[:, picks]`` of a symmetric CSR kernel K as an (n, len(picks)) CSR matrix with sorted rows: row ``picks[m]``
