@@ -69,6 +69,10 @@ def test_n_distinct_on_device(standin_gpu):
     x[20] = x[3]
     assert _n_distinct(x) == 48
     assert _n_distinct(standin_gpu.asarray(x)) == 48
+    x[30, 0] = x[3, 0]  # the first column ties, the rows differ: the lexicographic count
+    assert _n_distinct(x) == 48
+    y = np.random.default_rng(1).normal(size=(50, 4))  # all first-column values distinct: every row
+    assert _n_distinct(y) == _n_distinct(standin_gpu.asarray(y)) == 50
 
 
 # ---- reusing an existing neighbour graph (sc.pp.neighbors / rsc.pp.neighbors) -------------------------------------

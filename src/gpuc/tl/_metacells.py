@@ -75,9 +75,14 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
 
 
 def _n_distinct(x: Any) -> int:
-    """Distinct rows of ``x``, computed where ``x`` lives: rows sorted lexicographically, then neighbours compared."""
+    """Distinct rows of ``x``, computed where ``x`` lives: every row when the first column's values are all
+    distinct (the usual embedding; one sorted column), else rows sorted lexicographically, then neighbours compared.
+    """
     xp = backend_of(x).xp
     if x.shape[0] < 2:
+        return int(x.shape[0])
+    first = xp.sort(x[:, 0])
+    if bool((first[1:] != first[:-1]).all()):
         return int(x.shape[0])
     s = x[xp.lexsort(x.T)]
     return 1 + int((s[1:] != s[:-1]).any(axis=1).sum())
