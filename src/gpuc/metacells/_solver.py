@@ -410,14 +410,15 @@ def rss_reduced(
     xp = backend.xp
     if kb is None:
         kb = kernel_times(backend, kmat, b)
-    k_cols = b.shape[1]
     fused = _fused(backend)
     if fused is None:
         tr_kba = float(kb.multiply(a.T).sum())
-    else:  # the same product values in the same order, summed by numpy as scipy's sum does
+    else:  # the same product values in the same order, summed by numpy as scipy's sum does (0.0 when empty)
         at = backend.sparse.csr_matrix(a.T)
-        vals = fused.elementwise_product_values(kb.indptr, kb.indices, kb.data, at.indptr, at.indices, at.data, k_cols)
-        tr_kba = float(vals.sum()) if vals.size else 0.0
+        vals = fused.elementwise_product_values(
+            kb.indptr, kb.indices, kb.data, at.indptr, at.indices, at.data, b.shape[1]
+        )
+        tr_kba = float(vals.sum())
     q = kernel_gram(backend, b, kb) if q is None else q
     r = _dense(a @ a.T, xp) if r is None else r
     quad = float((q * r).sum())
