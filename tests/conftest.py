@@ -4,11 +4,27 @@ other: shared helpers are fixtures here or in a folder's conftest.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from gpuc._backend import gpu_status
+
+def _cuda_device_present() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+# Without a GPU, gpuc's custom kernels (numba-cuda) run on the stand-in device under numba-cuda's CUDA simulator. The
+# switch is read when numba is first imported (importing gpuc may import it), so it is set before gpuc is imported.
+if not _cuda_device_present():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+from gpuc._backend import gpu_status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_DATA = ROOT / "tests" / "data"

@@ -172,6 +172,9 @@ class Backend:
         ``scipy.special`` or ``cupyx.scipy.special`` (gammaln, digamma, polygamma, ...).
     sparse_linalg
         ``scipy.sparse.linalg`` or ``cupyx.scipy.sparse.linalg`` (eigsh).
+    launcher
+        How :meth:`launch` runs a custom kernel on a device other than CuPy's (the stand-in device of
+        :mod:`gpuc._testing.standin` runs it under numba-cuda's CUDA simulator); ``None`` for CuPy and the CPU.
     """
 
     name: str
@@ -179,6 +182,7 @@ class Backend:
     sparse: ModuleType = field(repr=False)
     special: ModuleType = field(repr=False)
     sparse_linalg: ModuleType = field(repr=False)
+    launcher: Any = field(default=None, repr=False, compare=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -220,6 +224,27 @@ class Backend:
         """Wait for queued GPU work (for timing); no-op on the CPU."""
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
+
+    # ---- custom kernels --------------------------------------------------------------------------------------------
+    def launch(self, kernel: Any, blocks: Any, threads: Any, *args: Any, shared_bytes: int = 0) -> None:
+        """Launch the numba-cuda kernel ``kernel`` on ``blocks`` x ``threads`` with ``args`` (device arrays, scalars).
+
+        The launch is queued on CuPy's current stream, so it is ordered with the CuPy operations around it and
+        nothing waits for the device. ``shared_bytes`` sizes the kernel's dynamic shared memory. On the stand-in
+        device the kernel runs under the CUDA simulator instead. Custom kernels are a GPU feature: the CPU path
+        calls its numba CPU kernels directly.
+        """
+        if self.launcher is not None:
+            self.launcher(kernel, blocks, threads, shared_bytes, args)
+            return
+        if not self.is_gpu:
+            msg = "Backend.launch runs GPU kernels; the CPU path calls its compiled CPU kernels directly."
+            raise RuntimeError(msg)
+        from numba import cuda
+
+        ptr = self.xp.cuda.get_current_stream().ptr
+        stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
+        kernel[blocks, threads, stream, shared_bytes](*args)
 
     # ---- linear algebra --------------------------------------------------------------------------------------------
     def solve_batched(self, a: Any, b: Any) -> Any:

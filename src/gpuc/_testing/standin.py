@@ -25,11 +25,13 @@ Use :func:`standin_backend` for a :class:`gpuc._backend.Backend` named ``"gpu"``
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import types
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,6 +62,101 @@ class Transfers:
     def reset(cls) -> None:
         """Zero both counters."""
         cls.to_device = cls.to_host = 0
+
+
+class Counts:
+    """Device operations and synchronising reads on the stand-in device, for launch budgets in CPU tests.
+
+    An *operation* is what CuPy turns into at least one kernel launch (or a copy): a ufunc, an ``xp`` / ``sparse`` /
+    ``linalg`` / ``special`` call, an array or sparse method, an advanced-index read, any write into an array, a
+    custom kernel launched through :meth:`gpuc._backend.Backend.launch`. Views (basic slicing, ``reshape``, ``.T``,
+    ``transpose``...) and allocations without initialisation (``empty``) are not operations, as in CuPy.
+
+    A *read* is what makes the host wait for the device: ``int()`` / ``float()`` / ``bool()`` / ``complex()`` of a
+    device array, ``.get()``, ``.item()``, ``.tolist()``, ``xp.asnumpy``.
+
+    ``by_name`` keeps the count of each operation's name (``"xp.dot"``, ``"ufunc.multiply"``, ``"kernel.sweep"``...)
+    so that a budget test that fails says where the launches come from. Use :func:`counting`.
+    """
+
+    ops: ClassVar[int] = 0
+    reads: ClassVar[int] = 0
+    by_name: ClassVar[collections.Counter[str]] = collections.Counter()
+
+    @classmethod
+    def reset(cls) -> None:
+        """Zero the counters."""
+        cls.ops = cls.reads = 0
+        cls.by_name = collections.Counter()
+
+    @classmethod
+    def op(cls, name: str) -> None:
+        """Count one device operation called ``name``."""
+        cls.ops += 1
+        cls.by_name[name] += 1
+
+    @classmethod
+    def read(cls, name: str) -> None:
+        """Count one synchronising read called ``name``."""
+        cls.reads += 1
+        cls.by_name["read:" + name] += 1
+
+
+@dataclass
+class CountSnapshot:
+    """Operations and reads counted inside one :func:`counting` block (filled in when the block ends)."""
+
+    ops: int = 0
+    reads: int = 0
+    by_name: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def top(self, n: int = 12) -> str:
+        """The ``n`` most frequent operation names with their counts, for assertion messages."""
+        return ", ".join(f"{k}: {v}" for k, v in self.by_name.most_common(n))
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[CountSnapshot]:
+    """Count stand-in device operations and synchronising reads inside the block.
+
+    Examples
+    --------
+    >>> with counting() as c:  # doctest: +SKIP
+    ...     fit(...)
+    >>> c.ops, c.reads  # doctest: +SKIP
+    """
+    saved = Counts.ops, Counts.reads, Counts.by_name
+    Counts.reset()
+    snap = CountSnapshot()
+    try:
+        yield snap
+    finally:
+        snap.ops, snap.reads, snap.by_name = Counts.ops, Counts.reads, Counts.by_name
+        Counts.ops, Counts.reads = saved[0] + snap.ops, saved[1] + snap.reads
+        Counts.by_name = saved[2] + snap.by_name
+
+
+# CuPy functions / methods that return views or uninitialised memory: no kernel launch, not counted as operations
+VIEW_FUNCTIONS = frozenset(
+    {
+        "reshape", "transpose", "swapaxes", "moveaxis", "expand_dims", "squeeze", "broadcast_to", "view",
+        "empty", "empty_like", "atleast_1d", "atleast_2d", "atleast_3d", "shape", "ndim", "size", "result_type",
+        "can_cast", "dtype", "finfo", "iinfo", "isscalar", "get_array_module", "issparse", "isspmatrix",
+    }
+)  # fmt: skip
+READ_METHODS = frozenset({"get", "item", "tolist", "asnumpy"})
+
+
+def _basic_index(key: Any) -> bool:
+    """Whether ``key`` is basic indexing (ints, slices, None, Ellipsis): a view in CuPy, no launch."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(
+        k is None
+        or k is Ellipsis
+        or isinstance(k, slice)
+        or (isinstance(k, int | np.integer) and not isinstance(k, bool))
+        for k in parts
+    )
 
 
 def _nbytes(x: Any) -> int:
@@ -130,6 +227,11 @@ def _wrap(x: Any) -> Any:
 
 
 def _call(fn: Any, where: str, args: tuple, kwargs: dict, *, host_ok: bool = False) -> Any:
+    short = where.rsplit(".", 1)[-1]
+    if short in READ_METHODS:
+        Counts.read(where)
+    elif short not in VIEW_FUNCTIONS:
+        Counts.op(where)
     out_obj = kwargs.get("out")
     a = _unwrap(args, where, host_ok=host_ok)
     k = _unwrap(kwargs, where, host_ok=host_ok)
@@ -166,15 +268,19 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
         raise _no_host("__index__")
 
     def __int__(self) -> int:
+        Counts.read("int")
         return int(self._a)
 
     def __float__(self) -> float:
+        Counts.read("float")
         return float(self._a)
 
     def __complex__(self) -> complex:
+        Counts.read("complex")
         return complex(self._a)
 
     def __bool__(self) -> bool:
+        Counts.read("bool")
         return bool(self._a)
 
     def __len__(self) -> int:
@@ -192,6 +298,7 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
     # ---- the explicit way back (CuPy's .get())
     def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
         """A host copy (numpy), as ``cupy.ndarray.get``."""
+        Counts.read("get")
         Transfers.to_host += self._a.nbytes
         return np.array(self._a, order=order)
 
@@ -202,6 +309,7 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
         name = ufunc.__name__
         if name not in names.CUPY and name not in names.CUPYX_SPECIAL:
             return NotImplemented
+        Counts.op(f"ufunc.{name}" if method == "__call__" else f"ufunc.{name}.{method}")
         if "out" in kwargs:
             outs = kwargs["out"]
             if not all(isinstance(o, DeviceArray) for o in outs):
@@ -275,9 +383,12 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
         return method
 
     def __getitem__(self, key: Any) -> Any:
+        if not _basic_index(key):
+            Counts.op("getitem")
         return _wrap(self._a[_unwrap(key, "indexing", host_ok=True)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        Counts.op("setitem")
         self._a[_unwrap(key, "indexing", host_ok=True)] = _unwrap(value, "an assignment into a device array")
 
 
@@ -309,10 +420,12 @@ class DeviceSparse(_SparseBase):
         raise TypeError(msg)
 
     def __bool__(self) -> bool:
+        Counts.read("sparse.bool")
         return bool(self._a)
 
     def get(self, stream: Any = None) -> Any:
         """A host copy (scipy.sparse), as cupyx's ``.get()``."""
+        Counts.read("sparse.get")
         Transfers.to_host += _nbytes(self._a)
         return self._a.copy()
 
@@ -362,11 +475,13 @@ class DeviceSparse(_SparseBase):
         return method
 
     def __getitem__(self, key: Any) -> Any:
+        Counts.op("sparse.getitem")
         return _wrap(self._a[_unwrap(key, "sparse indexing", host_ok=True)])
 
     def _binop(self, op: str, other: Any) -> Any:
         if isinstance(other, np.ndarray) and other.ndim > 0:
             raise _unwrap_error(op)
+        Counts.op(f"sparse.{op.strip('_')}")
         return _wrap(getattr(self._a, op)(_unwrap(other, f"sparse {op}")))
 
     def __matmul__(self, other: Any) -> Any:
@@ -399,6 +514,7 @@ class DeviceSparse(_SparseBase):
         return self._binop("__truediv__", other)
 
     def __neg__(self) -> DeviceSparse:
+        Counts.op("sparse.neg")
         return DeviceSparse(-self._a)
 
     def __eq__(self, other: Any) -> Any:  # type: ignore[override]
@@ -523,13 +639,51 @@ special = _Namespace("standin.special", scipy.special, names.CUPYX_SPECIAL)
 # --------------------------------------------------------------------------------------------------------------------
 # a backend over the stand-in, and switching gpuc to it
 # --------------------------------------------------------------------------------------------------------------------
+def simulator_status() -> tuple[bool, str]:
+    """Whether numba-cuda's CUDA simulator is active in this process (``NUMBA_ENABLE_CUDASIM=1`` before numba's
+    import), so that custom kernels can run on the stand-in device; and why not.
+    """
+    try:
+        import numba
+        from numba import cuda  # noqa: F401
+    except ImportError as err:
+        return False, f"numba-cuda is not installed ({err}); pip install numba-cuda"
+    if not numba.config.ENABLE_CUDASIM:
+        return False, "numba's CUDA simulator is off: set NUMBA_ENABLE_CUDASIM=1 before numba is imported"
+    return True, "numba-cuda CUDA simulator"
+
+
+def _launch(kernel: Any, blocks: Any, threads: Any, shared_bytes: int, args: tuple) -> None:
+    """Run a numba-cuda kernel on stand-in device arrays under the CUDA simulator (counted as one operation)."""
+    ok, reason = simulator_status()
+    if not ok:
+        msg = f"stand-in GPU: cannot launch a custom kernel: {reason}."
+        raise RuntimeError(msg)
+    name = getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
+    Counts.op(f"kernel.{name}")
+    host_args = []
+    for a in args:
+        if isinstance(a, DeviceSparse):
+            msg = f"stand-in GPU: kernel {name} was given a sparse matrix; pass its data / indices / indptr arrays."
+            raise TypeError(msg)
+        if isinstance(a, np.ndarray) and a.ndim > 0:
+            msg = f"stand-in GPU: kernel {name} was given a host array {a.shape}; upload it with xp.asarray."
+            raise HostArrayError(msg)
+        host_args.append(a._a if isinstance(a, DeviceArray) else a)
+    kernel[blocks, threads, 0, shared_bytes](*host_args)
+
+
 @functools.cache
 def standin_backend() -> Any:
-    """A :class:`gpuc._backend.Backend` named ``"gpu"`` over the stand-in namespaces."""
+    """A :class:`gpuc._backend.Backend` named ``"gpu"`` over the stand-in namespaces.
+
+    Custom kernels launched through its :meth:`~gpuc._backend.Backend.launch` run under numba-cuda's CUDA simulator
+    (:func:`simulator_status` says whether it is active).
+    """
     from gpuc._backend import Backend, register_device_types
 
     register_device_types(dense=DeviceArray, sparse=DeviceSparse)
-    return Backend("gpu", xp, sparse, special, sparse_linalg)
+    return Backend("gpu", xp, sparse, special, sparse_linalg, launcher=_launch)
 
 
 def to_device(x: Any) -> Any:
