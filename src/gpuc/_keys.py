@@ -38,6 +38,46 @@ def drop_outputs(adata: Any, outputs: dict[str, list[str]]) -> None:
                 del container[name]
 
 
+# ---- whose output is it --------------------------------------------------------------------------------------------
+# A tool replaces its own earlier outputs under the same key, never another tool's output or the user's data that
+# happen to sit under the names it would write (consensus_nmf(key_added="pca") would replace obsm["X_pca"];
+# vst(key_added="counts") the raw counts). A key holds a tool's output when uns[key]["params"] has the tool's marker
+# parameters (names only that tool records).
+METACELL_MARKER = ("n_metacells", "use_rep", "fw_iters")
+NMF_MARKER = ("k", "n_runs", "normalization", "neighborhood")
+NMF_K_SWEEP_MARKER = ("k_range", "n_runs", "density_threshold")
+DESEQ_MARKER = ("design", "contrast", "fit_type", "cooks_filter")
+VST_MARKER = ("blind", "fit_type", "key")
+
+
+def written_by(adata: Any, key: str, marker: tuple[str, ...]) -> bool:
+    """Whether ``adata.uns[key]`` is the output of the tool whose ``params`` carry the names ``marker``."""
+    entry = adata.uns.get(key) if hasattr(adata.uns, "get") else None
+    params = entry.get("params") if hasattr(entry, "get") else None
+    return hasattr(params, "keys") and all(m in params for m in marker)
+
+
+def check_not_foreign(adata: Any, outputs: dict[str, list[str]], key: str, tool: str, marker: tuple[str, ...]) -> None:
+    """Raise a :class:`ValueError`, before anything is written, when ``tool`` writing under ``key`` would replace
+    entries (``outputs``: ``{slot: [names]}``) that an earlier run of ``tool`` under ``key`` did not write.
+    """
+    if written_by(adata, key, marker):
+        return
+    present = []
+    for slot, names in outputs.items():
+        container = getattr(adata, slot)
+        for name in names:
+            if name in (container.columns if slot in ("obs", "var") else container):
+                present.append(f"adata.{slot}[{name!r}]")
+    if present:
+        msg = (
+            f"{tool} with key_added={key!r} would overwrite {', '.join(present)}, which {tool} did not write under "
+            f"that key (the data or another tool's output). Pass another key_added, or delete "
+            f"{'it' if len(present) == 1 else 'them'} first if {'it' if len(present) == 1 else 'they'} may go."
+        )
+        raise ValueError(msg)
+
+
 # ---- metacells (gpuc.tl.metacells) ---------------------------------------------------------------------------------
 METACELL = "metacell"  # obs[key] labels, uns[key] diagnostics
 

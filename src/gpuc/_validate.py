@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import numbers
+import warnings
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +13,7 @@ from anndata import AnnData
 
 from gpuc._backend import Backend, backend_of, is_sparse
 from gpuc._dask import is_dask_array
-from gpuc._errors import InsufficientMemoryError
+from gpuc._errors import GpucWarning, InsufficientMemoryError
 
 _GIB = float(1 << 30)
 
@@ -108,8 +110,8 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
 
 
 def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Raise unless ``value`` is an integer within ``[minimum, maximum]``."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    """Raise unless ``value`` is an integer (a Python or numpy integer, not a bool) within ``[minimum, maximum]``."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
         msg = f"{name} must be an integer, got {value!r}."
         raise TypeError(msg)
     if minimum is not None and value < minimum:
@@ -119,6 +121,175 @@ def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int
         msg = f"{name}={value} is too large; it must be <= {maximum}."
         raise ValueError(msg)
     return int(value)
+
+
+def _interval(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low:g}"
+    hi = "inf)" if high is None else f"{high:g}{')' if high_open else ']'}"
+    return f"{lo}, {hi}"
+
+
+def check_number(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    hint: str = "",
+) -> float:
+    """Return ``value`` as a float if it is a real number in the interval; raise otherwise, with one message shape.
+
+    Every real number type is accepted (Python int and float, numpy integer and floating scalars such as
+    ``np.float32(0.5)``, 0-d arrays, :class:`fractions.Fraction`); a bool, a string or NaN is not a number here.
+    A wrong type raises :class:`TypeError`, a value outside the interval :class:`ValueError`; both name the interval
+    (``[0, 2]``, ``(0, 1]``, ``(0, inf)``).
+    """
+    interval = _interval(low, high, low_open, high_open)
+    extra = f" {hint}" if hint else ""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        msg = f"{name} must be a real number in {interval}, got {value!r} ({type(value).__name__}).{extra}"
+        raise TypeError(msg)
+    v = float(value)
+    below = low is not None and (v <= low if low_open else v < low)
+    above = high is not None and (v >= high if high_open else v > high)
+    if np.isnan(v) or below or above:
+        what = "not a number" if np.isnan(v) else ("too small" if below else "too large")
+        msg = f"{name}={value!r} is {what}; it must be a number in {interval}.{extra}"
+        raise ValueError(msg)
+    return v
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` as a bool if it is ``True``/``False`` (Python or numpy); raise :class:`TypeError` otherwise."""
+    if not isinstance(value, bool | np.bool_):
+        msg = f"{name} must be True or False, got {value!r}."
+        raise TypeError(msg)
+    return bool(value)
+
+
+# ---- labelled inputs -------------------------------------------------------------------------------------------------
+# One rule for every argument that can carry labels (a pandas Series or DataFrame, a dict): it is matched to
+# ``adata.obs_names`` / ``var_names`` (or another named axis) by label, never by position. Labels that are missing,
+# duplicated or foreign are an error; arrays and lists without labels stay positional (their length is checked by
+# the caller).
+
+
+def _as_labels(index: pd.Index) -> pd.Index:
+    """An index as the strings AnnData names are: integer labels 0, 1, ... match obs names "0", "1", ..."""
+    if index.dtype.kind in "iub":
+        return pd.Index(index.astype(str))
+    return index
+
+
+def _show(labels: Iterable[Any], n: int = 5) -> str:
+    labels = list(labels)
+    more = f" and {len(labels) - n} more" if len(labels) > n else ""
+    return ", ".join(map(repr, labels[:n])) + more
+
+
+def check_unique_names(names: pd.Index, where: str, fix: str) -> None:
+    """Raise a :class:`ValueError` naming the duplicated entries of ``names`` (``where``), saying how to fix it."""
+    if names.is_unique:
+        return
+    dup = pd.unique(np.asarray(names[names.duplicated()]))
+    msg = f"{where} are not unique ({_show(dup)} occur more than once), so labels cannot be matched to them. {fix}"
+    raise ValueError(msg)
+
+
+def align_labels(value: Any, names: pd.Index, name: str, where: str) -> Any:
+    """``value`` reordered to ``names`` when it carries labels (Series, DataFrame rows, dict keys); else unchanged.
+
+    ``where`` names the axis (``"adata.obs_names"``). A dict becomes a Series. Raises :class:`ValueError` when the
+    labels are duplicated, when some of ``names`` have no label (missing) or some labels are not in ``names``
+    (foreign), saying how to pass positions instead.
+    """
+    if isinstance(value, Mapping) and not isinstance(value, pd.Series | pd.DataFrame):
+        value = pd.Series(dict(value), dtype=object if not value else None)
+    if not isinstance(value, pd.Series | pd.DataFrame):
+        return value
+    check_unique_names(names, where, f"Make them unique first (e.g. adata.{where.split('.')[-1]}_make_unique()).")
+    labels = _as_labels(value.index)
+    check_unique_names(labels, f"the labels of {name}", f"Give {name} one entry per name of {where}.")
+    missing = names[~names.isin(labels)]
+    foreign = labels[~labels.isin(names)]
+    if len(missing) or len(foreign):
+        parts = []
+        if len(foreign):
+            parts.append(f"{len(foreign)} label(s) not in {where} ({_show(foreign)})")
+        if len(missing):
+            parts.append(f"no entry for {len(missing)} of {where} ({_show(missing)})")
+        msg = (
+            f"{name} is matched to {where} by its labels (index or keys), but it has " + " and ".join(parts) + ". "
+            f"Reindex it to {where}, or pass .to_numpy() to use it by position."
+        )
+        raise ValueError(msg)
+    out = value.copy()
+    out.index = labels
+    return out.loc[names]
+
+
+def align_to_obs(value: Any, adata: AnnData, name: str) -> Any:
+    """:func:`align_labels` on ``adata.obs_names``."""
+    return align_labels(value, adata.obs_names, name, "adata.obs_names")
+
+
+def align_to_var(value: Any, adata: AnnData, name: str) -> Any:
+    """:func:`align_labels` on ``adata.var_names``."""
+    return align_labels(value, adata.var_names, name, "adata.var_names")
+
+
+# ---- group labels ----------------------------------------------------------------------------------------------------
+# Labels are compared as the user gave them; missing ones (NaN, None, pd.NA) belong to no group. Two different labels
+# that print the same (1 and "1", a float 1.0 and the string "1.0", np.nan and "nan") would share one name in every
+# output (obs names, uns keys, h5ad), so they are an error that names them.
+
+
+def check_printable_labels(values: Any, where: str) -> None:
+    """Raise a :class:`ValueError` when two distinct labels of ``values`` would print the same (``str``)."""
+    uniq = pd.unique(pd.Series(np.asarray(values, dtype=object)).dropna())
+    by_name: dict[str, list[Any]] = {}
+    for u in uniq:
+        by_name.setdefault(str(u), []).append(u)
+    nan_like = [u for u in uniq if str(u).lower() in ("nan", "none", "<na>")]
+    clashes = [v for v in by_name.values() if len(v) > 1]
+    if clashes or (nan_like and pd.isna(np.asarray(values, dtype=object)).any()):
+        pairs = "; ".join(" and ".join(f"{x!r} ({type(x).__name__})" for x in v) for v in clashes)
+        if nan_like and pd.isna(np.asarray(values, dtype=object)).any():
+            pairs = "; ".join(p for p in (pairs, f"{nan_like[0]!r} (a label) and missing values (NaN/None)") if p)
+        msg = (
+            f"{where} has labels that are different but would print the same: {pairs}. Results are named by the "
+            "printed label, so they would be merged or overwrite each other; make the labels distinct, e.g. "
+            "convert the column with .astype(str) if they are meant to be one group."
+        )
+        raise ValueError(msg)
+
+
+def group_labels(column: pd.Series, where: str, *, missing: str = "warn", what: str = "cell(s)") -> np.ndarray:
+    """The group of every entry of ``column`` as strings (None where the label is missing), after the group rules.
+
+    Two labels printing the same are an error (:func:`check_printable_labels`). Missing labels: ``missing="warn"``
+    leaves those entries out with a :class:`~gpuc.GpucWarning` that counts them; ``"error"`` refuses them.
+    """
+    check_printable_labels(column, where)
+    raw = column.to_numpy(dtype=object)
+    na = pd.isna(raw)
+    if na.any():
+        if missing == "error":
+            msg = f"{where} has {int(na.sum())} missing value(s) (NaN/None); give every entry a group or subset first."
+            raise ValueError(msg)
+        warnings.warn(
+            f"{int(na.sum())} {what} with a missing {where} (NaN/None) belong to no group and were left out.",
+            GpucWarning,
+            stacklevel=3,
+        )
+    out = np.empty(raw.shape[0], dtype=object)
+    out[~na] = [str(v) for v in raw[~na]]
+    out[na] = None
+    return out
 
 
 SeedLike = int | np.integer | np.random.RandomState | np.random.Generator | None

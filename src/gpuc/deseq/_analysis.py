@@ -7,6 +7,8 @@ Both take a pandas sample table and arrays, never an AnnData; :func:`gpuc.tl.des
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ import pandas as pd
 
 from gpuc._backend import Backend
 from gpuc._utils import serial_blas, threaded
-from gpuc.deseq._design import Design, build_design, contrast_vector
+from gpuc.deseq._design import Design, build_design, contrast_vector, factor_contrast
 from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
 
 RESULT_COLUMNS = ("baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
@@ -53,27 +55,48 @@ class Analysis:
     filtering: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def _is_weights(contrast: Any) -> bool:
+    """A Series or dict of numeric weights over design columns: one contrast."""
+    if isinstance(contrast, pd.Series):
+        return True
+    return isinstance(contrast, Mapping) and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) for v in contrast.values()
+    )
+
+
+def _is_factor_triple(contrast: Any) -> bool:
+    if isinstance(contrast, np.ndarray):
+        return contrast.ndim == 1 and contrast.shape[0] == 3 and contrast.dtype.kind in "OUS"
+    return isinstance(contrast, list | tuple) and len(contrast) == 3 and isinstance(contrast[0], str)
+
+
 def split_contrasts(contrast: Any) -> list[Any]:
-    """One contrast or a list of contrasts -> list (a 3-string list is one ``[factor, numerator, reference]``)."""
-    if contrast is None or isinstance(contrast, str):
+    """One contrast or several -> list.
+
+    One contrast: ``None``, a column name, ``[factor, numerator, reference]`` (a list, tuple or array of 3 starting
+    with a string), a numeric vector, or a Series/dict of weights by design column. Several: a list of these, a 2-D
+    array (one contrast per row), or a dict ``{name: contrast}`` whose values are not all numbers (the names are
+    then the names of the results).
+    """
+    if contrast is None or isinstance(contrast, str) or _is_weights(contrast) or _is_factor_triple(contrast):
         return [contrast]
+    if isinstance(contrast, Mapping):
+        return list(contrast.values())
     if isinstance(contrast, np.ndarray):
         return [contrast] if contrast.ndim == 1 else list(contrast)
     if isinstance(contrast, list | tuple):
-        if (
-            len(contrast) > 0
-            and all(isinstance(c, list | tuple | np.ndarray | str) for c in contrast)
-            and not (len(contrast) == 3 and all(isinstance(c, str) for c in contrast))
+        if len(contrast) > 0 and all(
+            isinstance(c, list | tuple | np.ndarray | str | pd.Series | Mapping) for c in contrast
         ):
             return list(contrast)
         return [contrast]
     return [contrast]
 
 
-def _zero_groups(obs: pd.DataFrame, contrast: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    if isinstance(contrast, list | tuple) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
-        col = obs[contrast[0]].astype(str).to_numpy()
-        return col == contrast[1], col == contrast[2]
+def contrast_names(contrast: Any) -> list[str] | None:
+    """The user's names of the contrasts when given as ``{name: contrast}``; None otherwise."""
+    if isinstance(contrast, Mapping) and not _is_weights(contrast):
+        return [str(k) for k in contrast]
     return None
 
 
@@ -111,9 +134,23 @@ def plan_analysis(
             )
             raise ValueError(msg)
     contrasts = []
-    for c in split_contrasts(contrast):
+    given = contrast_names(contrast)
+    for i, c in enumerate(split_contrasts(contrast)):
         vec, name = contrast_vector(dsg, c)
-        contrasts.append(Contrast(name, vec, _zero_groups(obs, c)))
+        fac = factor_contrast(dsg, c)
+        zero = None
+        if fac is not None:  # the samples of the two compared levels, for R's all-zero rule
+            col = obs[fac[0]].to_numpy(dtype=object)
+            zero = (col == fac[1], col == fac[2])
+        contrasts.append(Contrast(name if given is None else given[i], vec, zero))
+    names = [c.name for c in contrasts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        msg = (
+            f"two contrasts have the same name {dup}, so one result would replace the other. Drop the repeated "
+            "contrast, or name each one: contrast={'name1': ..., 'name2': ...}."
+        )
+        raise ValueError(msg)
     return AnalysisPlan(dsg, contrasts, red)
 
 

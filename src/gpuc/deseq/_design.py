@@ -22,6 +22,9 @@ class Design:
     factors: dict[str, list[str]] = field(default_factory=dict)
     variables: list[str] = field(default_factory=list)
     obs: Any = field(default=None, repr=False)
+    # every variable a [factor, numerator, reference] contrast may name, with its levels as they are in obs (the
+    # factors above, whose levels are printed, plus boolean columns, which the matrix codes 0/1 as R codes logicals)
+    levels: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
@@ -32,13 +35,7 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
     (naming the confounded columns).
     """
     if isinstance(design, pd.DataFrame):
-        mat = np.asarray(design.to_numpy(), dtype=np.float64)
-        if mat.shape[0] != obs.shape[0]:
-            msg = f"design DataFrame has {mat.shape[0]} rows but there are {obs.shape[0]} samples."
-            raise ValueError(msg)
-        d = Design(mat, [str(c) for c in design.columns])
-        check_full_rank(d)
-        return d
+        return _design_from_frame(obs, design)
     if not isinstance(design, str) or not design.strip().startswith("~"):
         msg = f"design must be a formula string starting with '~' (e.g. '~condition') or a DataFrame, got {design!r}."
         raise ValueError(msg)
@@ -47,6 +44,10 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
         if obs[v].isna().any():
             msg = f"obs[{v!r}] has missing values; the design variables must be complete."
             raise ValueError(msg)
+        if not pd.api.types.is_numeric_dtype(obs[v]) or isinstance(obs[v].dtype, pd.CategoricalDtype):
+            from gpuc._validate import check_printable_labels
+
+            check_printable_labels(obs[v], f"obs[{v!r}]")  # 1 and "1" would be two levels with one column name
     try:
         fc = FormulaicContrasts(obs, design)
     except Exception as err:  # formulaic raises many types
@@ -54,16 +55,10 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
         raise ValueError(msg) from err
     dm = fc.design_matrix
     mat = np.asarray(dm.to_numpy(), dtype=np.float64)
-    factors = {}
-    for v in variables:
-        col = obs[v]
-        if not pd.api.types.is_numeric_dtype(col) or isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == bool:
-            if isinstance(col.dtype, pd.CategoricalDtype):
-                levels = [str(x) for x in col.cat.categories if (col == x).any()]
-            else:
-                levels = sorted(map(str, pd.unique(col)))
-            factors[v] = levels
-    single = {v: lv for v, lv in factors.items() if len(lv) < 2}
+    levels = {v: lv for v in variables if (lv := _variable_levels(fc, obs[v], v)) is not None}
+    factors = {v: [str(x) for x in lv] for v, lv in levels.items() if not _is_boolean(obs[v])}
+    _warn_case_order(obs, levels)
+    single = {v: [str(x) for x in lv] for v, lv in levels.items() if len(lv) < 2}
     if single:
         names = ", ".join(f"{v!r} (only {lv[0]!r})" for v, lv in single.items())
         msg = (
@@ -72,9 +67,88 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
             "be applied only to factors with 2 or more levels'); remove it from the design."
         )
         raise ValueError(msg)
-    d = Design(mat, [str(c) for c in dm.columns], design, fc, factors, variables, obs)
+    d = Design(mat, [str(c) for c in dm.columns], design, fc, factors, variables, obs, levels)
     check_full_rank(d)
     return d
+
+
+def _design_from_frame(obs: pd.DataFrame, design: pd.DataFrame) -> Design:
+    """A ready design matrix (rows already matched to the samples by the caller): numeric or boolean columns."""
+    if design.shape[0] != obs.shape[0]:
+        msg = f"design DataFrame has {design.shape[0]} rows but there are {obs.shape[0]} samples."
+        raise ValueError(msg)
+    columns = [str(c) for c in design.columns]
+    if len(set(columns)) != len(columns):
+        dup = sorted({c for c in columns if columns.count(c) > 1})
+        msg = f"design DataFrame has duplicated column names {dup}; every coefficient needs its own name."
+        raise ValueError(msg)
+    bad = [str(c) for c in design.columns if not (_is_boolean(design[c]) or pd.api.types.is_numeric_dtype(design[c]))]
+    if bad:
+        msg = (
+            f"design DataFrame columns {bad} are not numeric; a ready design is a model matrix (numbers, e.g. from "
+            "formulaic.model_matrix). Pass a formula such as '~condition' to code factors."
+        )
+        raise TypeError(msg)
+    if design.isna().to_numpy().any():
+        msg = "the design matrix contains missing values (NaN/NA)."
+        raise ValueError(msg)
+    d = Design(np.asarray(design.to_numpy(dtype=np.float64), dtype=np.float64), columns)
+    check_full_rank(d)
+    return d
+
+
+def _is_boolean(col: pd.Series) -> bool:
+    return pd.api.types.is_bool_dtype(col.dtype) and not isinstance(col.dtype, pd.CategoricalDtype)
+
+
+def _variable_levels(fc: Any, col: pd.Series, name: str) -> list[Any] | None:
+    """The levels of a design variable that is a factor (formulaic's categorical coding, including ``C(x)`` of a
+    numeric column), or of a boolean column (coded 0/1, False the reference, as R codes a logical); None when the
+    variable is continuous. Levels are the values as they are in ``obs`` (ints stay ints).
+    """
+    if _is_boolean(col):
+        return [v for v in (False, True) if (col == v).any()]
+    try:
+        from formulaic_contrasts._factor_metadata import resolve_ambiguous
+
+        meta = fc._get_factor_metadata_for_variable(name)
+        kind = str(getattr(resolve_ambiguous(meta, "kind"), "value", ""))
+        cats = resolve_ambiguous(meta, "categories")
+    except Exception:  # metadata not recorded (another formulaic version): fall back on the column's dtype
+        kind, cats = "", None
+    if kind == "categorical" and cats is not None:
+        return list(cats)
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return [x for x in col.cat.categories if (col == x).any()]
+    if not pd.api.types.is_numeric_dtype(col):
+        return sorted(pd.unique(col), key=str)
+    return None
+
+
+def _warn_case_order(obs: pd.DataFrame, levels: dict[str, list[Any]]) -> None:
+    """Warn when a string factor's reference level depends on letter case.
+
+    A string column is ordered by character code (as R in the C locale: uppercase before lowercase); R in a UTF-8
+    locale sorts case-insensitively, so R users may expect another reference level. gpuc keeps the code order
+    (independent of the machine's locale) and says so, pointing to a Categorical to choose the reference.
+    """
+    import warnings
+
+    from gpuc._errors import GpucWarning
+
+    for v, lv in levels.items():
+        col = obs[v]
+        if isinstance(col.dtype, pd.CategoricalDtype) or len(lv) < 2 or not all(isinstance(x, str) for x in lv):
+            continue
+        r_order = sorted(lv, key=lambda x: (x.casefold(), x.swapcase()))
+        if r_order[0] != lv[0]:
+            msg = (
+                f"the reference level of {v!r} is {lv[0]!r}: levels of a string column are sorted by character code "
+                f"(uppercase first, as R in the C locale), while R in a UTF-8 locale sorts case-insensitively and "
+                f"would take {r_order[0]!r}. To choose the reference, make the column a pandas Categorical with it "
+                f"first, e.g. adata.obs[{v!r}] = pd.Categorical(adata.obs[{v!r}], categories={r_order!r})."
+            )
+            warnings.warn(msg, GpucWarning, stacklevel=5)
 
 
 def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
@@ -129,10 +203,84 @@ def check_full_rank(design: Design) -> None:
     raise ValueError(msg)
 
 
+def factor_contrast(design: Design, contrast: Any) -> tuple[str, Any, Any] | None:
+    """``(factor, numerator, reference)`` with the levels as they are in ``obs``, when ``contrast`` names two levels
+    of a design factor (``[factor, numerator, reference]``, a list, tuple or 1-D array of 3 whose first entry is a
+    string); None for other contrast forms. Raises :class:`ValueError` for an unknown factor or level.
+
+    Levels are matched as given (``1`` is the integer level 1, ``True`` the boolean level); a level that matches no
+    level as given but prints as exactly one of them (``"1"`` for an integer level 1, as a contrast read back from
+    h5ad) is that level: two levels never print the same (the design refuses such factors).
+    """
+    if isinstance(contrast, np.ndarray) and contrast.dtype.kind in "OUS" and contrast.ndim == 1:
+        contrast = list(contrast)
+    if not (isinstance(contrast, list | tuple) and len(contrast) == 3 and isinstance(contrast[0], str)):
+        return None
+    factor, num, ref = contrast
+    if factor not in design.levels:
+        if factor in design.variables:
+            msg = (
+                f"contrast factor {factor!r} is a numeric (continuous) variable of the design, so it has no levels to "
+                f"compare. To treat it as a factor, write C({factor}) in the formula or make the column a pandas "
+                f"Categorical; to test its slope, pass contrast={factor!r}."
+            )
+        else:
+            msg = f"contrast factor {factor!r} is not a categorical variable of the design (factors: {list(design.levels)})."
+        raise ValueError(msg)
+    levels = design.levels[factor]
+    resolved = []
+    for lvl in (num, ref):
+        hit = [x for x in levels if _same_level(x, lvl)] or [x for x in levels if str(x) == str(lvl)]
+        if len(hit) != 1:
+            msg = f"contrast level {lvl!r} is not a level of {factor!r} (levels: {levels})."
+            raise ValueError(msg)
+        resolved.append(hit[0])
+    if str(resolved[0]) == str(resolved[1]):
+        msg = f"contrast numerator and reference are both {num!r}."
+        raise ValueError(msg)
+    return factor, resolved[0], resolved[1]
+
+
+def _level_difference(design: Design, factor: str, num: Any, ref: Any) -> np.ndarray:
+    """Model row of a sample at level ``num`` minus one at ``ref``, the other variables at their reference level
+    (or 0), as formulaic_contrasts' ``contrast`` builds it, but with the two rows keeping the columns' dtypes, so an
+    integer-coded Categorical or a boolean column is coded as in the design (not re-read as a number).
+    """
+    fc = design.contrasts_helper
+    rows = design.obs[design.variables].iloc[[0, 0]].copy()
+    for v in design.variables:
+        if v == factor:
+            values = [num, ref]
+        elif v in design.levels:
+            try:
+                base = fc._get_default_value(v)
+            except Exception:
+                base = None
+            values = [base if base is not None and base != "\0" else design.levels[v][0]] * 2
+        else:
+            values = [0, 0]
+        dtype = rows[v].dtype
+        rows[v] = pd.Series(values, index=rows.index, dtype=object).astype(dtype)
+    mat = np.asarray(fc.design_matrix.model_spec.get_model_matrix(rows).to_numpy(), dtype=np.float64)
+    return mat[0] - mat[1]
+
+
+def _same_level(level: Any, given: Any) -> bool:
+    """``given`` is ``level`` as the user gave it: equal, and both strings or both non-strings."""
+    if isinstance(level, str) != isinstance(given, str):
+        return False
+    try:
+        return bool(level == given)
+    except Exception:
+        return False
+
+
 def contrast_vector(design: Design, contrast: Any) -> tuple[np.ndarray, str]:
     """Turn ``contrast`` into a coefficient vector and an R-style name.
 
-    Accepted: ``None`` (last column), a column name, ``[factor, numerator, reference]``, or a numeric vector of length p.
+    Accepted: ``None`` (last column), a column name, ``[factor, numerator, reference]`` (levels as in ``obs``: strings,
+    integers of an integer-coded factor, True/False of a boolean column), a numeric vector of length p, or a pandas
+    Series or dict of weights labelled by design column (matched by name, never by position).
     """
     p = len(design.columns)
     if contrast is None:
@@ -152,25 +300,28 @@ def contrast_vector(design: Design, contrast: Any) -> tuple[np.ndarray, str]:
         v = np.zeros(p)
         v[design.columns.index(contrast)] = 1.0
         return v, _pretty(contrast)
-    if isinstance(contrast, (list, tuple)) and len(contrast) == 3 and all(isinstance(c, str) for c in contrast):
-        factor, num, ref = contrast
-        if factor not in design.factors:
-            msg = f"contrast factor {factor!r} is not a categorical variable of the design (factors: {list(design.factors)})."
+    fac = factor_contrast(design, contrast)
+    if fac is not None:
+        factor, num, ref = fac
+        if design.contrasts_helper is None:
+            msg = "a [factor, numerator, reference] contrast needs a formula design; pass a numeric vector instead."
             raise ValueError(msg)
-        levels = design.factors[factor]
-        for lvl in (num, ref):
-            if lvl not in levels:
-                msg = f"contrast level {lvl!r} is not a level of {factor!r} (levels: {levels})."
-                raise ValueError(msg)
-        if num == ref:
-            msg = f"contrast numerator and reference are both {num!r}."
-            raise ValueError(msg)
-        fc = design.contrasts_helper
-        v = np.asarray(fc.contrast(factor, ref, num), dtype=np.float64)
-        return v, f"{factor}_{num}_vs_{ref}"
-    arr = np.asarray(contrast, dtype=np.float64) if not isinstance(contrast, str) else None
+        return _level_difference(design, factor, num, ref), f"{factor}_{num}_vs_{ref}"
+    if isinstance(contrast, pd.Series | dict):
+        from gpuc._validate import align_labels
+
+        labelled = align_labels(contrast, pd.Index(design.columns), "contrast", "the design columns")
+        contrast = pd.to_numeric(labelled, errors="coerce").to_numpy(dtype=np.float64)
+    try:
+        arr = np.asarray(contrast, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = None
     if arr is None or arr.ndim != 1 or arr.shape[0] != p or not np.all(np.isfinite(arr)):
-        msg = f"contrast must be None, a design column name, [factor, numerator, reference] or a numeric vector of length {p} (columns {design.columns}); got {contrast!r}."
+        msg = (
+            f"contrast must be None, a design column name, [factor, numerator, reference], a numeric vector of "
+            f"length {p} or a Series/dict of weights labelled by design column (columns {design.columns}); got "
+            f"{contrast!r}."
+        )
         raise ValueError(msg)
     if not np.any(arr):
         msg = "contrast vector is all zero."

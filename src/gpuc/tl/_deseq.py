@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Any, Literal
 
@@ -18,15 +17,20 @@ from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
 from gpuc._validate import (
+    align_to_obs,
     check_adata,
+    check_bool,
     check_choice,
     check_int,
     check_key,
     check_key_added,
     check_memory,
+    check_number,
+    check_printable_labels,
     get_matrix,
+    group_labels,
 )
-from gpuc.deseq._analysis import Analysis, plan_analysis, run_analysis, split_contrasts
+from gpuc.deseq._analysis import Analysis, contrast_names, plan_analysis, run_analysis, split_contrasts
 from gpuc.deseq._blocks import default_block_genes, run_analysis_blocked
 
 
@@ -211,25 +215,22 @@ def deseq(
     if isinstance(size_factors, str):
         check_choice("size_factors", size_factors, ("ratio", "poscounts", "iterative"))
     else:
-        sfv = np.asarray(size_factors, dtype=np.float64)
-        if sfv.shape != (adata.n_obs,) or not np.all(np.isfinite(sfv)) or np.any(sfv <= 0):
-            msg = f"size_factors given as an array must hold {adata.n_obs} positive finite values."
-            raise ValueError(msg)
+        size_factors = _given_size_factors(size_factors, adata)
     for name, val in (
         ("cooks_filter", cooks_filter),
         ("independent_filter", independent_filter),
         ("refit_cooks", refit_cooks),
         ("copy", copy),
     ):
-        if not isinstance(val, (bool, np.bool_)):
-            msg = f"{name} must be True or False, got {val!r}."
-            raise TypeError(msg)
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        msg = f"alpha={alpha!r} must be between 0 and 1."
-        raise ValueError(msg)
-    if not (isinstance(lfc_threshold, (int, float)) and lfc_threshold >= 0):
-        msg = f"lfc_threshold={lfc_threshold!r} must be a non-negative number."
-        raise ValueError(msg)
+        check_bool(name, val)
+    _keys.check_not_foreign(adata, _keys.deseq_outputs(key_added), key_added, "gpuc.tl.deseq", _keys.DESEQ_MARKER)
+    alpha = check_number("alpha", alpha, low=0, high=1, low_open=True, high_open=True)
+    lfc_threshold = check_number("lfc_threshold", lfc_threshold, low=0)
+    # a design (or reduced) DataFrame is matched to the samples by its index, never by row order
+    if isinstance(design, pd.DataFrame):
+        design = align_to_obs(design, adata, "design")
+    if isinstance(reduced, pd.DataFrame):
+        reduced = align_to_obs(reduced, adata, "reduced")
     check_int("min_replicates", min_replicates, minimum=1)
     max_iter = check_int("max_iter", max_iter, minimum=1)
     if test == "lrt" and reduced is None:
@@ -245,8 +246,12 @@ def deseq(
     where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
     counts = load(counts, where)  # a lazily read (dask) matrix: DESeq2 needs every sample of a gene together
     _check_counts(counts, where)
+    _hint_single_cells(counts, adata.n_obs)
+    group_of = None
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
+        # labels as given: 1 and "1" are refused, missing labels leave their samples out with a warning
+        group_of = group_labels(adata.obs[groupby], f"adata.obs[{groupby!r}]", what="sample(s)")
     backend = get_backend(device, counts)
     dask_client = resolve_client(client)
     n_fit = adata.n_obs if groupby is None else int(adata.obs[groupby].value_counts().max())
@@ -266,13 +271,18 @@ def deseq(
         else "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group).",
     )
 
-    groups = [None] if groupby is None else list(pd.unique(adata.obs[groupby].astype(str)))
+    groups = [None] if group_of is None else [g for g in pd.unique(group_of) if g is not None]
     planned: list[tuple[Any, np.ndarray, Any]] = []
     skipped: dict[str, str] = {}
     for g in groups:  # every group's design and counts are checked here, before any fit
-        mask = np.ones(adata.n_obs, dtype=bool) if g is None else (adata.obs[groupby].astype(str).to_numpy() == g)
+        mask = np.ones(adata.n_obs, dtype=bool) if g is None else (group_of == g)
         try:
-            plan = plan_analysis(adata.obs.loc[mask], design, contrast, reduced=reduced)
+            plan = plan_analysis(
+                adata.obs.loc[mask],
+                design if not isinstance(design, pd.DataFrame) else design.loc[mask],
+                contrast,
+                reduced=reduced if not isinstance(reduced, pd.DataFrame) else reduced.loc[mask],
+            )
             if g is not None:
                 _check_counts(counts[np.flatnonzero(mask)], f"{where} (group {g!r})")
         except ValueError as err:
@@ -335,13 +345,13 @@ def deseq(
     adata = adata.copy() if copy else adata
     key = key_added
     params = {
-        "design": design if isinstance(design, str) else "DataFrame",
-        "contrast": json.dumps([_jsonable(c) for c in split_contrasts(contrast)]),
+        "design": design,
+        "contrast": _replayable_contrast(contrast, planned[0][2] if planned else None),
         "layer": layer,
-        "size_factors": size_factors if isinstance(size_factors, str) else "given",
+        "size_factors": size_factors if isinstance(size_factors, str) else np.asarray(size_factors),
         "fit_type": fit_type,
         "test": test,
-        "reduced": reduced if reduced is None or isinstance(reduced, str) else "DataFrame",
+        "reduced": reduced,
         "alpha": float(alpha),
         "cooks_filter": bool(cooks_filter),
         "independent_filter": bool(independent_filter),
@@ -391,11 +401,74 @@ def _fit_analysis(
     return run_analysis(backend, counts, plan, size_factors=size_factors, **options, n_jobs=n_jobs)
 
 
-def _jsonable(contrast: Any) -> Any:
-    """A contrast as JSON-serialisable data for ``params``."""
-    if contrast is None or isinstance(contrast, str):
-        return contrast
-    return np.asarray(contrast).tolist() if isinstance(contrast, np.ndarray) else list(contrast)
+# a samples x genes matrix with this many rows and a median total count below SC_MEDIAN_TOTAL looks like single cells
+SC_MIN_SAMPLES = 200
+SC_MEDIAN_TOTAL = 10_000
+
+
+def _hint_single_cells(counts: Any, n_obs: int) -> None:
+    """Warn when the samples look like single cells (many rows, small totals): DESeq2 on cells takes every cell as a
+    replicate, so p-values are far too small; the counts should be summed per sample first.
+    """
+    if n_obs < SC_MIN_SAMPLES:
+        return
+    totals = np.asarray(to_host(counts.sum(axis=1)), dtype=np.float64).ravel()
+    median = float(np.median(totals))
+    if median < SC_MEDIAN_TOTAL:
+        msg = (
+            f"the {n_obs} samples look like single cells (median total count {median:.0f}); DESeq2 takes every row "
+            "as an independent replicate, so on cells its p-values are far too small. Sum the cells of each "
+            "biological sample first: pb = gpuc.tl.pseudobulk(adata, sample_key=..., groupby=...), then "
+            "gpuc.tl.deseq(pb, ...)."
+        )
+        warnings.warn(msg, GpucWarning, stacklevel=3)
+
+
+def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
+    """Given size factors as one positive float per sample: a Series or dict matched by obs name, an array by
+    position.
+    """
+    sf = align_to_obs(size_factors, adata, "size_factors")
+    try:
+        sfv = np.asarray(sf, dtype=np.float64)
+    except (TypeError, ValueError):
+        sfv = None
+    if sfv is None or sfv.shape != (adata.n_obs,) or not np.all(np.isfinite(sfv)) or np.any(sfv <= 0):
+        msg = (
+            f"size_factors given as values must hold {adata.n_obs} positive finite numbers, one per sample (an array "
+            "in the order of adata.obs, or a Series/dict labelled by adata.obs_names)."
+        )
+        raise ValueError(msg)
+    return sfv
+
+
+def _replayable_contrast(contrast: Any, plan: Any) -> Any:
+    """``params["contrast"]``: a form :func:`deseq` accepts again and ``write_h5ad`` can store.
+
+    One contrast is kept as given (a Series of weights as a dict, arrays as arrays); several become ``{name:
+    contrast}`` under the names of their results, so a replay gives the same names even when the contrasts are of
+    different kinds (which h5ad could not store as one list).
+    """
+
+    def one(c: Any) -> Any:
+        if isinstance(c, pd.Series):
+            return {str(k): float(v) for k, v in c.items()}
+        if isinstance(c, dict):
+            return {str(k): float(v) for k, v in c.items()}
+        if isinstance(c, tuple | list) and len(c) == 3 and isinstance(c[0], str):
+            return [v.item() if isinstance(v, np.generic) else v for v in c]
+        if isinstance(c, np.ndarray | list | tuple):
+            arr = np.asarray(c)
+            return arr.astype(np.float64) if arr.dtype.kind in "iufb" else arr
+        return c
+
+    parts = split_contrasts(contrast)
+    if len(parts) == 1 and contrast_names(contrast) is None:
+        return one(parts[0])
+    names = contrast_names(contrast) or ([c.name for c in plan.contrasts] if plan is not None else None)
+    if names is None:
+        names = [str(i) for i in range(len(parts))]
+    return {name: one(c) for name, c in zip(names, parts, strict=True)}
 
 
 def deseq_peak_bytes(n_samples: int, n_genes: int) -> float:
@@ -475,11 +548,12 @@ def pseudobulk(
     layer
         Layer with the raw counts (e.g. ``"counts"``); ``None`` uses ``X``.
     min_cells
-        Drop (sample, group) profiles made of fewer cells.
+        Drop (sample, group) profiles made of fewer cells, with a warning that counts and names them.
 
     Returns
     -------
-    A new AnnData (profiles x genes, named ``"<sample>_<group>"``) with summed counts in ``X`` (int64), ``obs``
+    A new AnnData (profiles x genes, named ``"<sample>_<group>"``; when labels contain "_" and that join would give
+    two profiles one name, another separator that occurs in no label, with a warning) with summed counts in ``X`` (int64), ``obs``
     holding ``sample_key``, ``groupby``, ``n_cells`` and every ``obs`` column that is constant within each sample
     (e.g. condition, donor covariates); ``var`` is copied; ``uns["pseudobulk"]`` holds ``params``, ``n_dropped``
     (profiles under ``min_cells``) and ``n_cells_missing`` (cells without a sample or group). ``adata`` is not
@@ -496,6 +570,8 @@ def pseudobulk(
     if not lazy:
         _check_counts_nonneg(x, what)
     keys = [sample_key] if groupby is None else [sample_key, groupby]
+    for k in keys:  # 1 and "1" (or NaN and "nan") would be summed into one profile: refused, naming them
+        check_printable_labels(adata.obs[k], f"adata.obs[{k!r}]")
     present = adata.obs[keys].notna().all(axis=1).to_numpy()
     n_missing = int((~present).sum())
     if not present.any():
@@ -525,7 +601,7 @@ def pseudobulk(
             stacklevel=2,
         )
     n_cells = np.bincount(codes, minlength=len(uniq))
-    obs = pd.DataFrame(index=pd.Index([u.replace("\x1f", "_") for u in uniq], name=None))
+    obs = pd.DataFrame(index=pd.Index(_profile_names(uniq), name=None))
     first = cells[np.unique(codes, return_index=True)[1]]
     obs[sample_key] = adata.obs[sample_key].to_numpy()[first]
     if groupby is not None:
@@ -545,6 +621,13 @@ def pseudobulk(
     if not keep.any():
         msg = f"no (sample, group) profile has at least min_cells={min_cells} cells."
         raise ValueError(msg)
+    if not keep.all():
+        warnings.warn(
+            f"{int((~keep).sum())} of {keep.size} (sample, group) profiles have fewer than min_cells={min_cells} "
+            f"cells and were dropped ({_show_names(obs.index[~keep])}); pass a smaller min_cells to keep them.",
+            GpucWarning,
+            stacklevel=2,
+        )
     out = AnnData(X=np.rint(summed[keep]).astype(np.int64), obs=obs.loc[keep].copy(), var=adata.var.copy())
     for col in out.obs.columns:
         if isinstance(out.obs[col].dtype, pd.CategoricalDtype):
@@ -555,6 +638,38 @@ def pseudobulk(
         "n_cells_missing": n_missing,
     }
     return out
+
+
+def _show_names(names: Any, n: int = 5) -> str:
+    names = list(names)
+    return ", ".join(map(repr, names[:n])) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+PROFILE_SEPARATORS = ("_", "|", ":", "+", "~", "#", "@")
+
+
+def _profile_names(keys: Any) -> list[str]:
+    """Names of the pseudobulk profiles from their (sample, group) keys: ``"<sample>_<group>"``, unique by
+    construction.
+
+    Joining with "_" is ambiguous when labels contain "_" (("a_b", "c") and ("a", "b_c") both give "a_b_c"); then
+    the first separator of :data:`PROFILE_SEPARATORS` that occurs in no label is used, which makes the join
+    one-to-one, with a warning saying which. The ``obs`` columns keep the sample and group of each profile.
+    """
+    parts = [str(u).split("\x1f") for u in keys]
+    names = ["_".join(p) for p in parts]
+    if len(parts[0]) == 1 or len(set(names)) == len(names):
+        return names
+    for sep in PROFILE_SEPARATORS[1:]:
+        if not any(sep in x for p in parts for x in p):
+            warnings.warn(
+                f"joining sample and group with '_' would give the same name to different profiles (labels contain "
+                f"'_'); the profiles are named '<sample>{sep}<group>' instead.",
+                GpucWarning,
+                stacklevel=3,
+            )
+            return [sep.join(p) for p in parts]
+    return [repr(tuple(p)) for p in parts]  # every separator occurs in the labels: a tuple's repr is one-to-one
 
 
 def _check_counts_nonneg(x: Any, what: str, flags: CountFlags | None = None) -> None:
@@ -621,7 +736,8 @@ def vst(
         CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
         cores. Results do not depend on it.
     key_added
-        Name of the layer written.
+        Name of the layer written. It may not name the counts read (``layer``) nor a layer that an earlier
+        :func:`vst` under this key did not write (raw counts, another tool's output): that is refused.
     copy
         Work on a copy and return it.
 
@@ -646,9 +762,15 @@ def vst(
     check_adata(adata)
     check_key_added(key_added)
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
-    if not isinstance(blind, bool | np.bool_) or not isinstance(copy, bool | np.bool_):
-        msg = "blind and copy must be True or False."
-        raise TypeError(msg)
+    check_bool("blind", blind)
+    check_bool("copy", copy)
+    if layer is not None and key_added == layer:
+        msg = (
+            f"vst(layer={layer!r}, key_added={key_added!r}) would replace the counts it transforms; pass another "
+            f"key_added (default 'vst') to keep adata.layers[{layer!r}]."
+        )
+        raise ValueError(msg)
+    _keys.check_not_foreign(adata, _keys.vst_outputs(key_added), key_added, "gpuc.tl.vst", _keys.VST_MARKER)
     counts = get_matrix(adata, layer=layer)
     counts = load(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")  # dask: all samples of a gene at once
     _check_counts(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")

@@ -22,7 +22,9 @@ from gpuc._lazy import grouped_sum, load
 from gpuc._utils import progress
 from gpuc._validate import (
     SeedLike,
+    align_to_obs,
     check_adata,
+    check_bool,
     check_choice,
     check_finite,
     check_in_memory,
@@ -30,7 +32,11 @@ from gpuc._validate import (
     check_key,
     check_key_added,
     check_memory,
+    check_number,
+    check_printable_labels,
+    check_unique_names,
     get_matrix,
+    group_labels,
     resolve_random_state,
 )
 from gpuc.metacells._kernel import knn_from_graph
@@ -71,7 +77,26 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
         msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
         raise TypeError(msg)
     check_finite(f"adata.obsm[{use_rep!r}]", x)
-    return x
+    return _scaled_to_range(x)
+
+
+# the embedding's largest absolute value is brought into [2**-EXTREME_EXP, 2**EXTREME_EXP] before the kernel
+EXTREME_EXP = 40
+
+
+def _scaled_to_range(x: Any) -> Any:
+    """``x`` times a power of two when its values are extreme (e.g. scaled by 1e19, whose squared distances overflow
+    float32), else ``x`` itself.
+
+    The SEACells kernel, the diffusion map and every result derived from them do not change when the embedding is
+    multiplied by a constant (neighbours, bandwidths and ``d**2 / (sigma_i sigma_j)`` are scale-free), and a power of
+    two multiplies every float exactly, so the result is the one of the unscaled computation, without overflow.
+    """
+    xp = backend_of(x).xp
+    top = float(xp.abs(x).max()) if x.size else 0.0
+    if top == 0.0 or 2.0**-EXTREME_EXP <= top <= 2.0**EXTREME_EXP:
+        return x
+    return x * x.dtype.type(2.0 ** (-int(np.round(np.log2(top)))))
 
 
 def _n_distinct(x: Any) -> int:
@@ -104,22 +129,17 @@ def _plan_groups(
     else:
         check_key(adata.obs, groupby, "adata.obs")
         col = adata.obs[groupby]
-        if col.isna().any():
-            msg = f"adata.obs[{groupby!r}] has missing values; every cell needs a group."
-            raise ValueError(msg)
+        # every cell gets a label, so a missing group is an error; 1 and "1" would share labels: refused
+        group_labels(col, f"adata.obs[{groupby!r}]", missing="error")
         cats = col.cat.categories if isinstance(col.dtype, pd.CategoricalDtype) else pd.unique(col)
         codes = np.asarray(col)
         plan = []
-        if isinstance(n_metacells, Mapping):
-            unknown = set(n_metacells) - set(cats)
-            if unknown:
-                msg = f"n_metacells names groups not in adata.obs[{groupby!r}]: {sorted(map(str, unknown))}."
-                raise ValueError(msg)
+        sizes = _sizes_by_group(n_metacells, cats, groupby) if isinstance(n_metacells, Mapping) else None
         for g in cats:
             idx = np.flatnonzero(codes == g)
             if idx.size == 0:
                 continue
-            n_g = n_metacells.get(g) if isinstance(n_metacells, Mapping) else n_metacells
+            n_g = sizes.get(str(g)) if sizes is not None else n_metacells
             plan.append((g, idx, n_g))
     out = []
     too_small = []
@@ -157,6 +177,38 @@ def _plan_groups(
         )
         warnings.warn(msg, GpucWarning, stacklevel=3)
     return out
+
+
+def _sizes_by_group(n_metacells: Mapping, groups: Any, groupby: str) -> dict[str, Any]:
+    """``{printed group: n}`` from ``{group: n}``. A key is the group it equals as given (``1`` is the integer group
+    1); a key that equals no group but prints as exactly one (the percent-encoded string keys of a stored
+    ``params["n_metacells"]``, e.g. after ``write_h5ad``) is that group. Unknown keys are an error.
+    """
+    groups = list(groups)
+    out: dict[str, Any] = {}
+    unknown = []
+    for key, n in n_metacells.items():
+        hit = [g for g in groups if isinstance(g, str) == isinstance(key, str) and _equal(g, key)]
+        if not hit:
+            hit = [g for g in groups if str(g) == _keys.decode_name(str(key))]
+        if len(hit) != 1:
+            unknown.append(key)
+            continue
+        out[str(hit[0])] = n
+    if unknown:
+        msg = (
+            f"n_metacells names groups not in adata.obs[{groupby!r}]: {sorted(map(repr, unknown))} "
+            f"(groups: {sorted(map(repr, groups))[:20]})."
+        )
+        raise ValueError(msg)
+    return out
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def metacells(
@@ -307,19 +359,17 @@ def metacells(
     if n_waypoint_eigs > n_neighbors:
         msg = f"n_waypoint_eigs={n_waypoint_eigs} cannot exceed n_neighbors={n_neighbors} (the number of diffusion components SEACells computes)."
         raise ValueError(msg)
-    if (
-        isinstance(convergence_epsilon, bool)
-        or not isinstance(convergence_epsilon, int | float)
-        or not convergence_epsilon > 0
-    ):
-        msg = f"convergence_epsilon must be a positive number, got {convergence_epsilon!r}."
-        raise ValueError(msg)
+    convergence_epsilon = check_number("convergence_epsilon", convergence_epsilon, low=0, low_open=True)
+    check_bool("copy", copy)
     graph = "intersection" if graph == "intersect" else graph
     check_choice("graph", graph, _GRAPHS)
     check_choice("init", init, _INITS)
     check_choice("a0", a0, _A0)
     check_choice("knn_method", knn_method, ("auto", "exact", "ivf"))
     check_key_added(key_added)
+    _keys.check_not_foreign(
+        adata, _keys.metacell_outputs(key_added), key_added, "gpuc.tl.metacells", _keys.METACELL_MARKER
+    )
     if adata.n_obs < n_neighbors:
         msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
         raise ValueError(msg)
@@ -536,15 +586,33 @@ def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, gr
 
 
 def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
+    """Positions of the initial archetypes: cell positions, obs names (a list, array, Index or the values of a
+    Series), or a boolean mask over the cells (an array in obs order, or a Series matched to obs_names by label).
+    """
+    if isinstance(arche, pd.Series | Mapping) and (
+        pd.api.types.is_bool_dtype(pd.Series(arche).dtype) if isinstance(arche, pd.Series) else True
+    ):
+        arche = align_to_obs(arche, adata, "initial_archetypes").to_numpy(dtype=bool)
     arr = np.asarray(arche)
-    if arr.dtype.kind in "OUS":
-        pos = adata.obs_names.get_indexer(arr)
+    if arr.dtype == bool:
+        if arr.shape != (adata.n_obs,):
+            msg = f"initial_archetypes as a boolean mask must have one entry per cell ({adata.n_obs}), got shape {arr.shape}."
+            raise ValueError(msg)
+        arr = np.flatnonzero(arr)
+    elif arr.dtype.kind in "OUS":
+        check_unique_names(
+            adata.obs_names,
+            "adata.obs_names",
+            "initial_archetypes given as names needs unique names: run adata.obs_names_make_unique() first, or pass "
+            "cell positions.",
+        )
+        pos = adata.obs_names.get_indexer(arr.astype(str))
         if (pos < 0).any():
             msg = f"initial_archetypes names not in adata.obs_names: {list(arr[pos < 0][:5])}."
             raise KeyError(msg)
         arr = pos
     if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        msg = "initial_archetypes must be a 1-D list of cell positions or obs names."
+        msg = "initial_archetypes must be a 1-D list of cell positions, obs names, or a boolean mask over the cells."
         raise TypeError(msg)
     if arr.size != k or np.unique(arr).size != arr.size or arr.min() < 0 or arr.max() >= adata.n_obs:
         msg = f"initial_archetypes must be {k} distinct cells (n_metacells), got {arr.size} entries ({np.unique(arr).size} distinct)."
@@ -612,6 +680,16 @@ def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
     return adata.uns[key]
 
 
+def _non_integer(x: Any) -> bool:
+    """Whether a dense or sparse matrix holds a non-integer value (computed where it lives; one verdict back)."""
+    data = x.data if is_sparse(x) else x
+    if np.dtype(data.dtype).kind != "f":
+        return False
+    xp = backend_of(data).xp
+    data = xp.asarray(data)
+    return bool((data != xp.round(data)).any())
+
+
 def aggregate_metacells(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -629,7 +707,8 @@ def aggregate_metacells(
     key
         ``key_added`` of that run.
     layer
-        Matrix to sum: ``adata.layers[layer]``; None uses ``adata.X``. Sum raw counts (e.g. ``layer="counts"``).
+        Matrix to sum: ``adata.layers[layer]``; None uses ``adata.X``. Sum raw counts (e.g. ``layer="counts"``): when
+        ``X`` is used and holds non-integer values (log-normalised data), a warning says so.
         A dask array (``anndata.experimental.read_lazy`` or ``read_elem_lazy``) is summed chunk by chunk, never
         loaded whole.
     soft
@@ -661,6 +740,15 @@ def aggregate_metacells(
     mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
+        check_printable_labels(adata.obs[celltype_key], f"adata.obs[{celltype_key!r}]")
+    if layer is None and not is_dask_array(mat) and _non_integer(mat):
+        warnings.warn(
+            "aggregate_metacells sums adata.X, which holds non-integer values (log-normalised or scaled data?); "
+            "sums of those are not counts. Pass layer= naming the raw counts (e.g. layer='counts') for pseudobulk "
+            "counts per metacell.",
+            GpucWarning,
+            stacklevel=2,
+        )
     bk = backend_of(mat)  # the sums run where the matrix lives; only the metacells x genes result comes back
     table: pd.DataFrame = info["metacells"]
     if not isinstance(table, pd.DataFrame) and hasattr(table, "to_memory"):
@@ -759,7 +847,10 @@ def metacell_quality(
         Write the table to ``adata.uns[key_added]`` (default) or, with ``False``, return it and write nothing
         (as :func:`scanpy.pp.calculate_qc_metrics`).
     copy
-        With ``inplace``, write into a copy and return it.
+        With ``inplace``, write into a copy and return it. The four combinations: ``inplace=True, copy=False``
+        writes into ``adata`` and returns None; ``inplace=True, copy=True`` returns a copy with the table;
+        ``inplace=False, copy=False`` returns the table; ``inplace=False, copy=True`` is refused (a ValueError: there
+        would be nothing to write into the copy).
 
     Returns
     -------
@@ -773,12 +864,20 @@ def metacell_quality(
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
+        check_printable_labels(adata.obs[celltype_key], f"adata.obs[{celltype_key!r}]")
     key_added = check_key_added(_keys.metacell_quality(key) if key_added is None else key_added)
     if not isinstance(inplace, bool) or not isinstance(copy, bool):
         msg = "inplace and copy must be True or False."
         raise TypeError(msg)
     if copy and not inplace:
         msg = "copy=True writes into a copy; it cannot be combined with inplace=False."
+        raise ValueError(msg)
+    old = adata.uns.get(key_added)
+    if inplace and old is not None and not (isinstance(old, pd.DataFrame) and "compactness" in old.columns):
+        msg = (
+            f"gpuc.tl.metacell_quality with key_added={key_added!r} would overwrite adata.uns[{key_added!r}], which "
+            "is not a metacell quality table. Pass another key_added, or delete it first if it may go."
+        )
         raise ValueError(msg)
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))

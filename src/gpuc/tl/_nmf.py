@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 import warnings
 from collections.abc import Iterable
@@ -14,19 +15,22 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Backend, Device, get_backend, to_host
+from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._dask import map_units, n_workers, resolve_client, runs_on
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._lazy import load
 from gpuc._utils import derive_seed, progress
 from gpuc._validate import (
     SeedLike,
+    align_to_var,
     check_adata,
+    check_bool,
     check_choice,
     check_int,
     check_key,
     check_key_added,
     check_memory,
+    check_number,
     get_matrix,
     resolve_random_state,
 )
@@ -59,6 +63,13 @@ def _gene_mask(adata: AnnData, mask_var: str | np.ndarray | None) -> np.ndarray:
     """Boolean mask of the genes to factorise: ``var[mask_var]``, a boolean array over genes, or all (``None``)."""
     if mask_var is None:
         return np.ones(adata.n_vars, dtype=bool)
+    # a boolean Series (or dict) is matched to var_names by label, never by position
+    mask_var = align_to_var(mask_var, adata, "mask_var")
+    if isinstance(mask_var, pd.Series):
+        if not pd.api.types.is_bool_dtype(mask_var.dtype):
+            msg = f"mask_var as a Series must be boolean, got dtype {mask_var.dtype}."
+            raise TypeError(msg)
+        mask_var = mask_var.to_numpy(dtype=bool)
     if isinstance(mask_var, str):
         if mask_var not in adata.var:
             msg = (
@@ -121,12 +132,8 @@ def _check_common(
     check_choice("target", target, _TARGETS)
     check_choice("normalization", normalization, _NORMALIZATIONS)
     check_int("max_iter", max_iter, minimum=1)
-    if not (isinstance(density_threshold, int | float) and 0 <= float(density_threshold) <= 2):
-        msg = f"density_threshold={density_threshold!r} must be a number in [0, 2] (2 turns the filter off)."
-        raise ValueError(msg)
-    if not (isinstance(tol, int | float) and float(tol) > 0):
-        msg = f"tol={tol!r} must be a positive number."
-        raise ValueError(msg)
+    check_number("density_threshold", density_threshold, low=0, high=2, hint="2 turns the filter off.")
+    check_number("tol", tol, low=0, low_open=True)
 
 
 def _check_k(k: Any, shape: tuple[int, int], name: str = "k") -> int:
@@ -259,12 +266,51 @@ def _call_params(**call: Any) -> dict[str, Any]:
     return out
 
 
+# the largest |V|**2 * n_cells * n_genes (a bound on ||V||^2 and on the products HALS forms) each precision holds with
+# a margin of 1000 below its largest finite value
+_SAFE_SQUARES = {np.dtype(np.float32): float(np.finfo(np.float32).max) / 1e3, np.dtype(np.float64): 1e305}
+
+
 def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
     if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
         msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
         raise ValueError(msg)
     backend = get_backend(device, block)
-    return backend, Operator.build(backend, block, dtype=None if dtype is None else np.dtype(dtype))
+    dtype = _working_dtype(block, dtype)
+    return backend, Operator.build(backend, block, dtype=dtype)
+
+
+def _working_dtype(block: Any, dtype: Any) -> np.dtype | None:
+    """The precision of the fit: ``dtype``, or float64 when the default float32 would overflow on these values.
+
+    Values whose squares summed over the matrix exceed float32 (counts near 1e18) would turn errors and refits into
+    inf/NaN: by default the fit then runs in float64, with a warning; an explicit ``dtype="float32"`` is refused, and
+    so are values too large even for float64.
+    """
+    data = block.data if is_sparse(block) else block
+    top = float(backend_of(data).xp.abs(data).max()) if data.size else 0.0
+    bound = top * top * float(block.shape[0]) * float(block.shape[1])
+    if bound > _SAFE_SQUARES[np.dtype(np.float64)]:
+        msg = (
+            f"the factorised values reach {top:.3g}: their squares overflow even float64. Rescale the data (e.g. "
+            "normalise to counts per 10,000) before NMF."
+        )
+        raise ValueError(msg)
+    if bound <= _SAFE_SQUARES[np.dtype(np.float32)]:
+        return None if dtype is None else np.dtype(dtype)
+    if dtype is not None and np.dtype(dtype) == np.float32:
+        msg = (
+            f"the factorised values reach {top:.3g}, whose squares overflow float32; pass dtype='float64' (or leave "
+            "dtype=None), or rescale the data."
+        )
+        raise ValueError(msg)
+    if dtype is None:
+        warnings.warn(
+            f"the factorised values reach {top:.3g}, whose squares overflow float32: the fit runs in float64.",
+            GpucWarning,
+            stacklevel=4,
+        )
+    return np.dtype(np.float64)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -391,7 +437,16 @@ def nmf_k_sweep(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    ks = list(k_range) if not isinstance(k_range, int | np.integer) else [k_range]
+    if isinstance(k_range, numbers.Integral) and not isinstance(k_range, bool | np.bool_):
+        msg = (
+            f"k_range={k_range!r} is a single rank, not a range of ranks to compare. To sweep k = 2..{k_range}, pass "
+            f"k_range=range(2, {k_range} + 1); for this rank alone, pass k_range=[{k_range}]."
+        )
+        raise TypeError(msg)
+    if isinstance(k_range, str) or not isinstance(k_range, Iterable):
+        msg = f"k_range must be an iterable of integers such as range(2, 13), got {k_range!r}."
+        raise TypeError(msg)
+    ks = list(k_range)
     if len(ks) == 0:
         msg = "k_range is empty."
         raise ValueError(msg)
@@ -399,6 +454,8 @@ def nmf_k_sweep(
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     random_state = resolve_random_state(random_state)
     check_key_added(key_added)
+    check_bool("copy", copy)
+    _keys.check_not_foreign(adata, {"uns": [key_added]}, key_added, "gpuc.tl.nmf_k_sweep", _keys.NMF_K_SWEEP_MARKER)
     block, _ = _prepare_block(adata, layer, mask_var, preprocessing)
     ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
     backend, op = _backend_and_op(block, device, dtype)
@@ -575,7 +632,9 @@ def consensus_nmf(
         As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``. With a client, batches of
         restarts are Dask tasks and the consensus runs in this process.
     key_added
-        Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``.
+        Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``. Entries there
+        that an earlier consensus_nmf under this key did not write (``key_added="pca"`` would replace ``X_pca``) are
+        never replaced: the call is refused.
     copy
         Return a modified copy instead of writing into ``adata``.
 
@@ -619,7 +678,10 @@ def consensus_nmf(
     if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
         msg = f"neighborhood={neighborhood!r} must be in (0, 1]."
         raise ValueError(msg)
+    neighborhood = check_number("neighborhood", neighborhood, low=0, high=1, low_open=True)
     check_key_added(key_added)
+    check_bool("copy", copy)
+    _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.consensus_nmf", _keys.NMF_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     k = _check_k(k, block.shape)
     backend, op = _backend_and_op(block, device, dtype)
@@ -723,6 +785,12 @@ def _consensus_and_write(
             GpucWarning,
             stacklevel=3,
         )
+    if not (np.isfinite(res.usages).all() and np.isfinite(res.spectra).all() and np.isfinite(res.rel_error)):
+        msg = (
+            f"the consensus at k={k} gave non-finite values (overflow in dtype {op.dtype}); nothing was written. "
+            "Pass dtype='float64', or rescale the data."
+        )
+        raise FloatingPointError(msg)
     spectra = np.zeros((adata.n_vars, k))
     spectra[mask] = res.spectra.T
     comp = pd.DataFrame(res.table)
@@ -826,9 +894,10 @@ def nmf_refine(
         int(params["max_iter"]),
         float(params["tol"]),
     )
-    if not (isinstance(params["neighborhood"], int | float) and 0 < float(params["neighborhood"]) <= 1):
-        msg = f"neighborhood={params['neighborhood']!r} must be in (0, 1]."
-        raise ValueError(msg)
+    check_number("neighborhood", params["neighborhood"], low=0, high=1, low_open=True)
+    check_bool("copy", copy)
+    if key_added != key:
+        _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.nmf_refine", _keys.NMF_MARKER)
     params["density_threshold"] = float(params["density_threshold"])
     params["neighborhood"] = float(params["neighborhood"])
     mask_var = params["mask_var"]
