@@ -675,9 +675,6 @@ def consensus_nmf(
     )
     check_int("kmeans_n_init", kmeans_n_init, minimum=1)
     random_state = resolve_random_state(random_state)
-    if not (isinstance(neighborhood, int | float) and 0 < float(neighborhood) <= 1):
-        msg = f"neighborhood={neighborhood!r} must be in (0, 1]."
-        raise ValueError(msg)
     neighborhood = check_number("neighborhood", neighborhood, low=0, high=1, low_open=True)
     check_key_added(key_added)
     check_bool("copy", copy)
