@@ -731,7 +731,7 @@ def aggregate_metacells(
         Member mean (weighted mean when ``soft``) of every dense 2-D ``obsm`` array named ``X_*`` (``X_pca``,
         ``X_umap``...), so metacells can be drawn over cells.
     ``uns['metacell_source']``
-        The key, layer and mode used.
+        The arguments of the call (key, layer, soft, celltype_key): ``aggregate_metacells(adata, **source)`` redoes it.
     """
     info = _check_metacells(adata, key)
     if not isinstance(soft, bool):
@@ -802,7 +802,7 @@ def aggregate_metacells(
             continue
         eb = backend_of(emb)
         out.obsm[name] = np.asarray(to_host(eb.asarray(agg) @ emb)) / denom
-    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft}
+    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft, "celltype_key": celltype_key}
     return out
 
 

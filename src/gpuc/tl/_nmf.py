@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy as copy_module
 import itertools
 import numbers
 import time
@@ -253,6 +254,13 @@ def _sweep_row_unit(
     return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **options, n_jobs=n_jobs))
 
 
+def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
+    """``params["mask_var"]``: a column name or None as given; any other form (an array, a labelled Series) as the
+    boolean array over ``var_names`` it selected, so a replay selects the same genes.
+    """
+    return mask_var if mask_var is None or isinstance(mask_var, str) else mask.copy()
+
+
 def _call_params(**call: Any) -> dict[str, Any]:
     """``uns[key]["params"]`` of an NMF tool: its call as made, with arrays and dtypes in forms h5ad can store."""
     out = dict(call)
@@ -456,7 +464,7 @@ def nmf_k_sweep(
     check_key_added(key_added)
     check_bool("copy", copy)
     _keys.check_not_foreign(adata, {"uns": [key_added]}, key_added, "gpuc.tl.nmf_k_sweep", _keys.NMF_K_SWEEP_MARKER)
-    block, _ = _prepare_block(adata, layer, mask_var, preprocessing)
+    block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
     backend, op = _backend_and_op(block, device, dtype)
     # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
@@ -538,7 +546,7 @@ def nmf_k_sweep(
             k_range=np.asarray(ks, dtype=np.int64),
             n_runs=n_runs,
             layer=layer,
-            mask_var=mask_var,
+            mask_var=_stored_mask(mask_var, mask),
             preprocessing=preprocessing,
             density_threshold=density_threshold,
             metric=metric,
@@ -708,7 +716,7 @@ def consensus_nmf(
         k=k,
         n_runs=n_runs,
         layer=layer,
-        mask_var=mask_var,
+        mask_var=_stored_mask(mask_var, mask),
         preprocessing=preprocessing,
         density_threshold=density_threshold,
         metric=metric,
@@ -878,7 +886,7 @@ def nmf_refine(
         raise KeyError(msg)
     key_added = key if key_added is None else key_added
     check_key_added(key_added)
-    params = dict(old["params"])
+    params = copy_module.deepcopy(dict(old["params"]))  # nothing of the earlier result is shared with the new one
     params["density_threshold"] = density_threshold
     if neighborhood is not None:
         params["neighborhood"] = neighborhood
@@ -899,7 +907,7 @@ def nmf_refine(
     params["neighborhood"] = float(params["neighborhood"])
     mask_var = params["mask_var"]
     block, mask = _prepare_block(adata, params["layer"], mask_var, params["preprocessing"])
-    pool = np.asarray(old["pool"])
+    pool = np.array(old["pool"])
     k = int(params["k"])
     d_expected = block.shape[1] if params["target"] == "spectra" else block.shape[0]
     if pool.shape != (int(params["n_runs"]) * k, d_expected):
@@ -911,7 +919,9 @@ def nmf_refine(
     backend, op = _backend_and_op(block, params["device"], params["dtype"])
     start = logg.info(f"consensus NMF refine: k={k}, density_threshold={params['density_threshold']:g}")
     t0 = time.perf_counter()
-    runs = {name: old[name] for name in ("run_errors", "n_converged", "run_converged", "run_n_iter")}
+    runs = {
+        name: copy_module.deepcopy(old[name]) for name in ("run_errors", "n_converged", "run_converged", "run_n_iter")
+    }
     runs["pool"] = pool
     return _consensus_and_write(
         adata, backend, op, mask, params, runs, key_added=key_added, copy=copy, start=start, t0=t0
