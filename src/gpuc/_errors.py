@@ -9,6 +9,9 @@ arguments are :class:`TypeError` (wrong type), :class:`KeyError` (a key that is 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class GpucWarning(UserWarning):
     """Something in a gpuc result the user should look at (non-convergence, a fallback, dropped data)."""
@@ -33,3 +36,35 @@ class DaskTaskError(RuntimeError):
 
     The message names the unit and the original error (chained as ``__cause__``); the AnnData is unchanged.
     """
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` was caused by a Ctrl-C: a KeyboardInterrupt somewhere in its chain of causes."""
+    seen = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextlib.contextmanager
+def interruptible(tool: str) -> Iterator[None]:
+    """Let Ctrl-C inside a compiled kernel reach the user as :class:`KeyboardInterrupt`.
+
+    A SIGINT that arrives while a compiled function (numba, a C extension) runs is raised when it returns, and
+    CPython may report it as ``SystemError: ... returned a result with an exception set``. Tools compute everything
+    before they write, so an interrupted call leaves the AnnData as it was; around their computation this re-raises
+    such errors (any exception whose cause is a KeyboardInterrupt) as the KeyboardInterrupt the user pressed. A
+    context manager (not a decorator), so the tools' warnings keep pointing at the user's line.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:
+        if _interrupted(err):
+            raise KeyboardInterrupt(f"{tool} was interrupted; the AnnData is unchanged.") from err
+        raise

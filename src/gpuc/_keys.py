@@ -57,18 +57,45 @@ def written_by(adata: Any, key: str, marker: tuple[str, ...]) -> bool:
     return hasattr(params, "keys") and all(m in params for m in marker)
 
 
+def _gpuc_tool_of(adata: Any, key: str) -> str | None:
+    """The gpuc tool whose result is stored at ``adata.uns[key]``, if any."""
+    for tool, marker in (
+        ("gpuc.tl.metacells", METACELL_MARKER),
+        ("gpuc.tl.consensus_nmf", NMF_MARKER),
+        ("gpuc.tl.nmf_k_sweep", NMF_K_SWEEP_MARKER),
+        ("gpuc.tl.deseq", DESEQ_MARKER),
+        ("gpuc.tl.vst", VST_MARKER),
+    ):
+        if written_by(adata, key, marker):
+            return tool
+    return None
+
+
 def check_not_foreign(adata: Any, outputs: dict[str, list[str]], key: str, tool: str, marker: tuple[str, ...]) -> None:
     """Raise a :class:`ValueError`, before anything is written, when ``tool`` writing under ``key`` would replace
     entries (``outputs``: ``{slot: [names]}``) that an earlier run of ``tool`` under ``key`` did not write.
     """
     if written_by(adata, key, marker):
         return
+    other = _gpuc_tool_of(adata, key)
     present = []
     for slot, names in outputs.items():
         container = getattr(adata, slot)
         for name in names:
             if name in (container.columns if slot in ("obs", "var") else container):
                 present.append(f"adata.{slot}[{name!r}]")
+    if present and other is not None:
+        # another gpuc tool's result under the key the user named for this one: replaced, and said so
+        import warnings
+
+        from gpuc._errors import GpucWarning
+
+        msg = (
+            f"{tool} with key_added={key!r} replaces the {other} result stored under that key "
+            f"({', '.join(present)}); pass another key_added to keep both."
+        )
+        warnings.warn(msg, GpucWarning, stacklevel=3)
+        return
     if present:
         msg = (
             f"{tool} with key_added={key!r} would overwrite {', '.join(present)}, which {tool} did not write under "

@@ -14,7 +14,7 @@ from scanpy import logging as logg
 from gpuc import _keys
 from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
-from gpuc._errors import ConvergenceWarning, GpucWarning
+from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
 from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
 from gpuc._validate import (
     align_to_obs,
@@ -314,18 +314,25 @@ def deseq(
         )
         for g, mask, plan in planned
     ]
-    if dask_client is not None and groupby is None:
-        # one design: the per-gene steps as gene-block tasks, the global steps here between them
-        fitted = [
-            run_analysis_blocked(
-                backend, counts, planned[0][2], client=dask_client, size_factors=size_factors, **options, n_jobs=n_jobs
+    with interruptible("deseq"):
+        if dask_client is not None and groupby is None:
+            # one design: the per-gene steps as gene-block tasks, the global steps here between them
+            fitted = [
+                run_analysis_blocked(
+                    backend,
+                    counts,
+                    planned[0][2],
+                    client=dask_client,
+                    size_factors=size_factors,
+                    **options,
+                    n_jobs=n_jobs,
+                )
+            ]
+        else:
+            # the groups are independent units: fitted here one after the other, or as Dask tasks on the client
+            fitted = map_units(
+                _fit_analysis, units, client=dask_client, shared={"options": options}, n_jobs=n_jobs, what="deseq"
             )
-        ]
-    else:
-        # the groups are independent units: fitted here one after the other, or as Dask tasks on the client
-        fitted = map_units(
-            _fit_analysis, units, client=dask_client, shared={"options": options}, n_jobs=n_jobs, what="deseq"
-        )
     analyses: list[tuple[Any, np.ndarray, Analysis]] = []
     for (g, mask, _), res in zip(planned, fitted, strict=True):
         for m in res.fit.messages:
@@ -790,9 +797,10 @@ def vst(
         f"the VST of {adata.n_obs} samples x {adata.n_vars} genes",
         "Drop genes with low counts first, or transform subsets of genes separately.",
     )
-    out, trend, note = variance_stabilize(
-        backend, counts, size_factors=sf, trend=trend, fit_type=fit_type, n_jobs=n_jobs
-    )
+    with interruptible("vst"):
+        out, trend, note = variance_stabilize(
+            backend, counts, size_factors=sf, trend=trend, fit_type=fit_type, n_jobs=n_jobs
+        )
     if note:
         warnings.warn(note, GpucWarning, stacklevel=2)
     adata = adata.copy() if copy else adata

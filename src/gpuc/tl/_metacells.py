@@ -17,7 +17,7 @@ from scanpy import logging as logg
 from gpuc import _keys
 from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._dask import is_dask_array, map_units, resolve_client
-from gpuc._errors import GpucWarning
+from gpuc._errors import GpucWarning, interruptible
 from gpuc._lazy import grouped_sum, load
 from gpuc._utils import progress
 from gpuc._validate import (
@@ -418,18 +418,19 @@ def metacells(
         "knn_method": knn_method, "knn": knn,
     }  # fmt: skip
     # each group is one unit: fitted here one after the other, or as Dask tasks on the client
-    fits = map_units(
-        _fit_group,
-        [
-            ("" if g is None else f"group {g!r}", (backend, x[idx], k, None if g is None else str(g)))
-            for g, idx, k in plan
-        ],
-        client=dask_client,
-        shared={"options": options},
-        n_jobs=n_jobs,
-        what="metacells",
-        costs=[idx.size * k for _, idx, k in plan],  # on a cluster the largest groups start first
-    )
+    with interruptible("metacells"):
+        fits = map_units(
+            _fit_group,
+            [
+                ("" if g is None else f"group {g!r}", (backend, x[idx], k, None if g is None else str(g)))
+                for g, idx, k in plan
+            ],
+            client=dask_client,
+            shared={"options": options},
+            n_jobs=n_jobs,
+            what="metacells",
+            costs=[idx.size * k for _, idx, k in plan],  # on a cluster the largest groups start first
+        )
     for (g, idx, k), fit in zip(plan, fits, strict=True):
         where = "" if g is None else f" group {g!r}:"
         a_t, b = fit.a_t, fit.b
@@ -882,11 +883,12 @@ def metacell_quality(
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
-    dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
-    df = pd.DataFrame(index=pd.Index(order, name="metacell"))
-    df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
-    df["compactness"] = compactness(dc, labels, order).to_numpy()
-    df["separation"] = separation(dc, labels, order, nth_neighbor=nth_neighbor).to_numpy()
+    with interruptible("metacell_quality"):
+        dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
+        df = pd.DataFrame(index=pd.Index(order, name="metacell"))
+        df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
+        df["compactness"] = compactness(dc, labels, order).to_numpy()
+        df["separation"] = separation(dc, labels, order, nth_neighbor=nth_neighbor).to_numpy()
     if celltype_key is not None:
         pur = purity(labels, adata.obs[celltype_key], order, celltype_key)
         df[celltype_key] = pur[celltype_key].to_numpy()

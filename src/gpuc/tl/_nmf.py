@@ -18,7 +18,7 @@ from scanpy import logging as logg
 from gpuc import _keys
 from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
 from gpuc._dask import map_units, n_workers, resolve_client, runs_on
-from gpuc._errors import ConvergenceWarning, GpucWarning
+from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
 from gpuc._lazy import load
 from gpuc._utils import derive_seed, progress
 from gpuc._validate import (
@@ -489,44 +489,45 @@ def nmf_k_sweep(
         "kmeans_n_init": kmeans_n_init, "random_state": random_state,
     }  # fmt: skip
     bar = progress(total=len(ks), desc="k sweep")
-    if dask_client is not None:
-        # restarts (and ranks) as tasks, then one consensus task per rank; same runs and rows as in process
-        fitted = _fit_on_cluster(dask_client, backend, op, ks, n_runs, random_state, hals, n_jobs, "nmf_k_sweep")
-        rows = map_units(
-            _sweep_row_unit,
-            [(f"k={k}", (backend, k, fitted[k])) for k in ks],
-            client=dask_client,
-            shared={"op": op, "options": row_options},
-            n_jobs=n_jobs,
-            what="nmf_k_sweep",
-            costs=ks,
-        )
-    for batch in batches if dask_client is None else []:
-        ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
-        hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
-        fits_of = run_ks(
-            backend,
-            op,
-            batch,
-            n_runs,
-            random_state,
-            max_iter=max_iter,
-            tol=tol,
-            extrapolate=extrapolate,
-            warmup=warmup,
-            update_order=update_order,
-            progress=hals_bar.update,
-            n_jobs=n_jobs,
-        )
-        hals_bar.close()
-        logg.debug(
-            f"    HALS {ranks}: {len(batch) * n_runs} runs fitted together, "
-            f"{max(int(f.n_iter.max()) for f in fits_of)} iterations"
-        )
-        for k, fits in zip(batch, fits_of, strict=True):
-            row = sweep_row(backend, op, fits, k, **row_options, n_jobs=n_jobs)
-            rows.append(vars(row))
-            bar.update(1)
+    with interruptible("nmf_k_sweep"):
+        if dask_client is not None:
+            # restarts (and ranks) as tasks, then one consensus task per rank; same runs and rows as in process
+            fitted = _fit_on_cluster(dask_client, backend, op, ks, n_runs, random_state, hals, n_jobs, "nmf_k_sweep")
+            rows = map_units(
+                _sweep_row_unit,
+                [(f"k={k}", (backend, k, fitted[k])) for k in ks],
+                client=dask_client,
+                shared={"op": op, "options": row_options},
+                n_jobs=n_jobs,
+                what="nmf_k_sweep",
+                costs=ks,
+            )
+        for batch in batches if dask_client is None else []:
+            ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
+            hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
+            fits_of = run_ks(
+                backend,
+                op,
+                batch,
+                n_runs,
+                random_state,
+                max_iter=max_iter,
+                tol=tol,
+                extrapolate=extrapolate,
+                warmup=warmup,
+                update_order=update_order,
+                progress=hals_bar.update,
+                n_jobs=n_jobs,
+            )
+            hals_bar.close()
+            logg.debug(
+                f"    HALS {ranks}: {len(batch) * n_runs} runs fitted together, "
+                f"{max(int(f.n_iter.max()) for f in fits_of)} iterations"
+            )
+            for k, fits in zip(batch, fits_of, strict=True):
+                row = sweep_row(backend, op, fits, k, **row_options, n_jobs=n_jobs)
+                rows.append(vars(row))
+                bar.update(1)
     bar.close()
     table = pd.DataFrame(rows)
     if table["consensus_failed"].any():
@@ -704,36 +705,39 @@ def consensus_nmf(
         "warmup": warmup,
         "update_order": update_order,
     }
-    if dask_client is not None:
-        # batches of restarts as tasks; the consensus of the pooled runs is computed here, as in process
-        fits = _fit_on_cluster(dask_client, backend, op, [k], n_runs, random_state, hals, n_jobs, "consensus_nmf")[k]
-        fits = fits.moved(backend.asarray)
-    else:
-        bar = progress(total=max_iter, desc=f"HALS k={k}")
-        fits = run_k(backend, op, k, n_runs, random_state, **hals, progress=bar.update, n_jobs=n_jobs)
-        bar.close()
-    params = _call_params(
-        k=k,
-        n_runs=n_runs,
-        layer=layer,
-        mask_var=_stored_mask(mask_var, mask),
-        preprocessing=preprocessing,
-        density_threshold=density_threshold,
-        metric=metric,
-        target=target,
-        normalization=normalization,
-        neighborhood=neighborhood,
-        max_iter=max_iter,
-        tol=tol,
-        extrapolate=extrapolate,
-        warmup=warmup,
-        update_order=update_order,
-        kmeans_n_init=kmeans_n_init,
-        dtype=dtype,
-        random_state=random_state,
-        device=device,
-        n_jobs=n_jobs,
-    )
+    with interruptible("consensus_nmf"):
+        if dask_client is not None:
+            # batches of restarts as tasks; the consensus of the pooled runs is computed here, as in process
+            fits = _fit_on_cluster(dask_client, backend, op, [k], n_runs, random_state, hals, n_jobs, "consensus_nmf")[
+                k
+            ]
+            fits = fits.moved(backend.asarray)
+        else:
+            bar = progress(total=max_iter, desc=f"HALS k={k}")
+            fits = run_k(backend, op, k, n_runs, random_state, **hals, progress=bar.update, n_jobs=n_jobs)
+            bar.close()
+        params = _call_params(
+            k=k,
+            n_runs=n_runs,
+            layer=layer,
+            mask_var=_stored_mask(mask_var, mask),
+            preprocessing=preprocessing,
+            density_threshold=density_threshold,
+            metric=metric,
+            target=target,
+            normalization=normalization,
+            neighborhood=neighborhood,
+            max_iter=max_iter,
+            tol=tol,
+            extrapolate=extrapolate,
+            warmup=warmup,
+            update_order=update_order,
+            kmeans_n_init=kmeans_n_init,
+            dtype=dtype,
+            random_state=random_state,
+            device=device,
+            n_jobs=n_jobs,
+        )
     runs = {
         "run_errors": fits.rel_errors.astype(np.float64),
         "n_converged": int(fits.converged.sum()),
@@ -764,25 +768,26 @@ def _consensus_and_write(
     :func:`consensus_nmf`; :func:`nmf_refine` calls it with the pool of an earlier run.
     """
     k = int(params["k"])
-    density = pool_density(
-        runs["pool"], int(params["n_runs"]), k, metric=params["metric"], neighborhood=float(params["neighborhood"])
-    )
-    try:
-        res = consensus_of_pool(
-            backend,
-            op,
-            density,
-            k,
-            target=params["target"],
-            metric=params["metric"],
-            density_threshold=float(params["density_threshold"]),
-            normalization=params["normalization"],
-            kmeans_n_init=int(params["kmeans_n_init"]),
-            random_state=int(params["random_state"]),
-            n_jobs=params.get("n_jobs"),
+    with interruptible("consensus_nmf"):
+        density = pool_density(
+            runs["pool"], int(params["n_runs"]), k, metric=params["metric"], neighborhood=float(params["neighborhood"])
         )
-    except ConsensusError as err:
-        raise ValueError(str(err)) from None
+        try:
+            res = consensus_of_pool(
+                backend,
+                op,
+                density,
+                k,
+                target=params["target"],
+                metric=params["metric"],
+                density_threshold=float(params["density_threshold"]),
+                normalization=params["normalization"],
+                kmeans_n_init=int(params["kmeans_n_init"]),
+                random_state=int(params["random_state"]),
+                n_jobs=params.get("n_jobs"),
+            )
+        except ConsensusError as err:
+            raise ValueError(str(err)) from None
     if res.n_empty_clusters:
         warnings.warn(
             f"{res.n_empty_clusters} of the {k} consensus k-means clusters are empty; their programmes are zero. "
