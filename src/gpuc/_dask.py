@@ -59,6 +59,14 @@ def resolve_client(client: Any = None) -> Any:
     if not isinstance(value, distributed.Client):
         msg = f"client must be a distributed.Client, 'default' or None, got {type(value).__name__}."
         raise TypeError(msg)
+    status = getattr(value, "status", "running")
+    if status not in ("running", "connecting", "newly-created"):
+        msg = (
+            f"the Dask client is {status} (client.close() was called, or its cluster went away), so nothing can run "
+            "on it; start a new one (from dask.distributed import Client; client = Client(...)) or pass client=None "
+            "to run in this process. Nothing was computed."
+        )
+        raise RuntimeError(msg)
     return value
 
 
@@ -188,11 +196,19 @@ def map_units(
     ------
     DaskTaskError
         On a cluster, when a unit raised: the message names the unit and the original error; the other units are
-        cancelled. In process the unit's own exception propagates unchanged.
+        cancelled. In process the unit's own exception propagates with its type, the unit named in a note
+        (shown in the traceback).
     """
     shared = dict(shared or {})
     if client is None:
-        out = [_run_unit(fn, args, shared, n_jobs) for _, args in units]
+        out = []
+        for label, args in units:
+            try:
+                out.append(_run_unit(fn, args, shared, n_jobs))
+            except Exception as err:
+                if label:  # the unit is named in the traceback, as on a cluster; the exception keeps its type
+                    err.add_note(f"{what} failed on {label}.")
+                raise
     else:
         futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
         token = uuid.uuid4().hex[:8]  # keys name the unit in the dashboard; the token keeps two calls apart

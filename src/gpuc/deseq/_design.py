@@ -113,16 +113,20 @@ def _variable_levels(fc: Any, col: pd.Series, name: str) -> list[Any] | None:
 
         meta = fc._get_factor_metadata_for_variable(name)
         kind = str(getattr(resolve_ambiguous(meta, "kind"), "value", ""))
-        cats = resolve_ambiguous(meta, "categories")
+        cats, base = resolve_ambiguous(meta, "categories"), resolve_ambiguous(meta, "base")
     except Exception:  # metadata not recorded (another formulaic version): fall back on the column's dtype
-        kind, cats = "", None
-    if kind == "categorical" and cats is not None:
-        return list(cats)
+        kind, cats, base = "", None, None
     if isinstance(col.dtype, pd.CategoricalDtype):
-        return [x for x in col.cat.categories if (col == x).any()]
-    if not pd.api.types.is_numeric_dtype(col):
-        return sorted(pd.unique(col), key=str)
-    return None
+        levels = [x for x in col.cat.categories if (col == x).any()]  # the Categorical's order, reference first
+    elif kind == "categorical" and cats is not None:
+        levels = list(cats)
+    elif not pd.api.types.is_numeric_dtype(col):
+        levels = sorted(pd.unique(col), key=str)
+    else:
+        return None
+    if base is not None and any(_same_level(x, base) for x in levels):  # e.g. C(x, contr.treatment(base=2))
+        levels = [x for x in levels if _same_level(x, base)] + [x for x in levels if not _same_level(x, base)]
+    return levels
 
 
 def _warn_case_order(obs: pd.DataFrame, levels: dict[str, list[Any]]) -> None:
