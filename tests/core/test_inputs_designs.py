@@ -155,3 +155,14 @@ def test_non_numeric_design_dataframe_is_refused(unchanged):
     design = pd.DataFrame({"Intercept": 1.0, "arm": a.obs["name"]}, index=a.obs_names)
     with unchanged(a), pytest.raises(TypeError, match="not numeric"):
         gpuc.tl.deseq(a, design, device="cpu")
+
+
+def test_normal_shrinkage_same_for_string_and_integer_coded_factor():
+    ref = _bulk()
+    gpuc.tl.deseq(ref, "~name", contrast=["name", "B", "A"], lfc_shrink="normal", device="cpu")
+    a = _bulk()
+    a.obs["flag"] = pd.Categorical(a.obs["flag"].astype(int), categories=[0, 1])
+    gpuc.tl.deseq(a, "~flag", contrast=["flag", 1, 0], lfc_shrink="normal", device="cpu")
+    got, want = (gpuc.get.deseq_results(x)["log2FoldChange_shrunk"].to_numpy() for x in (a, ref))
+    assert np.abs(want).max() > 0.5  # the planted changes survive shrinkage
+    np.testing.assert_allclose(got, want, rtol=1e-10)

@@ -151,6 +151,9 @@ def test_metacells_n_metacells_keys_as_given_or_as_stored(tmp_path):
     b = _embedded([1, 2])
     gpuc.tl.metacells(b, sizes, groupby="grp", **_MC)  # the stored (string) keys name the same groups
     np.testing.assert_array_equal(b.obs["metacell"], a.obs["metacell"])
+    c = _embedded([1, 2])
+    gpuc.tl.metacells(c, pd.Series({2: 4, 1: 3}), groupby="grp", **_MC)  # a Series: matched by its labels
+    np.testing.assert_array_equal(c.obs["metacell"], a.obs["metacell"])
     with pytest.raises(ValueError, match="names groups not in"):
         gpuc.tl.metacells(b, {3: 3}, groupby="grp", **_MC)
 

@@ -121,6 +121,8 @@ def _plan_groups(
     adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, n_neighbors: int
 ) -> list[tuple[Any, np.ndarray, int]]:
     """[(group or None, cell positions, n_metacells)] after checking every size; raises before anything is written."""
+    if isinstance(n_metacells, pd.Series):  # {group: n} given as a Series: its labels are the groups
+        n_metacells = n_metacells.to_dict()
     if groupby is None:
         if isinstance(n_metacells, Mapping):
             msg = "n_metacells may be a mapping {group: n} only together with groupby=."
