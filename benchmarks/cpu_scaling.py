@@ -25,7 +25,8 @@ Environment:
 * ``GPUC_SCALING_REPEATS``: rounds per case (default 3: on 16 cores of the H200 host the three cases take about
   30 s per round, ~6 s of 1-thread time each going by the 2-core times in docs/benchmarks.md, plus the warm-up calls
   and the data: ~120 s in all).
-* ``GPUC_SCALING_SECONDS``: time budget of the rounds (default 130).
+* ``GPUC_SCALING_SECONDS``: time budget of the rounds (default: the stage's limit ``GPUC_STAGE_SECONDS``, which
+  gpu_check.sh sets, less 20 s; else 130).
 * ``GPUC_SCALING_SMALL=1``: small sizes (1,500 cells k = 20; 1,200 x 500 k = 7 x 10; 60 x 3,000) to check the script
   on a small machine.
 * ``GPUC_SCALING_CASES``: comma-separated subset of ``metacells,nmf,deseq``.
@@ -54,7 +55,12 @@ sys.path.insert(0, str(HERE))
 OUT = Path(os.environ.get("OUT", HERE.parent / "gpu_results"))
 SMALL = os.environ.get("GPUC_SCALING_SMALL") == "1"
 REPEATS = max(1, int(os.environ.get("GPUC_SCALING_REPEATS", "3")))
-BUDGET_S = float(os.environ.get("GPUC_SCALING_SECONDS", "130"))
+# the budget of the rounds: GPUC_SCALING_SECONDS, else the stage's limit (gpu_check.sh) less a margin for the data
+# and the last round's overrun, else 130 s
+BUDGET_S = float(
+    os.environ.get("GPUC_SCALING_SECONDS")
+    or (float(os.environ["GPUC_STAGE_SECONDS"]) - 20 if os.environ.get("GPUC_STAGE_SECONDS") else 130)
+)
 MAX_THREADS = max(1, int(os.environ.get("GPUC_SCALING_MAX_THREADS", "16")))
 CASES = tuple(c for c in os.environ.get("GPUC_SCALING_CASES", "metacells,nmf,deseq").split(",") if c)
 # the goals: speed-up over one thread at 16 threads

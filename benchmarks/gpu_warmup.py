@@ -22,7 +22,8 @@ CuPy operation). Writes ``$OUT/warmup.json`` and ``$OUT/warmup.md``.
 
 Environment: ``CUPY_CACHE_DIR`` / ``NUMBA_CACHE_DIR`` (default ``benchmarks/_work/gpu_cache/{cupy,numba}``, set before
 anything imports CuPy or numba; ``gpu_check.sh`` exports them for every stage), ``GPUC_WARMUP_FILL_SECONDS`` (limit of
-the fill, default 90), ``GPUC_WARMUP_MEASURE_SECONDS`` (limit of the measuring process, default 60),
+the fill; default 62% of ``GPUC_STAGE_SECONDS``, the stage's limit that gpu_check.sh sets, else 90),
+``GPUC_WARMUP_MEASURE_SECONDS`` (limit of the measuring process; default 30% of the stage's limit, else 60),
 ``GPUC_WARMUP_JOBS`` (``1``: one fill process).
 """
 
@@ -427,6 +428,16 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _limit(var: str, share: float, default: float) -> float:
+    """Seconds for one phase: ``var`` when set, else ``share`` of the stage's limit (``GPUC_STAGE_SECONDS``, which
+    gpu_check.sh sets), else ``default``."""
+    if os.environ.get(var):
+        return float(os.environ[var])
+    if os.environ.get("GPUC_STAGE_SECONDS"):
+        return share * float(os.environ["GPUC_STAGE_SECONDS"])
+    return default
+
+
 def stage() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for var in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR"):
@@ -452,7 +463,7 @@ def stage() -> int:
         if serial
         else [[f"{t}:{d}"] for t in TOOLS for d in ("gpu", "cpu")]
     )
-    limit = float(os.environ.get("GPUC_WARMUP_FILL_SECONDS", "90"))
+    limit = _limit("GPUC_WARMUP_FILL_SECONDS", 0.62, 90.0)
     t0 = time.perf_counter()
     procs = []
     for i, tasks in enumerate(groups):
@@ -485,7 +496,7 @@ def stage() -> int:
     rep["caches_after_fill"] = cache_census()
     save()
 
-    limit = float(os.environ.get("GPUC_WARMUP_MEASURE_SECONDS", "60"))
+    limit = _limit("GPUC_WARMUP_MEASURE_SECONDS", 0.3, 60.0)
     rc, secs = _run([*me, "measure", str(tmp / "measure.json")], limit, tmp / "measure.log")
     log(f"--- measure (exit {rc}, {secs:.1f} s)\n{(tmp / 'measure.log').read_text()[-4000:]}")
     m = json.loads((tmp / "measure.json").read_text()) if (tmp / "measure.json").exists() else {"tools": {}}
