@@ -148,6 +148,8 @@ def targets(parts: dict) -> list[dict]:
 def crossover(parts: dict) -> list[dict]:
     """Per tool and size: gpuc's CPU path against its GPU path, the faster one and the ratio CPU / GPU."""
     nmf, mc, de, rsc, cs = (parts[k] for k in ("nmf", "metacells", "deseq", "rsc", "cpu_scaling"))
+    if get(cs, "machine", "small"):  # GPUC_SCALING_SMALL: other sizes than the GPU stages', not paired with them
+        cs = None
     mcr, der = metacells_rows(mc), deseq_rows(de)
     rows: list[dict] = []
 
