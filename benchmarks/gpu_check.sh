@@ -97,7 +97,7 @@ gpu_stage deseq 60 python3 benchmarks/gpu_deseq.py
 gpu_stage nmf 75 python3 benchmarks/gpu_nmf.py
 gpu_stage metacells 100 python3 benchmarks/gpu_metacells.py
 stage cpu_scaling 140 python3 benchmarks/cpu_scaling.py
-gpu_stage rsc 45 python3 benchmarks/gpu_rsc.py
+gpu_stage rsc 50 python3 benchmarks/gpu_rsc.py
 gpu_stage pytest_gpu 45 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x --no-header
 gpu_stage dask_gpu 60 python3 benchmarks/gpu_dask.py
 echo "stages done: $SECONDS s" | tee -a "$status_file"
