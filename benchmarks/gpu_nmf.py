@@ -46,11 +46,16 @@ def save() -> None:
     (OUT / "nmf_gpu.json").write_text(json.dumps(RESULT, indent=2, default=float))
 
 
-def timed(fn, backend, repeats: int = 3):
-    """Median wall time of ``fn()`` (device synchronised) and the last result."""
+def timed(fn, backend, repeats: int = 3, long_s: float = 3.0):
+    """Median wall time of ``fn()`` (device synchronised) over ``repeats`` calls, all times, and the last result.
+
+    A call longer than ``long_s`` is not repeated (the stage has a time limit; such a time is far from any target).
+    """
     times = []
     out = None
     for _ in range(repeats):
+        if times and times[0] > long_s:
+            break
         backend.synchronize()
         t = time.perf_counter()
         out = fn()
