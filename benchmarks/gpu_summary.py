@@ -67,10 +67,10 @@ def num(v: Any) -> float | None:
 
 
 def fmt_s(v: float | None) -> str:
-    """Seconds with a unit: ms below 10 ms."""
+    """Seconds with a unit: ms below 0.1 s."""
     if v is None:
         return "-"
-    if v < 0.01:
+    if v < 0.1:
         return f"{v * 1e3:.2f} ms"
     return f"{v:.3f} s" if v < 10 else f"{v:.1f} s"
 
@@ -187,9 +187,11 @@ def crossover(parts: dict) -> list[dict]:
             num(get(nmf, "k7x20_cpu", "seconds")),
             f"nmf_gpu.json, {get(nmf, 'k7x20_cpu', 'threads')} threads, one call",
         )
-    add("consensus NMF", "6,881 x 2,000, k=7 x 20 (float32)", cpu, num(get(nmf, "k7x20_gpu", "seconds")), src,
+    shape = get(nmf, "matrix", "shape") or [6881, 2000]
+    size = f"{shape[0]:,} x {shape[1]:,}, k=7 x 20"
+    add("consensus NMF", f"{size} (float32)", cpu, num(get(nmf, "k7x20_gpu", "seconds")), src,
         "nmf_gpu.json, median of 3")  # fmt: skip
-    add("consensus NMF", "6,881 x 2,000, k=7 x 20 (float64)", num(get(nmf, "k7x20_cpu_float64", "seconds")),
+    add("consensus NMF", f"{size} (float64)", num(get(nmf, "k7x20_cpu_float64", "seconds")),
         num(get(nmf, "k7x20_gpu_float64", "seconds")), "nmf_gpu.json, one call", "nmf_gpu.json, median of 3")  # fmt: skip
     # DESeq2
     for size, label in (("100x10000", "100 x 10,000"), ("500x30000", "500 x 30,000")):
@@ -337,7 +339,7 @@ def markdown(s: dict) -> str:
     wu = s.get("warmup")
     L += ["", "## Warm-up: a fresh process's first call (target: within 1 s of the warm call)", ""]
     if wu:
-        L.append(f"Fill: {fmt_s(num(get(wu, 'fill', 'seconds')))} s ({get(wu, 'fill', 'mode')}); caches after it: "
+        L.append(f"Fill: {fmt_s(num(get(wu, 'fill', 'seconds')))} ({get(wu, 'fill', 'mode')}); caches after it: "
                  f"{wu.get('caches_after_fill')}; second process: imports {get(wu, 'measure', 'import_s')} s, CUDA "
                  f"context {get(wu, 'measure', 'cuda_context_s')} s; all within 1 s: {wu.get('all_within_1s')}.")  # fmt: skip
         bad = [
