@@ -26,8 +26,8 @@ def fitted(program_factory):
     return ad
 
 
-def test_nmf_top_genes(fitted):
-    top = gpuc.get.nmf_top_genes(fitted, 5)
+def test_nmf_top_genes_by_weight(fitted):
+    top = gpuc.get.nmf_top_genes(fitted, 5, by="weight")
     assert list(top.columns) == ["program", "rank", "gene", "weight"]
     assert len(top) == 15
     spectra = fitted.varm["nmf_spectra"]
@@ -39,10 +39,61 @@ def test_nmf_top_genes(fitted):
     for _, sub in top.groupby("program", observed=True):
         blocks = {int(g[1:]) // 20 for g in sub["gene"]}
         assert len(blocks) == 1
-    wide = gpuc.get.nmf_top_genes(fitted, 5, wide=True)
+    wide = gpuc.get.nmf_top_genes(fitted, 5, by="weight", wide=True)
     assert list(wide.columns) == ["P1", "P2", "P3"] and wide.shape == (5, 3)
     with pytest.raises(KeyError, match="consensus_nmf"):
         gpuc.get.nmf_top_genes(fitted, key="other")
+    with pytest.raises(ValueError, match="by="):
+        gpuc.get.nmf_top_genes(fitted, by="usage")
+
+
+def test_nmf_top_genes_by_score_is_the_default_and_names_the_planted_blocks(fitted):
+    top = gpuc.get.nmf_top_genes(fitted, 5)
+    assert list(top.columns) == ["program", "rank", "gene", "score"]
+    scores = gpuc.get.nmf_gene_scores(fitted)
+    assert list(scores.columns) == ["P1", "P2", "P3"]
+    for p, sub in top.groupby("program", observed=True):
+        assert (np.diff(sub["score"].to_numpy()) <= 0).all()
+        assert list(sub["gene"]) == list(scores[p].sort_values(ascending=False, kind="stable").index[:5])
+        assert len({int(g[1:]) // 20 for g in sub["gene"]}) == 1
+    # each programme's score genes come from another planted block
+    firsts = top[top["rank"] == 1]["gene"]
+    assert len({int(g[1:]) // 20 for g in firsts}) == 3
+
+
+def test_nmf_gene_scores_are_least_squares_of_z_scored_expression(fitted):
+    # independent dense computation: cells scaled to the same total (preprocessing='none' here: normalize=True
+    # asked for), genes z-scored with the population SD, then ordinary least squares on the usages
+    counts = fitted.layers["counts"].toarray().astype(np.float64)
+    tpm = counts / counts.sum(1, keepdims=True) * 1e6
+    genes = fitted.uns["nmf"]["genes"]
+    idx = fitted.var_names.get_indexer(genes)
+    z = (tpm[:, idx] - tpm[:, idx].mean(0)) / tpm[:, idx].std(0)
+    want = np.linalg.lstsq(fitted.obsm["X_nmf"], z, rcond=None)[0].T
+    got = gpuc.get.nmf_gene_scores(fitted, normalize=True)
+    assert list(got.index) == list(genes)
+    np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-8, atol=1e-10)
+    # the default for preprocessing='none' reads the layer as it is
+    z = (counts[:, idx] - counts[:, idx].mean(0)) / counts[:, idx].std(0)
+    want = np.linalg.lstsq(fitted.obsm["X_nmf"], z, rcond=None)[0].T
+    np.testing.assert_allclose(gpuc.get.nmf_gene_scores(fitted).to_numpy(), want, rtol=1e-8, atol=1e-10)
+
+
+def test_nmf_gene_scores_match_cnmf(test_data, cnmf_counts):
+    """cNMF 1.7.1's gene_spectra_score (k=7 on the pbmc68k counts, refit_usage=False so that the stored usages are
+    those it regressed on), recomputed from its usages and the counts of its 500 HVGs (each score depends only on its
+    own gene; the cells' totals over all 765 genes, which cNMF's TPM divides by, are stored with the reference)."""
+    from gpuc.get._nmf import gene_scores
+
+    ref = np.load(test_data / "nmf" / "cnmf_k7_gene_spectra_score.npz", allow_pickle=False)
+    assert list(ref["genes"]) == list(cnmf_counts.var_names)
+    assert list(ref["cells"]) == list(cnmf_counts.obs_names)
+    got = gene_scores(cnmf_counts.X, ref["usages"], ref["totals"])
+    # cNMF z-scores its TPM in float32: agreement to 1e-7 of the largest score
+    np.testing.assert_allclose(got, ref["scores"], rtol=0, atol=1e-7 * np.abs(ref["scores"]).max())
+    # cNMF's top genes of each programme are ours
+    for j in range(got.shape[0]):
+        assert set(np.argsort(-got[j])[:10]) == set(np.argsort(-ref["scores"][j])[:10])
 
 
 def test_nmf_plot_k_sweep(fitted):
