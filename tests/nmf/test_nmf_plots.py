@@ -146,3 +146,69 @@ def test_nmf_plots_on_metacell_like_anndata(program_factory):
     fig = gpuc.pl.nmf_usage(mc, show=False)
     assert len([a for a in fig.axes if a.get_title()]) == 3
     plt.close(fig)
+
+
+def test_top_genes_rank_only_factorised_genes(fitted):
+    factorised = set(fitted.var_names[fitted.var["highly_variable"]])
+    assert len(factorised) == 40
+    for by in ("score", "weight"):
+        top = gpuc.get.nmf_top_genes(fitted, 60, by=by)  # more than were factorised: all 40 of them, once each
+        assert len(top) == 3 * 40
+        for _, sub in top.groupby("program", observed=True):
+            assert set(sub["gene"]) == factorised
+    assert set(gpuc.get.nmf_gene_scores(fitted).index) == factorised
+
+
+def test_density_histogram_bars_are_visible_when_densities_are_small(fitted):
+    dens = fitted.uns["nmf"]["components"]["local_density"].to_numpy()
+    assert dens.max() < 0.3 / 10  # agreed restarts: densities far below the threshold of 0.3
+    ax = gpuc.pl.nmf_density(fitted, show=False)
+    fig = ax.figure
+    fig.canvas.draw()
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert sum(p.get_height() for p in ax.patches) == len(dens)
+    lo, hi = ax.get_xlim()
+    assert lo <= dens.min() and dens.max() <= hi
+    to_px = ax.transData.transform
+    # the bars together span a good part of the axis (not a sliver at 0)
+    x0 = to_px((min(p.get_x() for p in bars), 0))[0]
+    x1 = to_px((max(p.get_x() + p.get_width() for p in bars), 0))[0]
+    assert x1 - x0 > 0.5 * ax.get_window_extent().width
+    # the threshold, far to the right, is named at the edge of the axis rather than drawn to scale
+    assert any("threshold 0.3" in t.get_text() and "→" in t.get_text() for t in ax.texts)
+    plt.close(fig)
+    # a threshold within the densities is drawn as a line where it is
+    thr = float(np.median(dens))
+    ax = gpuc.pl.nmf_density(fitted, threshold=thr, show=False)
+    assert any(np.allclose(line.get_xdata(), [thr, thr]) for line in ax.lines)
+    plt.close(ax.figure)
+
+
+def _overlap(a, b) -> bool:
+    return not (a.x1 <= b.x0 or b.x1 <= a.x0 or a.y1 <= b.y0 or b.y1 <= a.y0)
+
+
+@pytest.mark.parametrize("mark_k", [2, 3, 4])
+def test_k_sweep_legends_clear_the_marked_k(fitted, mark_k):
+    fig = gpuc.pl.nmf_k_sweep(fitted, mark_k=mark_k, show=False)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    for a in fig.axes:
+        legend = a.get_legend().get_window_extent(r)
+        vlines = [ln for ln in a.lines if list(np.ravel(ln.get_xdata())) == [mark_k, mark_k]]
+        assert vlines
+        for ln in a.lines:  # the marked k and the curves
+            assert not _overlap(legend, ln.get_window_extent(r)), (mark_k, ln.get_label())
+        # and the legend stays inside the figure
+        fb = fig.bbox
+        assert fb.x0 <= legend.x0 and legend.x1 <= fb.x1 and fb.y0 <= legend.y0
+    plt.close(fig)
+
+
+def test_k_sweep_when_every_consensus_failed(fitted):
+    with pytest.raises(ValueError, match="failed for every k"):
+        gpuc.get.nmf_suggest_k(fitted, key="failed_sweep")
+    fig = gpuc.pl.nmf_k_sweep(fitted, key="failed_sweep", show=False)
+    assert "no k suggested" in fig._suptitle.get_text()
+    assert not [ln for a in fig.axes for ln in a.lines if ln.get_linestyle() == "--" and len(set(ln.get_xdata())) == 1]
+    plt.close(fig)
