@@ -239,7 +239,7 @@ def nmf_suggest_k(
     adata
         AnnData after :func:`gpuc.tl.nmf_k_sweep`.
     key
-        Its ``key_added``.
+        The ``key_added`` of the sweep.
     tol
         How far below the best stability (mean silhouette) a k may be and still be suggested.
     min_gain

@@ -115,16 +115,9 @@ def volcano(
         Also require an absolute log2 fold change above this to colour a gene; drawn as dashed lines.
     shrunk
         Plot the shrunken fold changes (needs ``lfc_shrink``).
-    n_top
-        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
-    gene_symbols
-        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
-        ``symbol``, ``gene_name`` ...), else the gene names.
-    {ax_one}
-    {show_save}
+    {label_genes}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     lfc_threshold = check_number("lfc_threshold", lfc_threshold, low=0)
@@ -202,18 +195,11 @@ def ma(
         Threshold on padj (default: the fit's ``alpha``).
     shrunk
         Plot the shrunken fold changes.
-    n_top
-        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
     ylim
         Symmetric y limit; points beyond are drawn as triangles at the edge.
-    gene_symbols
-        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
-        ``symbol``, ``gene_name`` ...), else the gene names.
-    {ax_one}
-    {show_save}
+    {label_genes}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     n_top = _check_n_top(n_top)
@@ -264,11 +250,8 @@ def dispersion(
         AnnData after :func:`gpuc.tl.deseq`.
     key, group
         As in :func:`gpuc.get.deseq_results`.
-    {ax_one}
-    {show_save}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     entry = deseq_entry(adata, key, group)

@@ -63,11 +63,8 @@ def metacells(
         Cell marker size (default scales with the number of cells).
     center_size
         Marker size of the metacell centres.
-    {ax_one}
-    {show_save}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     from scanpy.plotting import palettes
@@ -167,17 +164,11 @@ def metacell_sizes(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of the metacell run.
+    {metacell_run}
     bins
         Histogram bins.
-    {ax_one}
-    {show_save}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     labels = metacell_labels(adata, key)
@@ -221,8 +212,6 @@ def metacell_quality(
         ``plt.subplots(1, 3)``; a new figure when ``None``.
     {show_save}
 
-    Returns
-    -------
     {returns_figure}
     """
     import matplotlib.pyplot as plt
@@ -255,9 +244,7 @@ def metacell_quality(
             + (" (log scale)" if log else ""),
             fontsize=8,
         )
-    if ax is None:
-        fig.tight_layout()
-    return finish(fig, show, save=save)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
 @plot_function
@@ -273,15 +260,9 @@ def metacell_convergence(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of the metacell run.
-    {ax_one}
-    {show_save}
+    {metacell_run}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     metacell_labels(adata, key)

@@ -50,8 +50,6 @@ def nmf_k_sweep(
         Two Axes (stability, error); a new figure when ``None``.
     {show_save}
 
-    Returns
-    -------
     {returns_figure}
     """
     import matplotlib.pyplot as plt
@@ -101,9 +99,7 @@ def nmf_k_sweep(
         else "no k suggested: the consensus failed for every k (raise density_threshold)"
     )
     fig.suptitle(title, fontsize=9, y=1.0)
-    if ax is None:
-        fig.tight_layout()
-    return finish(fig, show, save=save)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
 @plot_function
@@ -126,19 +122,13 @@ def nmf_density(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`.
-    key
-        Its ``key_added``.
+    {consensus_run}
     threshold
         Threshold to draw and count against (default: the one used); lets a new threshold be judged without refitting.
     bins
         Histogram bins.
-    {ax_one}
-    {show_save}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     import matplotlib.pyplot as plt
@@ -203,11 +193,8 @@ def nmf_clustergram(
         Its ``key_added``.
     cmap
         Colour map of the distances.
-    {ax_one}
-    {show_save}
+    {ax_show_save}
 
-    Returns
-    -------
     {returns_axes}
     """
     import matplotlib.pyplot as plt
@@ -272,10 +259,7 @@ def nmf_programs(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`.
-    key
-        Its ``key_added``.
+    {consensus_run}
     n_genes
         Genes per programme.
     by
@@ -286,8 +270,6 @@ def nmf_programs(
         A sequence of at least k Axes (extras are hidden); a new figure when ``None``.
     {show_save}
 
-    Returns
-    -------
     {returns_figure}
     """
     from matplotlib.ticker import MaxNLocator
@@ -299,7 +281,10 @@ def nmf_programs(
     rows = min(n_genes, int((top["program"] == names[0]).sum()))
     fig, axes = _panels(len(names), ncols, ax, "one per programme", (2.6, 0.22 * rows + 0.9))
     percent = by == "weight" and adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
-    xlabel = {"score": "score (z-score units)", "weight": "% of programme" if percent else "weight (L2-normalised)"}
+    xlabel = {
+        "score": "score (z-score per unit usage)",
+        "weight": "% of programme" if percent else "weight (L2-normalised)",
+    }
     for j, p in enumerate(names):
         sub = top[top["program"] == p]
         a = axes[j]
@@ -310,9 +295,7 @@ def nmf_programs(
         a.xaxis.set_major_locator(MaxNLocator(nbins=3))
         a.tick_params(axis="x", labelsize=7)
         a.set_xlabel(xlabel[by], fontsize=7)
-    if ax is None:
-        fig.tight_layout()
-    return finish(fig, show, save=save)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
 def _check_programs(programs: Any, k: int) -> list[int]:
@@ -385,8 +368,6 @@ def nmf_usage(
         A sequence of Axes, at least one per programme drawn (extras are hidden); a new figure when ``None``.
     {show_save}
 
-    Returns
-    -------
     {returns_figure}
     """
     check_adata(adata)

@@ -19,22 +19,26 @@ from matplotlib.figure import Figure
 from gpuc._validate import check_int
 
 # ---- docstring parts shared by every plot: ``{name}`` on a line of its own is replaced by the text, indented alike --
-DOC = {
-    "show_save": """\
+_SHOW_SAVE = """\
 show
     Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
     returns it for further drawing.
 save
     Save the figure: a path (any format matplotlib writes, e.g. ``.png`` or ``.pdf``), or ``True`` for Scanpy's
     default file, ``scanpy.settings.figdir / (<plot name> + scanpy.settings.plot_suffix + '.' +
-    scanpy.settings.file_format_figs)``. Checked before anything is drawn.""",
-    "ax_one": """\
-ax
-    Axes to draw into; a new figure when ``None``.""",
-    "returns_axes": """\
-The :class:`~matplotlib.axes.Axes` when ``show=False``, else ``None``.""",
-    "returns_figure": """\
-The :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.""",
+    scanpy.settings.file_format_figs)``. Checked before anything is drawn."""
+DOC = {
+    "show_save": _SHOW_SAVE,
+    "ax_show_save": "ax\n    Axes to draw into; a new figure when ``None``.\n" + _SHOW_SAVE,
+    "metacell_run": "adata\n    AnnData on which :func:`gpuc.tl.metacells` ran.\nkey\n    ``key_added`` of the metacell run.",
+    "consensus_run": "adata\n    AnnData after :func:`gpuc.tl.consensus_nmf`.\nkey\n    Its ``key_added``.",
+    "label_genes": (
+        "n_top\n    Number of most significant genes to label (labels never overlap; one that finds no free place is left"
+        " out).\ngene_symbols\n    ``var`` column to label genes with; default: a symbol column of ``var`` if there is"
+        " one\n    (``gene_symbols``, ``symbol``, ``gene_name`` ...), else the gene names."
+    ),
+    "returns_axes": "Returns\n-------\nThe :class:`~matplotlib.axes.Axes` when ``show=False``, else ``None``.",
+    "returns_figure": "Returns\n-------\nThe :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.",
 }
 
 
@@ -172,16 +176,19 @@ def plot_function(func: Callable) -> Callable:
     return wrapper
 
 
-def finish(drawn: Any, show: bool | None, *, save: Path | None = None) -> Any:
+def finish(drawn: Any, show: bool | None, *, save: Path | None = None, layout: bool = False) -> Any:
     """Save ``drawn`` (an Axes or a Figure) if ``save`` is given; show it and return None, or return it.
 
-    ``show=None`` follows ``scanpy.settings.autoshow`` (True by default), as Scanpy's plots do; ``show=False``
-    returns the Axes or Figure for further drawing.
+    ``layout`` first applies ``tight_layout`` to the figure (for figures the plot made itself). ``show=None``
+    follows ``scanpy.settings.autoshow`` (True by default), as Scanpy's plots do; ``show=False`` returns the Axes or
+    Figure for further drawing.
     """
     import matplotlib.pyplot as plt
 
+    fig = drawn if isinstance(drawn, Figure) else drawn.figure
+    if layout:
+        fig.tight_layout()
     if save is not None:
-        fig = drawn if isinstance(drawn, Figure) else drawn.figure
         fig.savefig(save, dpi=150, bbox_inches="tight")
     if show is None:
         import scanpy as sc
