@@ -212,3 +212,22 @@ def test_k_sweep_when_every_consensus_failed(fitted):
     assert "no k suggested" in fig._suptitle.get_text()
     assert not [ln for a in fig.axes for ln in a.lines if ln.get_linestyle() == "--" and len(set(ln.get_xdata())) == 1]
     plt.close(fig)
+
+
+def test_nmf_gene_scores_on_device_and_lazy_data(fitted, standin_gpu):
+    import dask.array as da
+
+    from gpuc.get._nmf import gene_scores
+
+    counts = fitted.layers["counts"]
+    usages = fitted.obsm["X_nmf"]
+    totals = np.asarray(counts.sum(1)).ravel()
+    want = gene_scores(counts, usages, totals)
+    # CuPy (here the stand-in device): the same numbers, computed where the data lives
+    np.testing.assert_array_equal(gene_scores(standin_gpu.asarray(counts), usages, totals), want)
+    # a lazily read layer (dask, sparse chunks): the factorised genes are loaded, the totals summed chunk by chunk
+    lazy = fitted.copy()
+    lazy.layers["counts"] = da.from_array(counts, chunks=(50, 60))
+    np.testing.assert_allclose(
+        gpuc.get.nmf_gene_scores(lazy, normalize=True), gpuc.get.nmf_gene_scores(fitted, normalize=True), rtol=1e-12
+    )

@@ -11,6 +11,7 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc._backend import backend_of, is_sparse, to_host
+from gpuc._dask import is_dask_array
 from gpuc._lazy import load
 from gpuc._validate import check_adata, check_int, check_key, get_matrix
 from gpuc.get._checks import tool_output
@@ -104,15 +105,25 @@ def nmf_gene_scores(adata: AnnData, *, key: str = _keys.NMF, normalize: bool | N
     layer = params.get("layer")
     mat = get_matrix(adata, layer=None if layer is None else str(layer))
     where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
-    totals = None
-    if normalize:
-        totals = mat.sum(axis=1)
-        totals = np.asarray(to_host(totals.compute() if hasattr(totals, "compute") else totals), dtype=np.float64)
-        totals = totals.ravel()
+    totals = _row_totals(mat) if normalize else None
     block = load(mat[:, genes], where)
     usages = np.asarray(adata.obsm[uk], dtype=np.float64)
     scores = gene_scores(block, usages, totals)
     return pd.DataFrame(scores.T, index=adata.var_names[genes], columns=program_names(usages.shape[1]))
+
+
+def _block_row_totals(block: Any) -> np.ndarray:
+    return np.asarray(to_host(block.sum(axis=1)), dtype=np.float64).reshape(-1, 1)
+
+
+def _row_totals(mat: Any) -> np.ndarray:
+    """Each cell's total over all genes, on the host; a lazily read (dask) matrix is summed chunk by chunk."""
+    if is_dask_array(mat):
+        per_chunk = mat.map_blocks(
+            _block_row_totals, chunks=(mat.chunks[0], (1,) * len(mat.chunks[1])), dtype=np.float64
+        )
+        return np.asarray(per_chunk.sum(axis=1).compute()).ravel()
+    return _block_row_totals(mat).ravel()
 
 
 def gene_scores(expr: Any, usages: np.ndarray, totals: np.ndarray | None = None) -> np.ndarray:
