@@ -13,7 +13,7 @@
 # warmup, deseq_gpu, nmf_gpu, metacells_gpu, cpu_scaling, rsc_gpu, dask_gpu .json/.md, pytest_gpu.log, gpu.txt,
 # stage_status.txt); GPUC_CHECK_KEEP_FILES=1 also leaves the loose files beside the archive.
 #
-# About 8.5 minutes on a fresh H200 machine: the stages' limits add up to more than the deadline
+# Sized for about 8.5 minutes on a fresh H200 machine: the stages' limits add up to more than the deadline
 # (GPUC_CHECK_SECONDS, default 500 s for the stages; the summary and the archive follow it), so a stage that runs
 # long takes time from the least important ones at the end, which are then skipped and say so.
 # Without a usable GPU the GPU stages are skipped at once (GPUC_CHECK_FORCE_GPU_STAGES=1 runs them anyway, to see
