@@ -305,12 +305,16 @@ def _fit_log_alpha(
         return None if pm_all is None else pm_all[i]
 
     args = (la, y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state)
-    kern = None
-    if not bk.is_gpu:
-        from gpuc.deseq._kernels import newton_kernel
+    from gpuc.deseq._kernels import gpu_kernels, newton_kernel
 
-        kern = newton_kernel()
-    la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args) if kern is not None else _newton(bk, *args)
+    kern = None if bk.is_gpu else newton_kernel()
+    gk = gpu_kernels(bk, p)
+    if kern is not None:
+        la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args)
+    elif gk is not None:
+        la, f, g, h, iters, conv, r_state = _newton_gpu(bk, gk, *args)
+    else:
+        la, f, g, h, iters, conv, r_state = _newton(bk, *args)
     state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
@@ -354,7 +358,7 @@ def _newton_compiled(
     r_flat_start: bool,
     init_state: tuple | None,
 ) -> tuple:
-    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_numba.newton_log_alpha``)."""
+    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_cpu.newton_log_alpha``)."""
     G = y.shape[0]
     c = np.ascontiguousarray
     has_prior = prior_mean is not None
@@ -385,6 +389,62 @@ def _newton_compiled(
     if r_flat_start:
         r_state = (la_start, out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
     return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
+
+
+def _newton_gpu(
+    bk: Backend,
+    gk: Any,
+    la: Any,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    lo: float,
+    hi: float,
+    maxit: int,
+    tol: float,
+    r_flat_start: bool,
+    init_state: tuple | None,
+) -> tuple:
+    """:func:`_newton` on the GPU as one kernel launch, one thread per gene (``_kernels_gpu.newton_log_alpha``, the
+    CPU kernel's loop); returns what :func:`_newton` returns, on the device.
+    """
+    xp = bk.xp
+    G = y.shape[0]
+    f64 = xp.float64
+    has_prior = prior_mean is not None
+    none = xp.empty(1)
+    pm = xp.ascontiguousarray(prior_mean, dtype=f64) if has_prior else none
+    st = tuple(xp.ascontiguousarray(v, dtype=f64) for v in init_state) if init_state is not None else (none,) * 4
+    out = xp.empty((10 if r_flat_start else 6, G))
+    la_start = xp.ascontiguousarray(la, dtype=f64)
+    bk.launch(
+        gk.newton_log_alpha,
+        gk.blocks_for(G),
+        gk.THREADS,
+        la_start,
+        xp.ascontiguousarray(y.T, dtype=f64),
+        xp.ascontiguousarray(mu.T, dtype=f64),
+        xp.ascontiguousarray(xx, dtype=f64),
+        int(p),
+        bool(cr),
+        has_prior,
+        pm,
+        0.0 if prior_var is None else float(prior_var),
+        float(lo),
+        float(hi),
+        int(maxit),
+        float(tol),
+        init_state is not None,
+        *st,
+        bool(r_flat_start),
+        out,
+    )
+    r_state = (la_start, out[9], out[6], out[7], out[8] > 0) if r_flat_start else None
+    return out[0], out[1], out[2], out[3], out[4].astype(xp.int64), out[5] > 0, r_state
 
 
 def _newton(
@@ -557,9 +617,35 @@ def _grid_search(
     prior_var: float | None,
     ngrid: int = 20,
 ) -> Any:
-    """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once."""
+    """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once
+    (on the GPU one kernel launch, ``_kernels_gpu.grid_log_alpha``, one thread per gene)."""
+    from gpuc.deseq._kernels import gpu_kernels
+
     xp = bk.xp
     G = y.shape[0]
+    gk = gpu_kernels(bk, p)
+    if gk is not None:
+        f64 = xp.float64
+        out = xp.empty(G)
+        bk.launch(
+            gk.grid_log_alpha,
+            gk.blocks_for(G),
+            gk.THREADS,
+            xp.arange(G),
+            xp.ascontiguousarray(y.T, dtype=f64),
+            xp.ascontiguousarray(mu.T, dtype=f64),
+            xp.ascontiguousarray(xx, dtype=f64),
+            int(p),
+            bool(cr),
+            prior_mean is not None,
+            xp.empty(1) if prior_mean is None else xp.ascontiguousarray(prior_mean, dtype=f64),
+            0.0 if prior_var is None else float(prior_var),
+            float(lo),
+            float(hi),
+            int(ngrid),
+            out,
+        )
+        return out
     grid = xp.linspace(lo, hi, ngrid)
     vals = xp.stack(
         [
