@@ -133,7 +133,7 @@ def _fit_nb_glm(
     from gpuc.deseq._kernels import gpu_kernels, irls_kernel, nb_const_kernel
 
     kern = kconst = None
-    gk = gpu_kernels(bk, p)
+    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
     if not bk.is_gpu:
         kern, kconst = irls_kernel(), nb_const_kernel()
     if gk is not None:

@@ -39,18 +39,29 @@ def _import_gpu(simulated: bool) -> ModuleType | None:
     return _kernels_gpu
 
 
-def gpu_kernels(bk: Any, p: int) -> ModuleType | None:
+# Under numba-cuda's CUDA simulator (the stand-in device of CPU CI) every CUDA thread is a Python thread that
+# interprets the kernel: a gene costs milliseconds instead of nanoseconds. Stand-in problems above this many matrix
+# entries (genes x samples) take the batched array path, so that pipeline-size CPU-CI runs (pasilla: ~70,000 entries)
+# stay fast; the kernels' tests use smaller sets. A real GPU always takes the kernels.
+SIMULATED_MAX_ENTRIES = 25_000
+
+
+def gpu_kernels(bk: Any, p: int, entries: int = 0) -> ModuleType | None:
     """The numba-cuda kernels (:mod:`gpuc.deseq._kernels_gpu`) for a design of ``p`` coefficients on ``bk``, or
-    ``None``: on the CPU, with ``gpuc.settings.numba`` off, without numba-cuda, for designs wider than
-    ``_kernels_gpu.MAXP`` (the kernels' local arrays have a compile-time size), or where ``bk`` cannot launch them
-    (a CUDA device through CuPy launches compiled kernels; the stand-in device of :mod:`gpuc._testing.standin`
-    runs them under numba-cuda's CUDA simulator, which must then be on).
+    ``None`` (the caller then runs its batched array code).
+
+    ``None`` on the CPU, with ``gpuc.settings.numba`` off, without numba-cuda, for designs wider than
+    ``_kernels_gpu.MAXP`` (the kernels' local arrays have a compile-time size), or where ``bk`` cannot launch them. A
+    CUDA device launches them through CuPy's stream; the stand-in device of :mod:`gpuc._testing.standin` runs them
+    under numba-cuda's CUDA simulator, which must then be on, for problems of at most :data:`SIMULATED_MAX_ENTRIES`
+    matrix entries (``entries``: genes x samples of the call).
     """
     from gpuc._settings import settings
 
     if not bk.is_gpu or not settings.numba:
         return None
-    kern = _import_gpu(bk.launcher is not None)
-    if kern is None or p > kern.MAXP:
+    simulated = bk.launcher is not None
+    kern = _import_gpu(simulated)
+    if kern is None or p > kern.MAXP or (simulated and entries > SIMULATED_MAX_ENTRIES):
         return None
     return kern
