@@ -56,6 +56,23 @@ def test_kernel_module_imports_and_is_chosen_on_the_standin(sb):
         assert hasattr(getattr(_kernels_gpu, name), "py_func") or callable(getattr(_kernels_gpu, name))
 
 
+def test_kernel_module_imports_without_a_gpu_or_the_simulator():
+    """A fresh process without a GPU and without the simulator imports the kernels (compiled lazily, on first launch)
+    and the GPU path does not pick them for the stand-in there."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gpuc.deseq._kernels_gpu as k; from gpuc.deseq._kernels import gpu_kernels; "
+        "from gpuc._testing.standin import standin_backend; "
+        "print(type(k.irls).__name__, gpu_kernels(standin_backend(), 3))"
+    )
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["CUDADispatcher", "None"], out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("prior", [False, True])
 def test_newton_kernel_equals_cpu_kernel(sb, prior):
     x, mu, y, _ = _problem(40, 8, 5)

@@ -4,6 +4,11 @@ The genewise and MAP problems are 1-D in log(alpha) per gene and are solved for 
 Newton method (analytic gradient and Hessian of the NB log-likelihood plus the Cox-Reid term, step halving so that
 the objective never decreases, bounds as R), with a batched grid search for genes that do not converge. Unlike
 R's line search this reaches the optimum; R can stop a few percent short for high-count genes.
+
+The Newton loop and the grid search run per gene in compiled code where they can (numba on the CPU,
+``_kernels_cpu``; one numba-cuda launch with a thread per gene on the GPU, ``_kernels_gpu``); the batched array form
+(:func:`_newton`, :func:`_logpost`) is the fallback and computes the same log posterior (the kernels' recurrences
+and series for the count terms, which do not cancel at small alpha).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ Arrays are gene-major: counts ``y`` (G, n), size factors ``sf`` (n,), design ``x
 normal matrices are built with a single GEMM ``w @ xx`` where ``xx`` holds the n outer products x_i x_i^T.
 Genes that diverge or do not converge are refitted by a bounded, step-halving Fisher scoring on the penalised
 likelihood (R uses ``optim`` L-BFGS-B there); none is dropped.
+
+The IRLS itself runs per gene in compiled loops where it can: on the CPU a numba kernel (``_kernels_cpu.irls``), on
+the GPU one numba-cuda launch with a thread per gene (``_kernels_gpu.irls``, the same per-gene code), so that both
+devices take the same steps. The batched array form is the fallback (no numba; on the GPU, designs wider than
+``_kernels_gpu.MAXP`` columns or no numba-cuda).
 """
 
 from __future__ import annotations
