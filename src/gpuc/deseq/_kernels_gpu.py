@@ -263,18 +263,18 @@ def gene_nb_terms(la, y, mu, i, xx, derivs, cr, t_lg, t_dg, t_tg, m, a2, a3):  #
 
 
 @cuda.jit(device=True, cache=True)
-def gene_logpost(la, y, mu, i, xx, p, derivs, cr, has_prior, pm, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv):
+def gene_logpost(la, y, mu, i, xx, p, derivs, cr, has_prior, pm, pv, t_lg, t_dg, t_tg, m, a2, a3, minv):
     # pragma: no cover - device code
     """Log posterior of gene ``i`` and its derivatives in log alpha (NB terms, Cox-Reid term, prior), as
-    ``_kernels_cpu.gene_logpost``; the other arguments are local scratch arrays.
+    ``_kernels_cpu.gene_logpost``; the other arguments are local scratch arrays (``m`` ends factorised).
     """
     f, ga, ha = gene_nb_terms(la, y, mu, i, xx, derivs, cr, t_lg, t_dg, t_tg, m, a2, a3)
     if cr:
+        # M is factorised in place (gene_nb_terms rebuilds it at every evaluation), against the identity for M^-1
         for u in range(p):
             for v in range(p):
-                lu[u * p + v] = m[u * p + v]
                 minv[u * p + v] = 1.0 if u == v else 0.0
-        f -= 0.5 * solve_pivoted(lu, minv, p, p, True, derivs)
+        f -= 0.5 * solve_pivoted(m, minv, p, p, True, derivs)
     if has_prior:
         f -= (la - pm) ** 2 / (2.0 * pv)
     if not derivs:
@@ -472,7 +472,6 @@ def newton_log_alpha(la_in, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, maxit, 
     m = cuda.local.array(MAXPP, float64)
     a2 = cuda.local.array(MAXPP, float64)
     a3 = cuda.local.array(MAXPP, float64)
-    lu = cuda.local.array(MAXPP, float64)
     minv = cuda.local.array(MAXPP, float64)
     la = la_in[i]
     pmi = pm[i] if has_prior else 0.0
@@ -486,13 +485,13 @@ def newton_log_alpha(la_in, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, maxit, 
             g = g - d / pv
             h = h - 1.0 / pv
     else:
-        f, g, h = gene_logpost(la, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv)
+        f, g, h = gene_logpost(la, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, minv)
     if r_flat:
         target = clip(la + g, -30.0, 10.0)
         f1 = f + g * g
         if g * g < 1e-3:
             f1 = gene_logpost(
-                target, y, mu, i, xx, p, False, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv
+                target, y, mu, i, xx, p, False, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, minv
             )[0]
         armijo = f1 >= f + 1e-4 * g * (target - la)
         out[6, i] = target
@@ -513,7 +512,7 @@ def newton_log_alpha(la_in, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, maxit, 
         floor = fi - 1e-12 * (abs(fi) + 1.0)
         cand = clip(la + step, lo, hi)
         fn, gn, hn = gene_logpost(
-            cand, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv
+            cand, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, minv
         )
         ok = fn >= floor and math.isfinite(fn)
         accepted = ok or step == 0.0
@@ -530,7 +529,7 @@ def newton_log_alpha(la_in, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, maxit, 
             for _h in range(24):
                 c2 = clip(la + scale * step, lo, hi)
                 f2 = gene_logpost(
-                    c2, y, mu, i, xx, p, False, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv
+                    c2, y, mu, i, xx, p, False, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, minv
                 )[0]
                 if f2 >= floor and math.isfinite(f2):
                     best = c2
@@ -538,7 +537,7 @@ def newton_log_alpha(la_in, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, maxit, 
                     break
                 scale *= 0.5
             fn, gn, hn = gene_logpost(
-                best, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv
+                best, y, mu, i, xx, p, True, cr, has_prior, pmi, pv, t_lg, t_dg, t_tg, m, a2, a3, minv
             )
             newla = best
         moved = abs(newla - la)
@@ -589,7 +588,6 @@ def grid_log_alpha(genes, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, ngrid, ou
     m = cuda.local.array(MAXPP, float64)
     a2 = cuda.local.array(MAXPP, float64)
     a3 = cuda.local.array(MAXPP, float64)
-    lu = cuda.local.array(MAXPP, float64)
     minv = cuda.local.array(MAXPP, float64)
     pmk = pm[k] if has_prior else 0.0
     step = (hi - lo) / (ngrid - 1)
@@ -597,7 +595,7 @@ def grid_log_alpha(genes, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, ngrid, ou
     fbest = -math.inf
     for q in range(ngrid):
         v = q * step + lo if q < ngrid - 1 else hi
-        fv = gene_logpost(v, y, mu, i, xx, p, False, cr, has_prior, pmk, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv)[0]
+        fv = gene_logpost(v, y, mu, i, xx, p, False, cr, has_prior, pmk, pv, t_lg, t_dg, t_tg, m, a2, a3, minv)[0]
         if fv > fbest or q == 0:
             fbest = fv
             best = v
@@ -608,7 +606,7 @@ def grid_log_alpha(genes, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, ngrid, ou
     for q in range(ngrid):
         off = q * fstep + (-delta) if q < ngrid - 1 else delta
         v = center + off
-        fv = gene_logpost(v, y, mu, i, xx, p, False, cr, has_prior, pmk, pv, t_lg, t_dg, t_tg, m, a2, a3, lu, minv)[0]
+        fv = gene_logpost(v, y, mu, i, xx, p, False, cr, has_prior, pmk, pv, t_lg, t_dg, t_tg, m, a2, a3, minv)[0]
         if fv > fbest or q == 0:
             fbest = fv
             best = v
