@@ -57,7 +57,7 @@ def test_wide_design_refused_up_front(monkeypatch, unchanged):
     a = _wide(84, 41, 500)
     narrow, wide = deseq_peak_bytes(84, 500, 2), deseq_peak_bytes(84, 500, 41, block_genes=128)
     monkeypatch.setattr(Backend, "free_memory", lambda self: (narrow + wide) / 2)
-    with unchanged(a), pytest.raises(InsufficientMemoryError, match="with 41 design columns"):
+    with unchanged(a), pytest.raises(InsufficientMemoryError, match="The design has 41 columns"):
         gpuc.tl.deseq(a, "~f", device="cpu")
     b = _wide(84, 2, 500)  # the same samples with a narrow design fit
     gpuc.tl.deseq(b, "~f", device="cpu")

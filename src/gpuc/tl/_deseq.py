@@ -288,11 +288,14 @@ def deseq(
     check_memory(
         backend,
         need,
-        f"DESeq2 on {n_fit} samples x {adata.n_vars} genes with {width} design columns",
-        "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group), or fit it as gene "
-        "blocks on a Dask cluster (client=..., see the 'Beyond one machine' docs)."
-        if dask_client is None and groupby is None
-        else "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group).",
+        f"DESeq2 on {n_fit} samples x {adata.n_vars} genes",
+        f"The design has {width} columns (each gene keeps {width} x {width} covariances and IRLS systems). "
+        + (
+            "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group), or fit it as "
+            "gene blocks on a Dask cluster (client=..., see the 'Beyond one machine' docs)."
+            if dask_client is None and groupby is None
+            else "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group)."
+        ),
     )
     options = {
         "gene_names": adata.var_names, "fit_type": fit_type, "refit_cooks": refit_cooks,
