@@ -250,15 +250,21 @@ def align_to_var(value: Any, adata: AnnData, name: str) -> Any:
 
 def check_printable_labels(values: Any, where: str) -> None:
     """Raise a :class:`ValueError` when two distinct labels of ``values`` would print the same (``str``)."""
-    uniq = pd.unique(pd.Series(np.asarray(values, dtype=object)).dropna())
+    if isinstance(values, pd.Series) and isinstance(values.dtype, pd.CategoricalDtype):
+        uniq = list(values.cat.remove_unused_categories().cat.categories)  # unique: a few, however many entries
+        has_na = bool(values.isna().any())
+    else:
+        obj = pd.Series(np.asarray(values, dtype=object))
+        has_na = bool(obj.isna().any())
+        uniq = list(pd.unique(obj.dropna()))
     by_name: dict[str, list[Any]] = {}
     for u in uniq:
         by_name.setdefault(str(u), []).append(u)
     nan_like = [u for u in uniq if str(u).lower() in ("nan", "none", "<na>")]
     clashes = [v for v in by_name.values() if len(v) > 1]
-    if clashes or (nan_like and pd.isna(np.asarray(values, dtype=object)).any()):
+    if clashes or (nan_like and has_na):
         pairs = "; ".join(" and ".join(f"{x!r} ({type(x).__name__})" for x in v) for v in clashes)
-        if nan_like and pd.isna(np.asarray(values, dtype=object)).any():
+        if nan_like and has_na:
             pairs = "; ".join(p for p in (pairs, f"{nan_like[0]!r} (a label) and missing values (NaN/None)") if p)
         msg = (
             f"{where} has labels that are different but would print the same: {pairs}. Results are named by the "

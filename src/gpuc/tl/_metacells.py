@@ -36,7 +36,6 @@ from gpuc._validate import (
     check_printable_labels,
     check_unique_names,
     get_matrix,
-    group_labels,
     resolve_random_state,
 )
 from gpuc.metacells._kernel import knn_from_graph
@@ -132,7 +131,13 @@ def _plan_groups(
         check_key(adata.obs, groupby, "adata.obs")
         col = adata.obs[groupby]
         # every cell gets a label, so a missing group is an error; 1 and "1" would share labels: refused
-        group_labels(col, f"adata.obs[{groupby!r}]", missing="error")
+        check_printable_labels(col, f"adata.obs[{groupby!r}]")
+        if col.isna().any():
+            msg = (
+                f"adata.obs[{groupby!r}] has {int(col.isna().sum())} missing value(s) (NaN/None); every cell needs a "
+                "group: fill them in, or subset to the cells with a group first."
+            )
+            raise ValueError(msg)
         cats = col.cat.categories if isinstance(col.dtype, pd.CategoricalDtype) else pd.unique(col)
         codes = np.asarray(col)
         plan = []
