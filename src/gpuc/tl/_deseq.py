@@ -104,16 +104,24 @@ def deseq(
         array (a lazily read AnnData) is loaded into memory: DESeq2 needs every sample of a gene together.
     design
         Formula over ``adata.obs`` columns (``"~condition"``, ``"~batch + condition"``, ``"~a + b + a:b"``,
-        continuous covariates) or a ready design DataFrame. The reference level of a factor is the first category
-        of a pandas Categorical, else the first in sorted order.
+        continuous covariates, ``C(lane)`` for an integer-coded factor, backticks for names with spaces: ``"~`my column`"``)
+        or a ready design DataFrame (numeric columns), matched to the samples by its index (labels missing from
+        ``obs_names``, duplicated or foreign are an error). The reference level of a factor is the first category
+        of a pandas Categorical, else the first in sorted order (by character code: uppercase first, as R in the C
+        locale; a warning says so when R in a UTF-8 locale would pick another reference). A boolean column is a
+        two-level factor with reference False, coded 0/1 as R codes a logical.
     contrast
-        ``[factor, numerator, reference]``, a design column name, a numeric vector over design columns, or a list
-        of these (all computed from one fit). ``None``: the last design column (R's default).
+        ``[factor, numerator, reference]`` (levels as they are in ``obs``: strings, integers of an integer-coded
+        factor, True/False of a boolean column), a design column name, a numeric vector over design columns, a
+        Series or dict of weights labelled by design column (matched by name), or several of these as a list or as
+        ``{name: contrast}`` (the names become the results' names); all are computed from one fit. Two contrasts
+        with the same name are an error. ``None``: the last design column (R's default).
     layer
         Layer with the counts; ``None`` uses ``X``.
     size_factors
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
-        ``"poscounts"``, ``"iterative"``, or an array of given size factors.
+        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series or
+        dict labelled by ``obs_names`` (matched by name).
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -144,8 +152,9 @@ def deseq(
         step; here up to ``2 * max_iter`` iterations); genes that do not converge there either keep ``betaConv``
         False and are reported by a warning, as R reports them.
     groupby
-        Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately. Group
-        names are stored as ``uns`` keys percent-encoded (``"T/NK"`` as ``"T%2FNK"``) so they survive
+        Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately. Samples
+        with a missing label (NaN/None) belong to no group and are left out, with a warning that counts them; two
+        labels that print the same (``1`` and ``"1"``) are an error. Group names are stored as ``uns`` keys percent-encoded (``"T/NK"`` as ``"T%2FNK"``) so they survive
         ``write_h5ad``; each group's entry keeps its original name under ``"group"``, and
         :func:`gpuc.get.deseq_results` takes the original name.
     device
@@ -163,13 +172,16 @@ def deseq(
         several gene blocks, integer and boolean fields, filtering and size factors are identical and float fields
         agree to 1e-12 relative (BLAS rounds the last gene of a block with another kernel).
     key_added
-        Prefix of every key written.
+        Prefix of every key written. Entries under these names that an earlier :func:`deseq` did not write (the
+        data, another package's output) are never replaced: the call is refused.
     copy
         Work on a copy and return it.
 
     Returns
     -------
-    ``None`` or, with ``copy=True``, the modified copy. Writes (``key`` = ``key_added``):
+    ``None`` or, with ``copy=True``, the modified copy. ``uns[key]["params"]`` holds the call in a form that
+    ``deseq(adata, **params)`` replays (the contrast as given, several as ``{name: contrast}``; given size factors
+    and design DataFrames as themselves). Writes (``key`` = ``key_added``):
 
     ``adata.obs[f"{key}_size_factors"]``
         Size factors (for ``groupby``, each sample's factor within its group).
@@ -199,7 +211,9 @@ def deseq(
     ConvergenceWarning
         When the GLM of some genes stopped at ``max_iter`` (their ``betaConv`` is False; once per call, with counts).
     GpucWarning
-        For R's fallbacks (a parametric trend that failed, poscounts size factors) and skipped groups.
+        For R's fallbacks (a parametric trend that failed, poscounts size factors), skipped groups, samples left
+        out for a missing group label, a reference level that depends on letter case, and input that looks like
+        single cells (DESeq2 takes every row as a replicate: sum cells per sample with :func:`pseudobulk` first).
 
     Raises
     ------

@@ -257,7 +257,8 @@ def metacells(
         Annotated data matrix with a low-dimensional embedding in ``obsm[use_rep]``.
     n_metacells
         Number of metacells; default ``round(n_obs / 75)``. With ``groupby``: an int for every group, a mapping
-        ``{group: n}``, or None for ``round(n_group / 75)`` per group.
+        (or Series) ``{group: n}`` whose keys are the groups as they are in ``obs`` (the string keys stored in
+        ``params`` are accepted too), or None for ``round(n_group / 75)`` per group.
     use_rep
         ``obsm`` key of the embedding the kernel is built on (``"X_pca"`` for RNA, ``"X_svd"``/LSI for ATAC). A
         lazily read (dask) embedding is loaded into memory (cells x components, e.g. 200 MB for 1,000,000 cells
@@ -277,12 +278,15 @@ def metacells(
         Symmetrisation of the kNN graph: ``"union"`` or ``"intersection"``.
     groupby
         ``obs`` column; metacells are computed independently per group (e.g. per sample), labels prefixed by the
-        group.
+        group. Every cell needs a group (missing labels are an error), and two labels that print the same (``1``
+        and ``"1"``) are an error, raised before anything is written.
     init
         Archetype initialisation: ``"waypoint"`` (SEACells: waypoints + greedy), ``"greedy"`` (greedy column
         selection only) or ``"random"`` (distinct random cells, for very large n).
     initial_archetypes
-        Cell positions (or obs names) of the initial archetypes, overriding ``init`` (not with ``groupby``).
+        The initial archetypes, overriding ``init`` (not with ``groupby``): cell positions, obs names (needs unique
+        ``obs_names``), or a boolean mask over the cells (an array in ``obs`` order, or a Series matched to
+        ``obs_names`` by label).
     a0
         Initial assignments: ``"random"`` (SEACells: dense uniform random, column-normalised, k x n),
         ``"uniform"`` (1/k everywhere, no k x n buffer) or ``"auto"`` (random while k * n <= 1e7, i.e. up to
@@ -312,7 +316,8 @@ def metacells(
         global RNG after ``np.random.seed(seed)``, so the default settings reproduce such a SEACells run when the kNN
         agree.
     key_added
-        Prefix of every key written (see Returns).
+        Prefix of every key written (see Returns). Entries under these names that an earlier :func:`metacells` did
+        not write (e.g. ``key_added="leiden"`` over a Leiden column) are never replaced: the call is refused.
     copy
         Return a modified copy instead of writing into ``adata``.
 

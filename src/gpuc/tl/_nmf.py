@@ -364,7 +364,8 @@ def nmf_k_sweep(
     adata
         Cells (or metacells) x genes.
     k_range
-        Ranks to try (integers >= 2, each smaller than the number of cells and of genes).
+        Ranks to try (integers >= 2, each smaller than the number of cells and of genes), e.g. ``range(2, 13)``. A
+        bare integer is refused (``nmf_k_sweep(adata, 10)`` would sweep k=10 only): pass ``range(2, 11)``.
     n_runs
         Restarts per k (>= 2).
     layer
@@ -372,7 +373,8 @@ def nmf_k_sweep(
         a log-normalised layer with ``"none"`` for bixverse-style ones. Must be finite and non-negative.
     mask_var
         Genes to factorise: a boolean ``var`` column (``"highly_variable"``, the default, as left by
-        :func:`scanpy.pp.highly_variable_genes`), a boolean array over genes, or ``None`` for every gene.
+        :func:`scanpy.pp.highly_variable_genes`), a boolean array over genes (in ``var`` order), a boolean Series
+        labelled by ``var_names`` (matched by name), or ``None`` for every gene.
     preprocessing
         ``"none"``, ``"sd"`` (divide each gene by its SD, ddof=1, no centring, as cNMF) or ``"sqrt_sd"``.
     density_threshold
@@ -411,7 +413,8 @@ def nmf_k_sweep(
         worker, then one consensus task per rank. Runs and rows are identical wherever they run.
     dtype
         Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
-        in float64) or float64.
+        in float64) or float64. With the default, values whose squares would overflow float32 (counts near 1e18)
+        are fitted in float64, with a warning; ``dtype="float32"`` is then refused.
     random_state
         Master seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once);
         the int used is recorded in ``params``.
