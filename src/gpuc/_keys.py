@@ -83,26 +83,25 @@ def check_not_foreign(adata: Any, outputs: dict[str, list[str]], key: str, tool:
         container = getattr(adata, slot)
         for name in names:
             if name in (container.columns if slot in ("obs", "var") else container):
-                present.append(f"adata.{slot}[{name!r}]")
-    if present and other is not None:
+                present.append((slot, f"adata.{slot}[{name!r}]"))
+    if not present:
+        return
+    import warnings
+
+    from gpuc._errors import GpucWarning
+
+    where = ", ".join(p for _, p in present)
+    if other is not None:
         # another gpuc tool's result under the key the user named for this one: replaced, and said so
-        import warnings
-
-        from gpuc._errors import GpucWarning
-
-        msg = (
-            f"{tool} with key_added={key!r} replaces the {other} result stored under that key "
-            f"({', '.join(present)}); pass another key_added to keep both."
-        )
+        msg = f"{tool} with key_added={key!r} replaces the {other} result stored under that key ({where}); pass another key_added to keep both."
         warnings.warn(msg, GpucWarning, stacklevel=3)
         return
-    if present:
-        msg = (
-            f"{tool} with key_added={key!r} would overwrite {', '.join(present)}, which {tool} did not write under "
-            f"that key (the data or another tool's output). Pass another key_added, or delete "
-            f"{'it' if len(present) == 1 else 'them'} first if {'it' if len(present) == 1 else 'they'} may go."
-        )
-        raise ValueError(msg)
+    msg = (
+        f"{tool} with key_added={key!r} would overwrite {where}, which {tool} did not write under that key (the "
+        f"data or another tool's output). Pass another key_added, or delete {'it' if len(present) == 1 else 'them'} "
+        f"first if {'it' if len(present) == 1 else 'they'} may go."
+    )
+    raise ValueError(msg)
 
 
 # ---- metacells (gpuc.tl.metacells) ---------------------------------------------------------------------------------

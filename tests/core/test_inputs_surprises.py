@@ -189,3 +189,17 @@ def test_another_gpuc_result_under_the_named_key_is_replaced_with_a_warning(plan
     with pytest.warns(GpucWarning, match=r"replaces the gpuc.tl.nmf_k_sweep result .*adata.uns\['run1'\]"):
         gpuc.tl.consensus_nmf(a, 3, key_added="run1", **_NMF)
     assert "k" in a.uns["run1"]["params"]
+
+
+def test_aggregate_metacells_leaves_the_cells_nmf_usages_behind(planted_programs):
+    a = planted_programs(90, 20)
+    a.obsm["X_pca"] = np.random.default_rng(0).normal(0, 1, (a.n_obs, 4))
+    gpuc.tl.consensus_nmf(a, 3, **_NMF)
+    gpuc.tl.metacells(a, **_MC)
+    mc = gpuc.tl.aggregate_metacells(a)
+    assert "X_pca" in mc.obsm and "X_nmf" not in mc.obsm
+    gpuc.tl.consensus_nmf(mc, 2, **_NMF)  # nothing of another result to refuse
+    carried = planted_programs(40, 20)
+    carried.obsm["X_nmf"] = np.ones((carried.n_obs, 3))  # e.g. after ad.concat, without uns["nmf"]
+    with pytest.raises(ValueError, match=r"would overwrite adata.obsm\['X_nmf'\].*delete it first"):
+        gpuc.tl.consensus_nmf(carried, 3, **_NMF)

@@ -742,7 +742,8 @@ def aggregate_metacells(
         ``obs[celltype_key + '_purity']`` when ``celltype_key`` is given.
     ``obsm[<basis>]``
         Member mean (weighted mean when ``soft``) of every dense 2-D ``obsm`` array named ``X_*`` (``X_pca``,
-        ``X_umap``...), so metacells can be drawn over cells.
+        ``X_umap``...), so metacells can be drawn over cells; not the cells' :func:`consensus_nmf` usages (their
+        ``uns`` result stays with the cells; run consensus_nmf on the metacells instead).
     ``uns['metacell_source']``
         The arguments of the call (key, layer, soft, celltype_key): ``aggregate_metacells(adata, **source)`` redoes it.
     """
@@ -807,6 +808,10 @@ def aggregate_metacells(
     denom = np.where(size > 0, size, 1.0)[:, None]
     for name, emb in adata.obsm.items():
         if not name.startswith("X_") or is_sparse(getattr(emb, "_meta", emb)) or isinstance(emb, pd.DataFrame):
+            continue
+        if _keys.written_by(adata, name[2:], _keys.NMF_MARKER):
+            # the cells' NMF usages belong to their uns entry, which the metacells do not get: averaged here they
+            # would sit where consensus_nmf on the metacells writes, without a result describing them
             continue
         if emb.ndim != 2 or not np.issubdtype(np.dtype(emb.dtype), np.number):
             continue
