@@ -13,13 +13,15 @@ T argmin vectors. The updates are incremental:
 * RSS is computed in reduced form ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)`` (K = M^T M): nothing n x n.
 
 All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
-iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._cpu_kernels`) that perform
+iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._kernels_cpu`) that perform
 the same floating-point operations, so CPU and array code give identical picks (tests check both).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import math
 import time
 import warnings
@@ -58,7 +60,7 @@ class FitResult:
 DENSE_GRADIENT_MAX = 10_000_000
 
 # CPU products K X with at most this many n x k entries are written in one pass into k slots per row (16 bytes each,
-# 32 MB at most); larger ones count each row's columns in a first pass (``_cpu_kernels.csr_matmat``)
+# 32 MB at most); larger ones count each row's columns in a first pass (``_kernels_cpu.csr_matmat``)
 DIRECT_SLOTS_MAX = 1 << 21
 
 
@@ -110,13 +112,39 @@ def _dense(x: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
 
 
-# the compiled Frank-Wolfe kernels (module gpuc.metacells._cpu_kernels), or None when numba is unavailable
-_kernels = numba_kernels("gpuc.metacells._cpu_kernels")
+# the compiled Frank-Wolfe kernels (module gpuc.metacells._kernels_cpu), or None when numba is unavailable
+_kernels = numba_kernels("gpuc.metacells._kernels_cpu")
 
 
 def _fused(backend: Backend) -> Any:
     """The numba kernels when they are used (CPU, numba available, ``gpuc.settings.numba``), else None."""
     return None if backend.is_gpu else _kernels()
+
+
+@functools.cache
+def _import_gpu_kernels() -> Any:
+    """:mod:`gpuc.metacells._kernels_gpu`, or None without numba-cuda or without a device (real or simulated)."""
+    try:
+        import numba
+        from numba import cuda
+    except ImportError:  # pragma: no cover - numba-cuda comes with the GPU extras
+        return None
+    if not numba.config.ENABLE_CUDASIM and not cuda.is_available():  # pragma: no cover - needs a device
+        return None
+    return importlib.import_module("gpuc.metacells._kernels_gpu")
+
+
+def _gpu_kernels(backend: Backend) -> Any:
+    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda importable; on a device other
+    than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator), else None:
+    the GPU path then runs its array code.
+    """
+    if not backend.is_gpu:
+        return None
+    kern = _import_gpu_kernels()
+    if kern is None or (backend.launcher is not None and not kern.SIMULATED):
+        return None
+    return kern
 
 
 def kernel_times(backend: Backend, kmat: Any, x: Any) -> Any:
@@ -290,7 +318,7 @@ def _update_b_restricted(
 
 
 def kernel_buckets(backend: Backend, kmat: Any) -> Any:
-    """K's entries grouped by the compiled B-update's row chunks (``_cpu_kernels.chunk_buckets``), or ``None`` where
+    """K's entries grouped by the compiled B-update's row chunks (``_kernels_cpu.chunk_buckets``), or ``None`` where
     the compiled kernels are not used. A copy of K (12 bytes per stored entry) plus ``n x (N_CHUNKS + 1)`` offsets; computed
     once per fit, it serves every B-step's gather of ``K[:, picks]``.
     """
@@ -433,6 +461,130 @@ def one_hot_b(backend: Backend, archetypes: np.ndarray, n: int, k: int) -> Any:
     return backend.sparse.csc_matrix((xp.ones(m), (xp.asarray(archetypes, dtype=xp.int64), xp.arange(m))), shape=(n, k))
 
 
+class _DeviceFit:
+    """The alternating fit on a GPU with the kernels of :mod:`gpuc.metacells._kernels_gpu`: nothing is read back
+    to the host inside an outer iteration but its RSS (one scalar).
+
+    Per outer iteration: one launch for the A-update's T steps of all cells, two for the iterate A (dense ``A^T``
+    for ``R = A A^T``, ``S = K A^T`` and the RSS), two per B-step (the gradient of every cell, then every column's
+    argmin over all cells, which also swaps the column of the gathered ``K[:, picks]``), two for the sparse B, and
+    the large products with CuPy (``K B``, ``B^T K B``, ``A A^T``, ``K A^T``, ``K B R``). The iterates' picks,
+    distinct rows and weights stay on the device; B is kept as a CSC matrix with ``min(T, n)`` slots per column
+    (explicit zeros in the free ones) so that its size is known without a read. A and B are compacted once, at
+    the end. The picks are those of the CPU kernels (same operations in the same order, ties to the lowest index).
+    """
+
+    def __init__(self, backend: Backend, kern: Any, kmat: Any, m_sq: float, k: int, n_steps: int) -> None:
+        xp = backend.xp
+        self.backend, self.kern, self.kmat, self.m_sq = backend, kern, kmat, m_sq
+        n = kmat.shape[0]
+        self.n, self.k, self.n_steps = n, k, n_steps
+        # per-cell work arrays, (k, n): the A-update's Q a and K B rows, reused by the B-update as K B R and the
+        # gradient; S^T; the gathered kernel columns K[:, picks]^T (zero between B-updates); dense A^T
+        self.qa = xp.empty((k, n))
+        self.p = xp.empty((k, n))
+        self.s_t = xp.empty((k, n))
+        self.kd = xp.zeros((k, n))
+        self.at = xp.empty((n, k))
+        self.a_picks = xp.empty((n_steps, n), dtype=xp.int64)
+        self.a_idx = xp.empty((n_steps, n), dtype=xp.int64)
+        self.a_vals = xp.empty((n_steps, n))
+        self.a_cnt = xp.zeros(n, dtype=xp.int64)
+        self.b_picks = xp.empty((n_steps, k), dtype=xp.int64)
+        self.b_idx = xp.empty((n_steps, k), dtype=xp.int64)
+        self.b_vals = xp.empty((n_steps, k))
+        self.b_cnt = xp.zeros(k, dtype=xp.int64)
+        slots = min(n_steps, n)
+        self.b_indptr = xp.arange(0, k * slots + 1, slots, dtype=xp.int32)
+        self.b_ix = xp.empty(k * slots, dtype=xp.int32)
+        self.b_dx = xp.empty(k * slots)
+        self.no_dense = xp.empty((1, 1))
+
+    def _launch(self, kernel: Any, n_threads: int, *args: Any) -> None:
+        self.backend.launch(kernel, self.kern.blocks_for(n_threads), self.kern.THREADS, *args)
+
+    def update_a(self, q: Any, kb: Any, start: Any) -> None:
+        """All T steps of the A-update (``start``: ``"uniform"``, a dense (k, n) A0, a sparse (k, n) A0, or None for
+        the previous A), then the iterate A: its entries and the dense ``A^T``.
+        """
+        xp, sparse, kern = self.backend.xp, self.backend.sparse, self.kern
+        mode, qa0 = 2, self.no_dense[0]
+        if isinstance(start, str):  # uniform: Q A0 is the same for every cell
+            mode, qa0 = 1, q.sum(axis=1) / self.k
+        elif start is not None:
+            mode = 0
+            if sparse.issparse(start):  # Q A0 in the order of A0's stored entries per cell
+                self.qa[...] = (sparse.csr_matrix(start.T) @ q).T
+            else:
+                xp.matmul(q, start, out=self.qa)
+        self._launch(
+            kern.fw_a_cells,
+            self.n,
+            q,
+            kb.indptr,
+            kb.indices,
+            kb.data,
+            self.a_idx,
+            self.a_vals,
+            self.a_cnt,
+            qa0,
+            mode,
+            self.qa,
+            self.p,
+            self.a_picks,
+        )
+        self.at.fill(0.0)
+        self._launch(kern.fw_columns, self.n, self.a_picks, self.a_idx, self.a_vals, self.a_cnt, self.at, True)
+
+    def gram(self, *, with_s: bool = True) -> Any:
+        """``R = A A^T`` (dense k x k) and, ``with_s``, ``S^T = (K A^T)^T`` into its work array, from the dense
+        ``A^T`` (the products of the CPU's dense-gradient path).
+        """
+        r = self.backend.xp.ascontiguousarray(self.at.T @ self.at)
+        if with_s:
+            self.s_t[...] = (self.kmat @ self.at).T
+        return r
+
+    def update_b(self, kb: Any, r: Any) -> Any:
+        """All T steps of the B-update from ``kb = K B_prev``; returns B as a padded CSC matrix."""
+        xp, kern, kmat = self.backend.xp, self.kern, self.kmat
+        y, g = self.qa, self.p
+        y[...] = (kb @ r).T  # K B_prev R
+        xp.subtract(y, self.s_t, out=g)
+        k_args = (kmat.indptr, kmat.indices, kmat.data)
+        cols = (self.k, kern.COL_THREADS)
+        last = self.n_steps - 1
+        self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, 0, self.kd, *k_args, last > 0)
+        for t in range(1, self.n_steps):
+            # t = 1: K B R becomes K E R exactly (the first step has g = 1); then y += g (z - y), g = 2 / (t + 1)
+            self._launch(kern.fw_b_rows, self.n, self.kd, r, y, self.s_t, g, 2.0 / (t + 1.0), t == 1)
+            self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, t, self.kd, *k_args, t < last)
+        return self._b_matrix()
+
+    def _b_matrix(self) -> Any:
+        kern = self.kern
+        self._launch(kern.fw_columns, self.k, self.b_picks, self.b_idx, self.b_vals, self.b_cnt, self.no_dense, False)
+        self._launch(kern.padded_csc, self.k, self.b_idx, self.b_vals, self.b_cnt, self.n, self.b_ix, self.b_dx)
+        return self.backend.sparse.csc_matrix((self.b_dx, self.b_ix, self.b_indptr), shape=(self.n, self.k))
+
+    def rss(self, kb: Any, q: Any, r: Any) -> float:
+        """The reduced RSS from ``kb = K B``, ``q = B^T K B`` and ``r = A A^T``: one synchronising read."""
+        val = self.m_sq - 2.0 * kb.multiply(self.at).sum() + (q * r).sum()
+        return math.sqrt(max(float(val), 0.0))
+
+    def _compact(self, idx: Any, vals: Any, cnt: Any, shape: tuple[int, int]) -> Any:
+        xp = self.backend.xp
+        keep = xp.arange(idx.shape[0])[None, :] < cnt[:, None]  # (columns, T): each column's entries in order
+        indptr = xp.concatenate([xp.zeros(1, dtype=cnt.dtype), xp.cumsum(cnt)])
+        return self.backend.sparse.csc_matrix((vals.T[keep], idx.T[keep], indptr), shape=shape)
+
+    def result(self) -> tuple[Any, Any]:
+        """A (k, n) and B (n, k) as CSC matrices holding only their picked entries."""
+        a = self._compact(self.a_idx, self.a_vals, self.a_cnt, (self.k, self.n))
+        b = self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
+        return a, b
+
+
 def fit(
     backend: Backend,
     mmat: Any,
@@ -499,14 +651,56 @@ def fit(
         else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
             block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
         b = one_hot_b(backend, archetypes, n, k)
-        restricted = _restricted_gradient(gradient, _fused(backend), n, k)
-        kbuckets = None if restricted else kernel_buckets(backend, kmat)
         # K B (sparse) serves the A-update, the B-update and the RSS of the same B, and B^T K B the A-update and the
         # RSS: each computed once per B
         kb = kernel_times(backend, kmat, b)
         q = kernel_gram(backend, b, kb)
-        a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb, q=q)
-        rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb, q=q)]
+        gk = _gpu_kernels(backend)
+        if gk is not None:  # the GPU kernels: one read (the RSS) per iteration
+            dev = _DeviceFit(backend, gk, backend.sparse.csr_matrix(kmat), m_sq, k, fw_iters)
+            dev.update_a(q, kb, a0)
+            rss = [dev.rss(kb, q, dev.gram(with_s=False))]
+
+            def iterate() -> float:
+                nonlocal kb, q
+                dev.update_a(q, kb, None)
+                r = dev.gram()
+                b_new = dev.update_b(kb, r)
+                kb = kernel_times(backend, kmat, b_new)
+                q = kernel_gram(backend, b_new, kb)
+                return dev.rss(kb, q, r)
+
+        else:
+            restricted = _restricted_gradient(gradient, _fused(backend), n, k)
+            kbuckets = None if restricted else kernel_buckets(backend, kmat)
+            a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb, q=q)
+            rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb, q=q)]
+
+            def iterate() -> float:
+                nonlocal a, b, kb, q
+                a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
+                if restricted:
+                    r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
+                else:
+                    r, s_mat = gram_and_s(backend, kmat, a)
+                b = update_b(
+                    backend,
+                    kmat,
+                    a,
+                    b,
+                    fw_iters,
+                    block=block_b,
+                    gradient=gradient,
+                    r=r,
+                    s_mat=s_mat,
+                    kb=kb,
+                    kbuckets=kbuckets,
+                )
+                del s_mat
+                kb = kernel_times(backend, kmat, b)
+                q = kernel_gram(backend, b, kb)
+                return rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb, q=q)
+
         threshold = convergence_epsilon * rss[0]
         converged = False
         n_iter = 0
@@ -514,33 +708,14 @@ def fit(
         while (not converged and n_iter < max_iter) or n_iter < min_iter:
             t0 = time.perf_counter()
             n_iter += 1
-            a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
-            if restricted:
-                r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
-            else:
-                r, s_mat = gram_and_s(backend, kmat, a)
-            b = update_b(
-                backend,
-                kmat,
-                a,
-                b,
-                fw_iters,
-                block=block_b,
-                gradient=gradient,
-                r=r,
-                s_mat=s_mat,
-                kb=kb,
-                kbuckets=kbuckets,
-            )
-            del s_mat
-            kb = kernel_times(backend, kmat, b)
-            q = kernel_gram(backend, b, kb)
-            rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb, q=q))
+            rss.append(iterate())
             secs.append(time.perf_counter() - t0)
             if callback is not None:
                 callback(n_iter, rss[-1])
             if abs(rss[-2] - rss[-1]) < threshold:
                 converged = True
+        if gk is not None:
+            a, b = dev.result()
         if not converged:
             warnings.warn(
                 f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
