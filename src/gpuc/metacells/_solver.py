@@ -134,15 +134,23 @@ def _import_gpu_kernels() -> Any:
     return importlib.import_module("gpuc.metacells._kernels_gpu")
 
 
-def _gpu_kernels(backend: Backend) -> Any:
+# Under numba-cuda's CUDA simulator every CUDA thread is a Python thread: fits with more than this many
+# cell x archetype x step units run the array code there instead (same picks), so that the stand-in device's
+# end-to-end runs stay fast; the kernels are tested on small fits
+SIMULATOR_MAX_WORK = 50_000
+
+
+def _gpu_kernels(backend: Backend, work: int = 0) -> Any:
     """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda importable; on a device other
-    than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator), else None:
-    the GPU path then runs its array code.
+    than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator and for at most
+    :data:`SIMULATOR_MAX_WORK` units of ``work``), else None: the GPU path then runs its array code.
     """
     if not backend.is_gpu:
         return None
     kern = _import_gpu_kernels()
     if kern is None or (backend.launcher is not None and not kern.SIMULATED):
+        return None
+    if kern.SIMULATED and work > SIMULATOR_MAX_WORK:
         return None
     return kern
 
@@ -225,6 +233,11 @@ def update_a(
         kb = kernel_times(backend, kmat, b)
     if q is None:
         q = kernel_gram(backend, b, kb)
+    gk = _gpu_kernels(backend, n * k * n_steps)
+    if gk is not None:  # all steps of all cells in one launch
+        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+        dev.update_a(q, kb, a_prev)
+        return dev.a_result()
     picks = xp.empty((n_steps, n), dtype=xp.int64)
     a_sparse_t = None
     if not isinstance(a_prev, str) and sparse.issparse(a_prev):
@@ -378,6 +391,16 @@ def update_b(
             r = gram(backend, a)
         s_csr = kernel_times(backend, kmat, sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
         return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr, kb)
+    gk = _gpu_kernels(backend, n * k * n_steps)
+    if gk is not None:  # two launches per step, no read
+        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+        dev.at[...] = _dense(a.T, xp)
+        if r is None or s_mat is None:
+            r = dev.gram()
+        else:
+            dev.s_t[...] = s_mat.T
+        dev.update_b(kernel_times(backend, kmat, b_prev) if kb is None else kb, r)
+        return dev.b_result()
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
     if kb is None:
@@ -578,11 +601,13 @@ class _DeviceFit:
         indptr = xp.concatenate([xp.zeros(1, dtype=cnt.dtype), xp.cumsum(cnt)])
         return self.backend.sparse.csc_matrix((vals.T[keep], idx.T[keep], indptr), shape=shape)
 
-    def result(self) -> tuple[Any, Any]:
-        """A (k, n) and B (n, k) as CSC matrices holding only their picked entries."""
-        a = self._compact(self.a_idx, self.a_vals, self.a_cnt, (self.k, self.n))
-        b = self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
-        return a, b
+    def a_result(self) -> Any:
+        """A (k, n) as a CSC matrix holding only its picked entries (compacted: reads its size)."""
+        return self._compact(self.a_idx, self.a_vals, self.a_cnt, (self.k, self.n))
+
+    def b_result(self) -> Any:
+        """B (n, k) as a CSC matrix holding only its picked entries (compacted: reads its size)."""
+        return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
 
 
 def fit(
@@ -655,7 +680,7 @@ def fit(
         # RSS: each computed once per B
         kb = kernel_times(backend, kmat, b)
         q = kernel_gram(backend, b, kb)
-        gk = _gpu_kernels(backend)
+        gk = _gpu_kernels(backend, n * k * fw_iters)
         if gk is not None:  # the GPU kernels: one read (the RSS) per iteration
             dev = _DeviceFit(backend, gk, backend.sparse.csr_matrix(kmat), m_sq, k, fw_iters)
             dev.update_a(q, kb, a0)
@@ -715,7 +740,7 @@ def fit(
             if abs(rss[-2] - rss[-1]) < threshold:
                 converged = True
         if gk is not None:
-            a, b = dev.result()
+            a, b = dev.a_result(), dev.b_result()
         if not converged:
             warnings.warn(
                 f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
