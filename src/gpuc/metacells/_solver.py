@@ -14,7 +14,10 @@ T argmin vectors. The updates are incremental:
 
 All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
 iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._kernels_cpu`) that perform
-the same floating-point operations, so CPU and array code give identical picks (tests check both).
+the same floating-point operations, so CPU and array code give identical picks (tests check both). On the GPU they
+run in numba-cuda kernels (:mod:`gpuc.metacells._kernels_gpu`, driven by :class:`_DeviceFit`) with the same
+operations again: a few launches per Frank-Wolfe step and one read (the RSS) per outer iteration; the large products
+stay with CuPy. Without numba-cuda the GPU runs the array code.
 """
 
 from __future__ import annotations
