@@ -214,3 +214,44 @@ def test_simulator_falls_back_to_the_array_code_for_large_fits(gpu, small, monke
     with counting() as c:
         fit(gpu, gpu.asarray(mmat), arche, max_iter=1, min_iter=1, fw_iters=4)
     assert not any(name.startswith("kernel.") for name in c.by_name), c.top()
+
+
+# ---- compiled for a device ----------------------------------------------------------------------------------------
+PTX_SCRIPT = """
+import json
+from numba import cuda, types as T
+import gpuc.metacells._kernels_gpu as kg
+f8_2, i8_2, f8_1, i8_1, i4_1 = T.float64[:, ::1], T.int64[:, ::1], T.float64[::1], T.int64[::1], T.int32[::1]
+sigs = {
+    "fw_a_cells": (f8_2, i4_1, i4_1, f8_1, i8_2, f8_2, i8_1, f8_1, T.int64, f8_2, f8_2, i8_2),
+    "fw_b_rows": (f8_2, f8_2, f8_2, f8_2, f8_2, T.float64, T.boolean),
+    "fw_b_cols": (f8_2, i8_2, T.int64, f8_2, i4_1, i4_1, f8_1, T.boolean),
+    "fw_columns": (i8_2, i8_2, f8_2, i8_1, f8_2, T.boolean),
+    "padded_csc": (i8_2, f8_2, i8_1, T.int64, i4_1, f8_1),
+}
+out = {}
+for name, sig in sigs.items():
+    ptx, _ = cuda.compile_ptx(getattr(kg, name).py_func, sig, cc=(9, 0))
+    out[name] = ptx.count("fma.rn.f64")
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_a_device_without_fused_multiply_adds():
+    """Outside the simulator the kernels compile to PTX (sm_90) with their products rounded on their own: no fused
+    multiply-add, which would round ``a + b c`` once where the CPU rounds twice. Needs libNVVM and NVRTC (a CUDA
+    toolkit or its wheels), not a GPU; skipped without them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    out = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, check=False)
+    missing = ("DynamicLibNotFoundError", "NvvmSupportError", "libnvvm", "libNVVM", "nvrtc", "CudaSupportError")
+    if out.returncode != 0 and any(m in out.stderr for m in missing):
+        pytest.skip(f"no CUDA compiler libraries here: {out.stderr.strip().splitlines()[-1]}")
+    assert out.returncode == 0, out.stderr
+    fmas = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(fmas) == {"fw_a_cells", "fw_b_rows", "fw_b_cols", "fw_columns", "padded_csc"}
+    assert not any(fmas.values()), fmas
