@@ -226,7 +226,8 @@ def update_a(
     ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
     independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
     ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q. On the CPU the
-    inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False.
+    inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False; on the GPU
+    all steps of all cells run in one numba-cuda kernel (:func:`gpuc.metacells._kernels_gpu.fw_a_cells`).
     ``kb = K B`` (sparse) and ``q`` (:func:`kernel_gram`) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
@@ -373,7 +374,8 @@ def update_b(
     * ``gradient="dense"``: ``K B R`` is kept as a dense (n, k) array and updated with the k gathered kernel
       columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
-      ``gpuc.settings.numba`` is False. This is the GPU code.
+      ``gpuc.settings.numba`` is False. This is the GPU code: there two numba-cuda kernels per step (every cell's
+      gradient, then every column's argmin over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
@@ -487,6 +489,15 @@ def one_hot_b(backend: Backend, archetypes: np.ndarray, n: int, k: int) -> Any:
     return backend.sparse.csc_matrix((xp.ones(m), (xp.asarray(archetypes, dtype=xp.int64), xp.arange(m))), shape=(n, k))
 
 
+def _canonical(mat: Any) -> Any:
+    """``mat`` marked as canonical (rows sorted within each column, none repeated), which the kernels guarantee, so
+    that CuPy's sparse products skip their sorting and duplicate-summing pass; a no-op where the flag is read-only.
+    """
+    with contextlib.suppress(AttributeError):
+        mat.has_canonical_format = True
+    return mat
+
+
 class _DeviceFit:
     """The alternating fit on a GPU with the kernels of :mod:`gpuc.metacells._kernels_gpu`: nothing is read back
     to the host inside an outer iteration but its RSS (one scalar).
@@ -591,7 +602,7 @@ class _DeviceFit:
         kern = self.kern
         self._launch(kern.fw_columns, self.k, self.b_picks, self.b_idx, self.b_vals, self.b_cnt, self.no_dense, False)
         self._launch(kern.padded_csc, self.k, self.b_idx, self.b_vals, self.b_cnt, self.n, self.b_ix, self.b_dx)
-        return self.backend.sparse.csc_matrix((self.b_dx, self.b_ix, self.b_indptr), shape=(self.n, self.k))
+        return _canonical(self.backend.sparse.csc_matrix((self.b_dx, self.b_ix, self.b_indptr), shape=(self.n, self.k)))
 
     def rss(self, kb: Any, q: Any, r: Any) -> float:
         """The reduced RSS from ``kb = K B``, ``q = B^T K B`` and ``r = A A^T``: one synchronising read."""
@@ -602,7 +613,7 @@ class _DeviceFit:
         xp = self.backend.xp
         keep = xp.arange(idx.shape[0])[None, :] < cnt[:, None]  # (columns, T): each column's entries in order
         indptr = xp.concatenate([xp.zeros(1, dtype=cnt.dtype), xp.cumsum(cnt)])
-        return self.backend.sparse.csc_matrix((vals.T[keep], idx.T[keep], indptr), shape=shape)
+        return _canonical(self.backend.sparse.csc_matrix((vals.T[keep], idx.T[keep], indptr), shape=shape))
 
     def a_result(self) -> Any:
         """A (k, n) as a CSC matrix holding only its picked entries (compacted: reads its size)."""
@@ -649,7 +660,8 @@ def fit(
     max_iter, min_iter, convergence_epsilon, fw_iters
         SEACells' loop controls: stop when ``|RSS_{t-1} - RSS_t| < convergence_epsilon * RSS_0`` (after min_iter).
     block
-        Cells per block in the A- and B-updates; default: cache-sized on the CPU, large on the GPU.
+        Cells per block in the A- and B-updates of the array code; default: cache-sized on the CPU, large on the
+        GPU (the GPU kernels take every cell at once).
     gradient
         How the B-update tracks its gradient (see :func:`update_b`): "restricted" (CPU; memory O(nnz(K A^T)),
         nothing dense n x k), "dense" (the GPU code) or "auto" (restricted on the CPU above 1e7 n x k entries).
