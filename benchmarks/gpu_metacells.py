@@ -79,7 +79,7 @@ def identical_inputs(cpu, gpu, kh: sp.csr_matrix, arche: np.ndarray, a0, iters: 
     """The CPU fit's sequence of updates, each also run on the GPU from the same inputs (the CPU's A, B and K): how
     many cells (A) and archetypes (B) pick differently, and, where some do, the smallest relative gap between the two
     lowest gradient entries those cells / columns met on the CPU (near 1e-16: floating-point tie-breaking; larger:
-    the GPU computes something else), beside the median over all of them."""
+    the GPU computes something else), beside the median over all of them, for the first update that differs."""
     from gpuc.metacells import update_a, update_b
     from gpuc.metacells._solver import one_hot_b
 
@@ -96,10 +96,11 @@ def identical_inputs(cpu, gpu, kh: sp.csr_matrix, arche: np.ndarray, a0, iters: 
         b_gpu = gpu.to_host(update_b(gpu, kg, gpu.asarray(a_new), gpu.asarray(b), fw_iters)).toarray()
         cols = np.flatnonzero((b_gpu != b_new.toarray()).any(axis=0))
         row = {"iteration": it, "A_cells_differing": int(cells.size), "B_columns_differing": int(cols.size)}
-        if cells.size:
+        first = not any(r["A_cells_differing"] or r["B_columns_differing"] for r in steps)  # gaps: first only
+        if cells.size and first:
             gap = _a_gaps(kh, b, a, fw_iters)
             row |= {"A_min_gap_differing": float(gap[cells].min()), "A_median_gap": float(np.median(gap))}
-        if cols.size:
+        if cols.size and first:
             gap = _b_gaps(kh, a_new, b, fw_iters)
             row |= {"B_min_gap_differing": float(gap[cols].min()), "B_median_gap": float(np.median(gap))}
         steps.append(row)
