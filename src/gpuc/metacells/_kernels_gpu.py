@@ -24,9 +24,7 @@ Every kernel performs the floating-point operations of its CPU twin in the same 
 * :func:`fw_columns` - the Frank-Wolfe iterates from the picks, one thread per column: the distinct picks in
   increasing order and their weights by the reference's recursion ``v <- v + g (e - v)``
   (``_kernels_cpu.frank_wolfe_columns``), optionally scattered into a dense (columns, rows) array.
-* :func:`padded_csc` - a column's entries laid out in a fixed number of slots (``min(T, rows)``), the free slots
-  being explicit zeros at the smallest rows not picked (rows sorted, none repeated), so the sparse B of every
-  iteration is built without reading its number of entries back to the host.
+* :func:`compact_columns` - the iterates' columns as a CSC matrix (indices and data from the columns' offsets).
 
 Layouts are (archetypes, cells) for the per-cell work arrays, so that the threads of a warp (consecutive cells)
 touch consecutive addresses. Products are rounded on their own (``dmul_rn``): the device compiler would otherwise
@@ -246,34 +244,14 @@ def fw_columns(picks, idx, vals, cnt, dense, write_dense):  # pragma: no cover -
 
 
 @cuda.jit(cache=True)
-def padded_csc(idx, vals, cnt, n_rows, out_ix, out_dx):  # pragma: no cover - compiled
-    """Column ``c`` of :func:`fw_columns` in the ``slots = out_ix.size // cnt.size`` entries from ``c * slots`` of a
-    CSC matrix with ``n_rows`` rows: its picks merged in row order with explicit zeros at the smallest rows it does
-    not pick (one thread per column).
+def compact_columns(idx, vals, indptr, out_ix, out_dx):  # pragma: no cover - compiled
+    """Column ``c`` of :func:`fw_columns` written to entries ``indptr[c]:indptr[c + 1]`` of a CSC matrix's indices and
+    data (one thread per column).
     """
     c = cuda.grid(1)
-    n_cols = cnt.shape[0]
-    if c >= n_cols:
+    if c >= indptr.shape[0] - 1:
         return
-    slots = out_ix.shape[0] // n_cols
-    u = cnt[c]
-    fill = slots - u
-    o = c * slots
-    end = o + slots
-    row = 0
-    e = 0
-    while o < end and row < n_rows:
-        if e < u and idx[e, c] == row:
-            out_ix[o] = row
-            out_dx[o] = vals[e, c]
-            e += 1
-            o += 1
-        elif fill > 0:
-            out_ix[o] = row
-            out_dx[o] = 0.0
-            fill -= 1
-            o += 1
-        elif e < u:  # no filler left: jump to the next pick
-            row = idx[e, c]
-            continue
-        row += 1
+    base = indptr[c]
+    for e in range(indptr[c + 1] - base):
+        out_ix[base + e] = idx[e, c]
+        out_dx[base + e] = vals[e, c]

@@ -16,8 +16,8 @@ All of it is written once against ``backend.xp`` / ``backend.sparse``; only scal
 iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._kernels_cpu`) that perform
 the same floating-point operations, so CPU and array code give identical picks (tests check both). On the GPU they
 run in numba-cuda kernels (:mod:`gpuc.metacells._kernels_gpu`, driven by :class:`_DeviceFit`) with the same
-operations again: a few launches per Frank-Wolfe step and one read (the RSS) per outer iteration; the large products
-stay with CuPy. Without numba-cuda the GPU runs the array code.
+operations again: a few launches per Frank-Wolfe step and two reads (B's size, the RSS) per outer iteration; the
+large products stay with CuPy. Without numba-cuda the GPU runs the array code.
 """
 
 from __future__ import annotations
@@ -499,16 +499,16 @@ def _canonical(mat: Any) -> Any:
 
 
 class _DeviceFit:
-    """The alternating fit on a GPU with the kernels of :mod:`gpuc.metacells._kernels_gpu`: nothing is read back
-    to the host inside an outer iteration but its RSS (one scalar).
+    """The alternating fit on a GPU with the kernels of :mod:`gpuc.metacells._kernels_gpu`: two scalars are read
+    back to the host per outer iteration, B's number of entries (to size its arrays, just before CuPy's sparse
+    product with it, which waits for the device anyway) and the RSS.
 
     Per outer iteration: one launch for the A-update's T steps of all cells, two for the iterate A (dense ``A^T``
     for ``R = A A^T``, ``S = K A^T`` and the RSS), two per B-step (the gradient of every cell, then every column's
-    argmin over all cells, which also swaps the column of the gathered ``K[:, picks]``), two for the sparse B, and
-    the large products with CuPy (``K B``, ``B^T K B``, ``A A^T``, ``K A^T``, ``K B R``). The iterates' picks,
-    distinct rows and weights stay on the device; B is kept as a CSC matrix with ``min(T, n)`` slots per column
-    (explicit zeros in the free ones) so that its size is known without a read. A and B are compacted once, at
-    the end. The picks are those of the CPU kernels (same operations in the same order, ties to the lowest index).
+    argmin over all cells, which also swaps the column of the gathered ``K[:, picks]``), a few for the sparse B,
+    and the large products with CuPy (``K B``, ``B^T K B``, ``A A^T``, ``K A^T``, ``K B R``). The iterates' picks,
+    distinct rows and weights stay on the device; A becomes a sparse matrix once, at the end. The picks are those
+    of the CPU kernels (same operations in the same order, ties to the lowest index).
     """
 
     def __init__(self, backend: Backend, kern: Any, kmat: Any, m_sq: float, k: int, n_steps: int) -> None:
@@ -531,10 +531,6 @@ class _DeviceFit:
         self.b_idx = xp.empty((n_steps, k), dtype=xp.int64)
         self.b_vals = xp.empty((n_steps, k))
         self.b_cnt = xp.zeros(k, dtype=xp.int64)
-        slots = min(n_steps, n)
-        self.b_indptr = xp.arange(0, k * slots + 1, slots, dtype=xp.int32)
-        self.b_ix = xp.empty(k * slots, dtype=xp.int32)
-        self.b_dx = xp.empty(k * slots)
         self.no_dense = xp.empty((1, 1))
 
     def _launch(self, kernel: Any, n_threads: int, *args: Any) -> None:
@@ -583,7 +579,7 @@ class _DeviceFit:
         return r
 
     def update_b(self, kb: Any, r: Any) -> Any:
-        """All T steps of the B-update from ``kb = K B_prev``; returns B as a padded CSC matrix."""
+        """All T steps of the B-update from ``kb = K B_prev``; returns B as a CSC matrix."""
         xp, kern, kmat = self.backend.xp, self.kern, self.kmat
         y, g = self.qa, self.p
         y[...] = (kb @ r).T  # K B_prev R
@@ -599,10 +595,10 @@ class _DeviceFit:
         return self._b_matrix()
 
     def _b_matrix(self) -> Any:
-        kern = self.kern
-        self._launch(kern.fw_columns, self.k, self.b_picks, self.b_idx, self.b_vals, self.b_cnt, self.no_dense, False)
-        self._launch(kern.padded_csc, self.k, self.b_idx, self.b_vals, self.b_cnt, self.n, self.b_ix, self.b_dx)
-        return _canonical(self.backend.sparse.csc_matrix((self.b_dx, self.b_ix, self.b_indptr), shape=(self.n, self.k)))
+        self._launch(
+            self.kern.fw_columns, self.k, self.b_picks, self.b_idx, self.b_vals, self.b_cnt, self.no_dense, False
+        )
+        return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
 
     def rss(self, kb: Any, q: Any, r: Any) -> float:
         """The reduced RSS from ``kb = K B``, ``q = B^T K B`` and ``r = A A^T``: one synchronising read."""
@@ -610,17 +606,21 @@ class _DeviceFit:
         return math.sqrt(max(float(val), 0.0))
 
     def _compact(self, idx: Any, vals: Any, cnt: Any, shape: tuple[int, int]) -> Any:
+        """The columns of :func:`~gpuc.metacells._kernels_gpu.fw_columns` as a CSC matrix: one read (its size)."""
         xp = self.backend.xp
-        keep = xp.arange(idx.shape[0])[None, :] < cnt[:, None]  # (columns, T): each column's entries in order
-        indptr = xp.concatenate([xp.zeros(1, dtype=cnt.dtype), xp.cumsum(cnt)])
-        return _canonical(self.backend.sparse.csc_matrix((vals.T[keep], idx.T[keep], indptr), shape=shape))
+        indptr = xp.zeros(cnt.shape[0] + 1, dtype=xp.int32)
+        xp.cumsum(cnt, out=indptr[1:])
+        nnz = int(indptr[-1])
+        ix, dx = xp.empty(nnz, dtype=xp.int32), xp.empty(nnz)
+        self._launch(self.kern.compact_columns, cnt.shape[0], idx, vals, indptr, ix, dx)
+        return _canonical(self.backend.sparse.csc_matrix((dx, ix, indptr), shape=shape))
 
     def a_result(self) -> Any:
-        """A (k, n) as a CSC matrix holding only its picked entries (compacted: reads its size)."""
+        """A (k, n) as a CSC matrix."""
         return self._compact(self.a_idx, self.a_vals, self.a_cnt, (self.k, self.n))
 
     def b_result(self) -> Any:
-        """B (n, k) as a CSC matrix holding only its picked entries (compacted: reads its size)."""
+        """B (n, k) of the last B-update as a CSC matrix."""
         return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
 
 
@@ -696,7 +696,7 @@ def fit(
         kb = kernel_times(backend, kmat, b)
         q = kernel_gram(backend, b, kb)
         gk = _gpu_kernels(backend, n * k * fw_iters)
-        if gk is not None:  # the GPU kernels: one read (the RSS) per iteration
+        if gk is not None:  # the GPU kernels: two reads (B's size, the RSS) per iteration
             dev = _DeviceFit(backend, gk, backend.sparse.csr_matrix(kmat), m_sq, k, fw_iters)
             dev.update_a(q, kb, a0)
             rss = [dev.rss(kb, q, dev.gram(with_s=False))]
