@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuc._backend import optional_import
-from gpuc._errors import DaskTaskError
+from gpuc._errors import DaskTaskError, GpucWarning
 from gpuc._settings import settings
 
 DEFAULT_CLIENT = "default"
@@ -152,6 +152,77 @@ def _run_unit(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], n_
     return UnitResult(value, [(w.category, str(w.message)) for w in caught])
 
 
+# a unit whose input or worker was lost (a worker killed, e.g. by its memory limit, taking the scattered data with
+# it) is resubmitted from the client, with its data scattered again, at most this many times
+MAX_RESUBMITS = 2
+
+
+def _lost(err: BaseException) -> bool:
+    """Whether a unit failed because the cluster lost it (cancelled: its worker or its scattered data are gone), not
+    because its own code raised.
+    """
+    import concurrent.futures
+
+    return isinstance(err, concurrent.futures.CancelledError)
+
+
+def _run_on_cluster(
+    fn: Callable[..., Any],
+    units: Sequence[tuple[str, tuple]],
+    client: Any,
+    shared: dict[str, Any],
+    n_jobs: int | None,
+    what: str,
+    costs: Sequence[float] | None,
+) -> list[UnitResult]:
+    """The units as Dask tasks, their shared data scattered to every worker; units lost with a worker are
+    resubmitted from this process (data scattered again), the others' results kept.
+    """
+    priority = [0.0] * len(units) if costs is None else [float(c) for c in costs]
+    results: list[UnitResult | None] = [None] * len(units)
+    for attempt in range(MAX_RESUBMITS + 1):
+        pending = [i for i, r in enumerate(results) if r is None]
+        futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
+        token = uuid.uuid4().hex[:8]  # keys name the unit in the dashboard; the token keeps two calls apart
+        futures = {
+            i: client.submit(
+                _run_unit,
+                fn,
+                units[i][1],
+                futures_shared,
+                n_jobs,
+                pure=False,
+                key=f"gpuc-{what}-{token}-{i}-{units[i][0]}",
+                priority=priority[i],
+            )
+            for i in pending
+        }
+        lost: list[int] = []
+        try:
+            for i, fut in futures.items():
+                label = units[i][0]
+                try:
+                    results[i] = fut.result()
+                except Exception as err:
+                    if _lost(err) and attempt < MAX_RESUBMITS:
+                        lost.append(i)
+                        continue
+                    msg = f"{what} failed on {label or 'its only unit'}: {type(err).__name__}: {err}"
+                    raise DaskTaskError(msg) from err
+        finally:
+            client.cancel(list(futures.values()) + list(futures_shared.values()))
+        if not lost:
+            break
+        names = ", ".join(units[i][0] or "its only unit" for i in lost)
+        warnings.warn(
+            f"{what}: the cluster lost {len(lost)} unit(s) ({names}) with a worker (killed, e.g. by its memory "
+            "limit); resubmitted to the cluster from this process, with their data.",
+            GpucWarning,
+            stacklevel=4,
+        )
+    return [r for r in results if r is not None]
+
+
 def map_units(
     fn: Callable[..., Any],
     units: Sequence[tuple[str, tuple]],
@@ -196,7 +267,8 @@ def map_units(
     ------
     DaskTaskError
         On a cluster, when a unit raised: the message names the unit and the original error; the other units are
-        cancelled. In process the unit's own exception propagates with its type, the unit named in a note
+        cancelled. A unit lost with its worker (killed, its scattered data gone) is not an error: it is resubmitted
+        with its data, up to ``MAX_RESUBMITS`` times, with a warning. In process the unit's own exception propagates with its type, the unit named in a note
         (shown in the traceback).
     """
     shared = dict(shared or {})
@@ -210,32 +282,7 @@ def map_units(
                     err.add_note(f"{what} failed on {label}.")
                 raise
     else:
-        futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
-        token = uuid.uuid4().hex[:8]  # keys name the unit in the dashboard; the token keeps two calls apart
-        priority = [0.0] * len(units) if costs is None else [float(c) for c in costs]
-        futures = [
-            client.submit(
-                _run_unit,
-                fn,
-                args,
-                futures_shared,
-                n_jobs,
-                pure=False,
-                key=f"gpuc-{what}-{token}-{i}-{label}",
-                priority=priority[i],
-            )
-            for i, (label, args) in enumerate(units)
-        ]
-        out = []
-        try:
-            for (label, _), fut in zip(units, futures, strict=True):
-                try:
-                    out.append(fut.result())
-                except Exception as err:
-                    msg = f"{what} failed on {label or 'its only unit'}: {type(err).__name__}: {err}"
-                    raise DaskTaskError(msg) from err
-        finally:
-            client.cancel(futures + list(futures_shared.values()))
+        out = _run_on_cluster(fn, units, client, shared, n_jobs, what, costs)
     if replay_warnings:
         for (label, _), res in zip(units, out, strict=True):
             for category, message in res.warnings:

@@ -1,5 +1,6 @@
-"""Issue 31, cluster faults (part): a closed Dask client is a clear error before anything runs; a unit that fails in
-process is named in the error's notes, as a cluster names it, and keeps its exception type."""
+"""Issue 31, cluster faults: a closed Dask client is a clear error before anything runs; a unit that fails in process
+is named in the error's notes, as a cluster names it, and keeps its exception type; units lost with a killed worker
+(their scattered data gone) are resubmitted from the client and give the in-process result."""
 
 from __future__ import annotations
 
@@ -43,3 +44,59 @@ def test_in_process_failure_names_the_unit():
     with pytest.raises(ValueError, match="no fit") as info:
         map_units(_fails_on_two, [(f"group {x!r}", (x,)) for x in (1, 2, 3)], client=None, what="demo")
     assert "demo failed on group 2." in getattr(info.value, "__notes__", [])
+
+
+def _groups(n_groups: int = 3, n_per: int = 300) -> ad.AnnData:
+    rng = np.random.default_rng(0)
+    x = np.vstack([rng.normal(3 * g, 1, (n_per, 5)) for g in range(n_groups)])
+    a = ad.AnnData(np.zeros((x.shape[0], 2), dtype=np.float32))
+    a.obsm["X_pca"] = x
+    a.obs["sample"] = np.repeat([f"s{g}" for g in range(n_groups)], n_per)
+    return a
+
+
+def _without_seconds(a: ad.AnnData) -> ad.AnnData:
+    uns = a.uns["metacell"]
+    uns.pop("seconds")
+    for entry in uns["groups"].values():
+        entry.pop("seconds")
+    return a
+
+
+def test_units_lost_with_the_only_worker_are_resubmitted(same):
+    """SIGKILL the single worker process while it fits: its scattered data are gone with it; the units are
+    resubmitted from the client (a warning says so) and the result is the in-process one."""
+    import os
+    import signal
+    import threading
+    import time
+
+    a = _groups()
+    kw = {"groupby": "sample", "max_iter": 25, "min_iter": 25, "device": "cpu", "copy": True}
+    want = _without_seconds(gpuc.tl.metacells(a, 6, **kw))
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        pids = client.run(os.getpid)
+        killed = []
+
+        def kill_when_busy():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed:
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    time.sleep(0.3)  # let the unit get going
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        with pytest.warns(gpuc.GpucWarning, match="lost .* resubmitted"):
+            got = gpuc.tl.metacells(a, 6, client=client, **kw)
+        killer.join()
+        assert killed, "no worker was killed: the test did not exercise the failure"
+        same(_without_seconds(got), want)
+    finally:
+        client.close()
+        cluster.close()
