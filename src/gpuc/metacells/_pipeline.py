@@ -34,8 +34,9 @@ class MetacellResult:
 def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int = 50, gpu: bool = False) -> float:
     """Estimated peak memory of :func:`run_metacells` on ``n`` cells and ``k`` metacells.
 
-    Dense parts: the random A0 (k x n float64, when used), the dense B-update's gradient, kernel products and work
-    array (three n x k float64 arrays on the GPU, and on the CPU while n k <= ``DENSE_GRADIENT_MAX``). Sparse parts
+    Dense parts: the random A0 (k x n float64, when used); on the GPU the fused kernels' five n x k float64 work
+    arrays, two n x k product outputs and each Frank-Wolfe step's picks and values; on the CPU the dense B-update's
+    gradient, kernel products and work array (three n x k float64 arrays while n k <= ``DENSE_GRADIENT_MAX``). Sparse parts
     (12 bytes per stored entry): the kernel and its square (~``4 * n_neighbors`` entries per cell after the union
     symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
     ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell); on the CPU's dense-gradient path,
@@ -44,8 +45,11 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     """
     nk = float(n) * float(k)
     dense_gradient = gpu or nk <= DENSE_GRADIENT_MAX
-    dense = (8.0 * nk if nk <= DENSE_A0_MAX else 0.0) + (24.0 * nk if dense_gradient else 0.0)
-    dense += 0.0 if gpu or nk > DIRECT_SLOTS_MAX else 16.0 * nk
+    dense = 8.0 * nk if nk <= DENSE_A0_MAX else 0.0
+    if gpu:  # the GPU kernels' five (k, n) / (n, k) work arrays, two product outputs, each step's picks and values
+        dense += 56.0 * nk + 24.0 * fw_iters * (n + k)
+    else:
+        dense += (24.0 * nk if dense_gradient else 0.0) + (0.0 if nk > DIRECT_SLOTS_MAX else 16.0 * nk)
     per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + (0 if gpu else min(k, 2 * n_neighbors * fw_iters))
     per_cell += 2 * n_neighbors if dense_gradient and not gpu else 0
     return dense + 12.0 * n * per_cell
