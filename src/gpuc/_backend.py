@@ -105,11 +105,24 @@ def is_sparse(x: Any) -> bool:
 # --------------------------------------------------------------------------------------------------------------------
 # device resolution
 # --------------------------------------------------------------------------------------------------------------------
-def resolve_device(device: Device | None = None, data: Any = None) -> Literal["cpu", "gpu"]:
+# device="auto" with the data in host memory: below these sizes gpuc's CPU path was measured faster than its GPU path,
+# so "auto" keeps the work on the CPU (data already on the GPU stay there). Units: cells for metacells, matrix
+# entries (cells x genes) for NMF, samples x genes for DESeq2. From the first H200 run against the 16-core CPU path
+# (docs/benchmarks.md, "GPU (NVIDIA H200)", crossover table): metacells 2,638 cells CPU 3.3x faster, 6,881 cells GPU
+# 1.7x; NMF 2,638 x 2,000 CPU 1.7x, 6,881 x 2,000 GPU 1.35x; DESeq2 100 x 10,000 CPU 2.6x, 500 x 30,000 GPU 2.8x.
+# The check script's crossover table re-measures them.
+AUTO_GPU_MIN_WORK: dict[str, float] = {"metacells": 5_000, "nmf": 1e7, "deseq": 5e6}
+
+
+def resolve_device(
+    device: Device | None = None, data: Any = None, *, tool: str | None = None, work: float | None = None
+) -> Literal["cpu", "gpu"]:
     """Turn ``"auto" | "cpu" | "gpu" | None`` into the device to use.
 
-    ``None`` means :attr:`gpuc.settings.device`. ``"auto"`` picks the GPU when the input already lives there or when
-    cupy imports and sees a device, else the CPU. ``"gpu"`` without a usable device raises a :class:`RuntimeError`.
+    ``None`` means :attr:`gpuc.settings.device`. ``"auto"`` picks the GPU when the input already lives there, else
+    when cupy imports and sees a device and the problem is large enough for the GPU to win (``work`` at least
+    :data:`AUTO_GPU_MIN_WORK` ``[tool]``, when both are given), else the CPU. ``"gpu"`` without a usable device raises
+    a :class:`RuntimeError`.
     """
     if device is None:
         from gpuc._settings import settings
@@ -126,6 +139,8 @@ def resolve_device(device: Device | None = None, data: Any = None) -> Literal["c
             msg = f"device='gpu' was requested but no usable GPU was found: {reason}. Install {GPU_EXTRA_HINT} on a machine with an NVIDIA GPU, or pass device='cpu'."
             raise RuntimeError(msg)
         return "gpu"
+    if tool is not None and work is not None and work < AUTO_GPU_MIN_WORK.get(tool, 0.0):
+        return "cpu"
     return "gpu" if gpu_available() else "cpu"
 
 
@@ -134,9 +149,11 @@ def backend_of(x: Any) -> Backend:
     return _backend_for("gpu" if is_cupy_array(x) else "cpu")
 
 
-def get_backend(device: Device | None = None, data: Any = None) -> Backend:
+def get_backend(
+    device: Device | None = None, data: Any = None, *, tool: str | None = None, work: float | None = None
+) -> Backend:
     """Return the :class:`Backend` for ``device`` (see :func:`resolve_device`)."""
-    return _backend_for(resolve_device(device, data))
+    return _backend_for(resolve_device(device, data, tool=tool, work=work))
 
 
 @functools.cache

@@ -124,3 +124,25 @@ def test_gpu_knn_and_transfers_match_cpu(points: np.ndarray) -> None:
     x = sp.random(30, 10, density=0.2, format="csr", random_state=0)
     back = gpu.to_host(gpu.asarray(x))
     assert (back != x).nnz == 0
+
+
+def test_auto_keeps_small_host_problems_on_the_cpu_and_large_ones_on_the_gpu(monkeypatch):
+    from gpuc import _backend
+
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (True, "pretend"))
+    small = _backend.AUTO_GPU_MIN_WORK["deseq"] / 2
+    assert _backend.resolve_device("auto", tool="deseq", work=small) == "cpu"
+    assert _backend.resolve_device("auto", tool="deseq", work=2 * small) == "gpu"
+    assert _backend.resolve_device("auto") == "gpu"  # no size given: the device decides
+    assert _backend.resolve_device("gpu", tool="deseq", work=1) == "gpu"  # an explicit choice is kept
+    for tool in ("metacells", "nmf"):
+        assert _backend.resolve_device("auto", tool=tool, work=1) == "cpu"
+
+
+def test_auto_keeps_device_resident_data_on_the_gpu_whatever_its_size():
+    from gpuc._backend import resolve_device
+    from gpuc._testing.standin import to_device, use_standin
+
+    with use_standin():
+        x = to_device(np.ones((3, 3)))
+        assert resolve_device("auto", x, tool="deseq", work=9) == "gpu"

@@ -266,7 +266,7 @@ def deseq(
         check_key(adata.obs, groupby, "adata.obs")
         # labels as given: 1 and "1" are refused, missing labels leave their samples out with a warning
         group_of = group_labels(adata.obs[groupby], f"adata.obs[{groupby!r}]", what="sample(s)")
-    backend = get_backend(device, counts)
+    backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     dask_client = resolve_client(client)
     groups = [None] if group_of is None else [g for g in pd.unique(group_of) if g is not None]
     planned: list[tuple[Any, np.ndarray, Any]] = []
@@ -831,7 +831,7 @@ def vst(
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
         trend = DispersionFunction.from_dict(adata.uns[key]["trend"])
-    backend = get_backend(device, counts)
+    backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     check_memory(
         backend,
         vst_peak_bytes(adata.n_obs, adata.n_vars),

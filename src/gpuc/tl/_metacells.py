@@ -393,7 +393,8 @@ def metacells(
             msg = "initial_archetypes cannot be combined with groupby."
             raise ValueError(msg)
         init_arch = _archetype_positions(adata, initial_archetypes, plan[0][2])
-    backend = get_backend(device, x)
+    # "auto" keeps fits the GPU does not speed up on the CPU (the largest group decides)
+    backend = get_backend(device, x, tool="metacells", work=max(idx.size for _, idx, _ in plan))
     # groups are fitted one after the other: the largest fit bounds the peak
     need, g_big, n_big, k_big = max(
         (

@@ -283,7 +283,7 @@ def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Back
     if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
         msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
         raise ValueError(msg)
-    backend = get_backend(device, block)
+    backend = get_backend(device, block, tool="nmf", work=float(block.shape[0]) * float(block.shape[1]))
     dtype = _working_dtype(block, dtype)
     return backend, Operator.build(backend, block, dtype=dtype)
 
