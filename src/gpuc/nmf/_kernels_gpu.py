@@ -31,7 +31,7 @@ Layout: factors are flat ``(rows, C)`` arrays; run ``r`` owns columns ``roff[r]:
 every sum is per run, in a fixed order (rows in order within a chunk, then chunks in order), and a run's iterates do
 not depend on which other runs share the batch. Rows within a chunk are independent for the sweep (each thread
 writes only its run's columns of its rows); the ``k`` components of a row are updated in order (Gauss-Seidel). A
-row's values and its run's Gram sit in thread-local arrays of ``KMAX`` (ranks above it use the array code).
+row's values sit in a thread-local array of ``KMAX`` (ranks above it use the array code).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-KMAX = 32  # largest rank the fused kernels take (thread-local row and Gram arrays are sized by it)
+KMAX = 128  # largest rank the fused kernels take (the thread-local row array: 1 KB of local memory per thread)
 THREADS = 128  # threads per block on a GPU
 CHUNKS_GPU = 512  # row chunks per half-iteration on a GPU: with R runs, 512 R threads
 CHUNKS_SIMULATOR = 2  # under the CUDA simulator each thread is a Python thread: few, long ones
@@ -84,11 +84,9 @@ def half_step(q, g, xhat, xold, beta, extrap, full, eps, rk, roff, state, n_inne
     k = rk[r]
     o = roff[r]
     b = beta[r]
-    gl = cuda.local.array((KMAX, KMAX), float64)
+    # the row being swept; the run's Gram is read where it is (a few hundred bytes, held in L1 for the whole
+    # thread), since a thread-local copy would reserve KMAX^2 doubles of local memory for every resident thread
     xl = cuda.local.array(KMAX, float64)
-    for a in range(k):
-        for c in range(k):
-            gl[a, c] = g[r, a, c]
     for a in range(k):
         for c in range(a, k):
             phat[ch, r, a, c] = 0.0
@@ -100,12 +98,12 @@ def half_step(q, g, xhat, xold, beta, extrap, full, eps, rk, roff, state, n_inne
             xl[c] = xhat[i, o + c]
         for _ in range(n_inner):
             for c in range(k):
-                d = gl[c, c]
+                d = g[r, c, c]
                 if d <= 0:
                     continue
                 acc = 0.0
                 for j in range(k):
-                    acc += xl[j] * gl[j, c]
+                    acc += xl[j] * g[r, j, c]
                 v = xl[c] + (q[i, o + c] - acc) / d
                 # stored in the working precision; the next components see the rounded value, as on the CPU
                 xhat[i, o + c] = v if v > eps else eps
