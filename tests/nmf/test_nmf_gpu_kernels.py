@@ -15,7 +15,7 @@ from gpuc._backend import get_backend
 from gpuc._testing.standin import counting, simulator_status
 from gpuc._utils import derive_seed
 from gpuc.nmf import _kernels_gpu
-from gpuc.nmf._hals import Operator, _fused_kernels, fit_hals, fit_hals_groups
+from gpuc.nmf._hals import Operator, _fused_kernels, fit_hals, fit_hals_groups, nnls_refit
 
 pytestmark = pytest.mark.skipif(not simulator_status()[0], reason=simulator_status()[1])
 
@@ -128,3 +128,19 @@ def test_fused_gpu_run_does_not_depend_on_its_batch_on_a_real_gpu():
         alone = fit_hals(gpu, op, k, seeds)
         np.testing.assert_array_equal(alone.losses, rb.losses)
         np.testing.assert_array_equal(gpu.to_host(alone.usages), gpu.to_host(rb.usages))
+
+
+def test_nnls_refit_sweeps_with_one_launch_each(standin_gpu):
+    rng = np.random.default_rng(4)
+    v = _matrix(50, 30, sparse=True)
+    h = rng.random((4, 30))
+    w_cpu, loss_cpu = nnls_refit(
+        CPU, Operator.build(CPU, v, dtype=np.float64), h, warm_start=False, max_iter=40, tol=0.0
+    )
+    op = Operator.build(standin_gpu, standin_gpu.asarray(v), dtype=np.float64)
+    with counting() as c:
+        w_dev, loss_dev = nnls_refit(standin_gpu, op, standin_gpu.asarray(h), warm_start=False, max_iter=40, tol=0.0)
+    assert c.by_name["kernel.half_step"] == 40, c.top()
+    assert c.ops < 40 + 60, c.top()  # set-up and 4 loss checks, not k array operations per sweep
+    np.testing.assert_allclose(loss_dev, loss_cpu, rtol=1e-12)
+    np.testing.assert_allclose(w_dev.get(), w_cpu, rtol=0, atol=1e-12 * np.abs(w_cpu).max())

@@ -806,6 +806,30 @@ def _padded_grams(xp: Any, x: Any, layout: _Layout, kmax: int) -> Any:
     return out
 
 
+def _one_run_sweep(backend: Backend, op: Operator, rows: int, k: int) -> Any:
+    """``f(x, q, g, eps)``: :func:`sweep` of one run's ``(rows, 1, k)`` factor, in place; on a GPU one launch of the
+    fused :func:`gpuc.nmf._kernels_gpu.half_step` (no extrapolation) instead of ``k`` rounds of array operations.
+    """
+    xp = backend.xp
+    kern = _fused_kernels(backend, op, k) if backend.is_gpu else None
+    if kern is None:
+        return functools.partial(sweep, xp)
+    nch = kern.n_chunks(rows)
+    blocks, threads = kern.grid(nch)
+    rk, roff = xp.asarray(np.array([k], dtype=np.int64)), xp.asarray(np.array([0], dtype=np.int64))
+    state = xp.asarray(np.array([[1.0, 0.0, 0.0, 0.0]]))  # one live run
+    beta = xp.zeros((1,), dtype=op.dtype)
+    x_new = xp.empty((rows, k), dtype=op.dtype)  # the kernel's copy of the swept factor (unused here)
+    part = xp.empty((nch, 1, k, k), dtype=np.float64)  # its partial Grams (unused here)
+    none4, none2 = xp.empty((0, 1, k, k), dtype=np.float64), xp.empty((0, 1), dtype=np.float64)
+
+    def run(x: Any, q: Any, g: Any, eps: float) -> None:
+        backend.launch(kern.half_step, blocks, threads, q.reshape(rows, k), g, x.reshape(rows, k), x_new, beta, 0, 0,
+                       float(eps), rk, roff, state, 1, nch, none4, part, none2)  # fmt: skip
+
+    return run
+
+
 def nnls_refit(
     backend: Backend,
     op: Operator,
@@ -841,8 +865,9 @@ def nnls_refit(
         w = xp.zeros((m, 1, k), dtype=op.dtype)
     prev = None
     loss = op.norm2
+    one_sweep = _one_run_sweep(backend, op, m, k)
     for it in range(1, max_iter + 1):
-        sweep(xp, w, c, d, eps)
+        one_sweep(w, c, d, eps)
         if it % check_every == 0 or it == max_iter:
             loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
             if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:
