@@ -144,3 +144,18 @@ def test_nnls_refit_sweeps_with_one_launch_each(standin_gpu):
     assert c.ops < 40 + 60, c.top()  # set-up and 4 loss checks, not k array operations per sweep
     np.testing.assert_allclose(loss_dev, loss_cpu, rtol=1e-12)
     np.testing.assert_allclose(w_dev.get(), w_cpu, rtol=0, atol=1e-12 * np.abs(w_cpu).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparse", [True, False])
+def test_fused_gpu_path_equals_cpu_path_on_a_real_gpu(sparse):
+    # on a real GPU (skipped without one): the compiled kernels, with CuPy's products, against the CPU path
+    gpu = get_backend("gpu")
+    v = _matrix(300, 200, sparse=sparse, seed=5)
+    groups = _groups((2, 3, 4, 7), 5)
+    cpu = fit_hals_groups(CPU, Operator.build(CPU, v, dtype=np.float64), groups)
+    dev = fit_hals_groups(gpu, Operator.build(gpu, v, dtype=np.float64), groups)
+    for rc, rd in zip(cpu, dev, strict=True):
+        np.testing.assert_array_equal(rd.n_iter, rc.n_iter)
+        np.testing.assert_allclose(rd.losses, rc.losses, rtol=1e-9)
+        np.testing.assert_allclose(gpu.to_host(rd.spectra_t), rc.spectra_t, rtol=1e-5, atol=1e-7)
