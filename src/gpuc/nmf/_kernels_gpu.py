@@ -16,8 +16,10 @@ the batch at once, as
 6. :func:`restore` (extrapolated iterations only): runs whose loss rose start the next iteration from the
    unextrapolated factors.
 
-That is eight launches per iteration whatever the number of ranks, restarts and rows, and the host reads ``state``
-(one small array) once per check window instead of once per check. Runs that stop are frozen on the device (the
+That is eight device operations per iteration (two products, six kernel launches; five on plain iterations, which
+need no restore) whatever the number of ranks, restarts and rows (on dense ``V``, one product per rank group: BLAS
+may round a column differently with the width), and the host reads ``state`` (one small array) once per check window
+instead of once per check. :func:`gpuc.nmf._hals.nnls_refit` runs its sweeps as one :func:`half_step` launch each. Runs that stop are frozen on the device (the
 kernels skip runs whose live flag is 0) until the host takes them out of the batch at its next read, so each run
 stops at exactly the iteration the CPU path stops it.
 
