@@ -19,9 +19,9 @@ the batch at once, as
 That is eight device operations per iteration (two products, six kernel launches; five on plain iterations, which
 need no restore) whatever the number of ranks, restarts and rows (on dense ``V``, one product per rank group: BLAS
 may round a column differently with the width), and the host reads ``state`` (one small array) once per check window
-instead of once per check. :func:`gpuc.nmf._hals.nnls_refit` runs its sweeps as one :func:`half_step` launch each. Runs that stop are frozen on the device (the
-kernels skip runs whose live flag is 0) until the host takes them out of the batch at its next read, so each run
-stops at exactly the iteration the CPU path stops it.
+instead of once per check. Runs that stop are frozen on the device (the kernels skip runs whose live flag is 0)
+until the host takes them out of the batch at its next read, so each run stops at exactly the iteration the CPU path
+stops it. :func:`gpuc.nmf._hals.nnls_refit` runs each of its sweeps as one :func:`half_step` launch.
 
 Why numba-cuda: the kernels are Python, so CPU CI runs them under numba-cuda's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) on the stand-in device of :mod:`gpuc._testing.standin` and compares them with the CPU
