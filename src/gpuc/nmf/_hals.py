@@ -10,7 +10,8 @@ run's fit does not depend on which runs it was batched with.
 Written once against ``backend.xp`` / ``backend.sparse``; only scalars (the losses and states of the active runs)
 leave the device during a fit. The hot loop runs as fused kernels where they are available, chosen in one place
 (:func:`_fused_kernels`): numba CPU kernels (:mod:`gpuc.nmf._kernels_cpu`) on the CPU, numba-cuda kernels
-(:mod:`gpuc.nmf._kernels_gpu`, a few launches per iteration and one host read per check window) on the GPU. Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
+(:mod:`gpuc.nmf._kernels_gpu`, a few launches per iteration and one host read per check window) on the GPU.
+Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
 """
 
 from __future__ import annotations
