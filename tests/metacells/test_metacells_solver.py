@@ -236,7 +236,7 @@ def test_min_iter_is_honoured_and_max_below_min_rejected(mc_ref, mc_ref_kernel, 
 def test_compiled_sparse_products_equal_scipy_array_for_array(mc_ref_kernel, cpu, disable_numba):
     """The numba products of the fit equal scipy's results exactly (values, index order, shapes)."""
     pytest.importorskip("numba")
-    from gpuc.metacells import _cpu_kernels as kern
+    from gpuc.metacells import _kernels_cpu as kern
     from gpuc.metacells._solver import DIRECT_SLOTS_MAX, _from_argmins, _picked_kernel_columns, kernel_times
 
     kmat = sp.csr_matrix(mc_ref_kernel @ mc_ref_kernel.T)

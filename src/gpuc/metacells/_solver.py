@@ -13,13 +13,18 @@ T argmin vectors. The updates are incremental:
 * RSS is computed in reduced form ``||M||^2 - 2 tr(K B A) + tr(B^T K B A A^T)`` (K = M^T M): nothing n x n.
 
 All of it is written once against ``backend.xp`` / ``backend.sparse``; only scalars (the RSS) leave the device per
-iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._cpu_kernels`) that perform
-the same floating-point operations, so CPU and array code give identical picks (tests check both).
+iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.metacells._kernels_cpu`) that perform
+the same floating-point operations, so CPU and array code give identical picks (tests check both). On the GPU they
+run in numba-cuda kernels (:mod:`gpuc.metacells._kernels_gpu`, driven by :class:`_DeviceFit`) with the same
+operations again: a few launches per Frank-Wolfe step and two reads (B's size, the RSS) per outer iteration; the
+large products stay with CuPy. Without numba-cuda the GPU runs the array code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import math
 import time
 import warnings
@@ -58,7 +63,7 @@ class FitResult:
 DENSE_GRADIENT_MAX = 10_000_000
 
 # CPU products K X with at most this many n x k entries are written in one pass into k slots per row (16 bytes each,
-# 32 MB at most); larger ones count each row's columns in a first pass (``_cpu_kernels.csr_matmat``)
+# 32 MB at most); larger ones count each row's columns in a first pass (``_kernels_cpu.csr_matmat``)
 DIRECT_SLOTS_MAX = 1 << 21
 
 
@@ -110,13 +115,47 @@ def _dense(x: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(xp.asarray(x.toarray() if hasattr(x, "toarray") else x))
 
 
-# the compiled Frank-Wolfe kernels (module gpuc.metacells._cpu_kernels), or None when numba is unavailable
-_kernels = numba_kernels("gpuc.metacells._cpu_kernels")
+# the compiled Frank-Wolfe kernels (module gpuc.metacells._kernels_cpu), or None when numba is unavailable
+_kernels = numba_kernels("gpuc.metacells._kernels_cpu")
 
 
 def _fused(backend: Backend) -> Any:
     """The numba kernels when they are used (CPU, numba available, ``gpuc.settings.numba``), else None."""
     return None if backend.is_gpu else _kernels()
+
+
+@functools.cache
+def _import_gpu_kernels() -> Any:
+    """:mod:`gpuc.metacells._kernels_gpu`, or None without numba-cuda or without a device (real or simulated)."""
+    try:
+        import numba
+        from numba import cuda
+    except ImportError:  # pragma: no cover - numba-cuda comes with the GPU extras
+        return None
+    if not numba.config.ENABLE_CUDASIM and not cuda.is_available():  # pragma: no cover - needs a device
+        return None
+    return importlib.import_module("gpuc.metacells._kernels_gpu")
+
+
+# Under numba-cuda's CUDA simulator every CUDA thread is a Python thread: fits with more than this many
+# cell x archetype x step units run the array code there instead (same picks), so that the stand-in device's
+# end-to-end runs stay fast; the kernels are tested on small fits
+SIMULATOR_MAX_WORK = 50_000
+
+
+def _gpu_kernels(backend: Backend, work: int = 0) -> Any:
+    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda importable; on a device other
+    than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator and for at most
+    :data:`SIMULATOR_MAX_WORK` units of ``work``), else None: the GPU path then runs its array code.
+    """
+    if not backend.is_gpu:
+        return None
+    kern = _import_gpu_kernels()
+    if kern is None or (backend.launcher is not None and not kern.SIMULATED):
+        return None
+    if kern.SIMULATED and work > SIMULATOR_MAX_WORK:
+        return None
+    return kern
 
 
 def kernel_times(backend: Backend, kmat: Any, x: Any) -> Any:
@@ -187,7 +226,8 @@ def update_a(
     ``a_prev`` is a sparse (k, n) matrix, a dense (k, n) array, or ``"uniform"`` (every entry 1/k). Cells are
     independent, so they are processed in blocks of ``block`` with a (block, k) gradient buffer; the gradient
     ``Q A - P`` (Q = B^T K B, P = (K B)^T) is kept up to date by gathering rows of the symmetric Q. On the CPU the
-    inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False.
+    inner loop runs in a fused numba kernel (same operations) unless ``gpuc.settings.numba`` is False; on the GPU
+    all steps of all cells run in one numba-cuda kernel (:func:`gpuc.metacells._kernels_gpu.fw_a_cells`).
     ``kb = K B`` (sparse) and ``q`` (:func:`kernel_gram`) may be passed when already computed.
     """
     xp, sparse = backend.xp, backend.sparse
@@ -197,6 +237,11 @@ def update_a(
         kb = kernel_times(backend, kmat, b)
     if q is None:
         q = kernel_gram(backend, b, kb)
+    gk = _gpu_kernels(backend, n * k * n_steps)
+    if gk is not None:  # all steps of all cells in one launch
+        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+        dev.update_a(q, kb, a_prev)
+        return dev.a_result()
     picks = xp.empty((n_steps, n), dtype=xp.int64)
     a_sparse_t = None
     if not isinstance(a_prev, str) and sparse.issparse(a_prev):
@@ -290,7 +335,7 @@ def _update_b_restricted(
 
 
 def kernel_buckets(backend: Backend, kmat: Any) -> Any:
-    """K's entries grouped by the compiled B-update's row chunks (``_cpu_kernels.chunk_buckets``), or ``None`` where
+    """K's entries grouped by the compiled B-update's row chunks (``_kernels_cpu.chunk_buckets``), or ``None`` where
     the compiled kernels are not used. A copy of K (12 bytes per stored entry) plus ``n x (N_CHUNKS + 1)`` offsets; computed
     once per fit, it serves every B-step's gather of ``K[:, picks]``.
     """
@@ -329,7 +374,8 @@ def update_b(
     * ``gradient="dense"``: ``K B R`` is kept as a dense (n, k) array and updated with the k gathered kernel
       columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
-      ``gpuc.settings.numba`` is False. This is the GPU code.
+      ``gpuc.settings.numba`` is False. This is the GPU code: there two numba-cuda kernels per step (every cell's
+      gradient, then every column's argmin over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
@@ -350,6 +396,16 @@ def update_b(
             r = gram(backend, a)
         s_csr = kernel_times(backend, kmat, sparse.csr_matrix(a.T))  # K A^T on its pattern; same sums as the dense S
         return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr, kb)
+    gk = _gpu_kernels(backend, n * k * n_steps)
+    if gk is not None:  # two launches per step, no read
+        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+        dev.at[...] = _dense(a.T, xp)
+        if r is None or s_mat is None:
+            r = dev.gram()
+        else:
+            dev.s_t[...] = s_mat.T
+        dev.update_b(kernel_times(backend, kmat, b_prev) if kb is None else kb, r)
+        return dev.b_result()
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
     if kb is None:
@@ -433,6 +489,141 @@ def one_hot_b(backend: Backend, archetypes: np.ndarray, n: int, k: int) -> Any:
     return backend.sparse.csc_matrix((xp.ones(m), (xp.asarray(archetypes, dtype=xp.int64), xp.arange(m))), shape=(n, k))
 
 
+def _canonical(mat: Any) -> Any:
+    """``mat`` marked as canonical (rows sorted within each column, none repeated), which the kernels guarantee, so
+    that CuPy's sparse products skip their sorting and duplicate-summing pass; a no-op where the flag is read-only.
+    """
+    with contextlib.suppress(AttributeError):
+        mat.has_canonical_format = True
+    return mat
+
+
+class _DeviceFit:
+    """The alternating fit on a GPU with the kernels of :mod:`gpuc.metacells._kernels_gpu`: two scalars are read
+    back to the host per outer iteration, B's number of entries (to size its arrays, just before CuPy's sparse
+    product with it, which waits for the device anyway) and the RSS.
+
+    Per outer iteration: one launch for the A-update's T steps of all cells, two for the iterate A (dense ``A^T``
+    for ``R = A A^T``, ``S = K A^T`` and the RSS), two per B-step (the gradient of every cell, then every column's
+    argmin over all cells, which also swaps the column of the gathered ``K[:, picks]``), a few for the sparse B,
+    and the large products with CuPy (``K B``, ``B^T K B``, ``A A^T``, ``K A^T``, ``K B R``). The iterates' picks,
+    distinct rows and weights stay on the device; A becomes a sparse matrix once, at the end. The picks are those
+    of the CPU kernels (same operations in the same order, ties to the lowest index).
+    """
+
+    def __init__(self, backend: Backend, kern: Any, kmat: Any, m_sq: float, k: int, n_steps: int) -> None:
+        xp = backend.xp
+        self.backend, self.kern, self.kmat, self.m_sq = backend, kern, kmat, m_sq
+        n = kmat.shape[0]
+        self.n, self.k, self.n_steps = n, k, n_steps
+        # per-cell work arrays, (k, n): the A-update's Q a and K B rows, reused by the B-update as K B R and the
+        # gradient; S^T; the gathered kernel columns K[:, picks]^T (zero between B-updates); dense A^T
+        self.qa = xp.empty((k, n))
+        self.p = xp.empty((k, n))
+        self.s_t = xp.empty((k, n))
+        self.kd = xp.zeros((k, n))
+        self.at = xp.empty((n, k))
+        self.a_picks = xp.empty((n_steps, n), dtype=xp.int64)
+        self.a_idx = xp.empty((n_steps, n), dtype=xp.int64)
+        self.a_vals = xp.empty((n_steps, n))
+        self.a_cnt = xp.zeros(n, dtype=xp.int64)
+        self.b_picks = xp.empty((n_steps, k), dtype=xp.int64)
+        self.b_idx = xp.empty((n_steps, k), dtype=xp.int64)
+        self.b_vals = xp.empty((n_steps, k))
+        self.b_cnt = xp.zeros(k, dtype=xp.int64)
+        self.no_dense = xp.empty((1, 1))
+
+    def _launch(self, kernel: Any, n_threads: int, *args: Any) -> None:
+        self.backend.launch(kernel, self.kern.blocks_for(n_threads), self.kern.THREADS, *args)
+
+    def update_a(self, q: Any, kb: Any, start: Any) -> None:
+        """All T steps of the A-update (``start``: ``"uniform"``, a dense (k, n) A0, a sparse (k, n) A0, or None for
+        the previous A), then the iterate A: its entries and the dense ``A^T``.
+        """
+        xp, sparse, kern = self.backend.xp, self.backend.sparse, self.kern
+        mode, qa0 = 2, self.no_dense[0]
+        if isinstance(start, str):  # uniform: Q A0 is the same for every cell
+            mode, qa0 = 1, q.sum(axis=1) / self.k
+        elif start is not None:
+            mode = 0
+            if sparse.issparse(start):  # Q A0 in the order of A0's stored entries per cell
+                self.qa[...] = (sparse.csr_matrix(start.T) @ q).T
+            else:
+                xp.matmul(q, start, out=self.qa)
+        self._launch(
+            kern.fw_a_cells,
+            self.n,
+            q,
+            kb.indptr,
+            kb.indices,
+            kb.data,
+            self.a_idx,
+            self.a_vals,
+            self.a_cnt,
+            qa0,
+            mode,
+            self.qa,
+            self.p,
+            self.a_picks,
+        )
+        self.at.fill(0.0)
+        self._launch(kern.fw_columns, self.n, self.a_picks, self.a_idx, self.a_vals, self.a_cnt, self.at, True)
+
+    def gram(self, *, with_s: bool = True) -> Any:
+        """``R = A A^T`` (dense k x k) and, ``with_s``, ``S^T = (K A^T)^T`` into its work array, from the dense
+        ``A^T`` (the products of the CPU's dense-gradient path).
+        """
+        r = self.backend.xp.ascontiguousarray(self.at.T @ self.at)
+        if with_s:
+            self.s_t[...] = (self.kmat @ self.at).T
+        return r
+
+    def update_b(self, kb: Any, r: Any) -> Any:
+        """All T steps of the B-update from ``kb = K B_prev``; returns B as a CSC matrix."""
+        xp, kern, kmat = self.backend.xp, self.kern, self.kmat
+        y, g = self.qa, self.p
+        y[...] = (kb @ r).T  # K B_prev R
+        xp.subtract(y, self.s_t, out=g)
+        k_args = (kmat.indptr, kmat.indices, kmat.data)
+        cols = (self.k, kern.COL_THREADS)
+        last = self.n_steps - 1
+        self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, 0, self.kd, *k_args, last > 0)
+        for t in range(1, self.n_steps):
+            # t = 1: K B R becomes K E R exactly (the first step has g = 1); then y += g (z - y), g = 2 / (t + 1)
+            self._launch(kern.fw_b_rows, self.n, self.kd, r, y, self.s_t, g, 2.0 / (t + 1.0), t == 1)
+            self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, t, self.kd, *k_args, t < last)
+        return self._b_matrix()
+
+    def _b_matrix(self) -> Any:
+        self._launch(
+            self.kern.fw_columns, self.k, self.b_picks, self.b_idx, self.b_vals, self.b_cnt, self.no_dense, False
+        )
+        return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
+
+    def rss(self, kb: Any, q: Any, r: Any) -> float:
+        """The reduced RSS from ``kb = K B``, ``q = B^T K B`` and ``r = A A^T``: one synchronising read."""
+        val = self.m_sq - 2.0 * kb.multiply(self.at).sum() + (q * r).sum()
+        return math.sqrt(max(float(val), 0.0))
+
+    def _compact(self, idx: Any, vals: Any, cnt: Any, shape: tuple[int, int]) -> Any:
+        """The columns of :func:`~gpuc.metacells._kernels_gpu.fw_columns` as a CSC matrix: one read (its size)."""
+        xp = self.backend.xp
+        indptr = xp.zeros(cnt.shape[0] + 1, dtype=xp.int32)
+        xp.cumsum(cnt, out=indptr[1:])
+        nnz = int(indptr[-1])
+        ix, dx = xp.empty(nnz, dtype=xp.int32), xp.empty(nnz)
+        self._launch(self.kern.compact_columns, cnt.shape[0], idx, vals, indptr, ix, dx)
+        return _canonical(self.backend.sparse.csc_matrix((dx, ix, indptr), shape=shape))
+
+    def a_result(self) -> Any:
+        """A (k, n) as a CSC matrix."""
+        return self._compact(self.a_idx, self.a_vals, self.a_cnt, (self.k, self.n))
+
+    def b_result(self) -> Any:
+        """B (n, k) of the last B-update as a CSC matrix."""
+        return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
+
+
 def fit(
     backend: Backend,
     mmat: Any,
@@ -469,7 +660,8 @@ def fit(
     max_iter, min_iter, convergence_epsilon, fw_iters
         SEACells' loop controls: stop when ``|RSS_{t-1} - RSS_t| < convergence_epsilon * RSS_0`` (after min_iter).
     block
-        Cells per block in the A- and B-updates; default: cache-sized on the CPU, large on the GPU.
+        Cells per block in the A- and B-updates of the array code; default: cache-sized on the CPU, large on the
+        GPU (the GPU kernels take every cell at once).
     gradient
         How the B-update tracks its gradient (see :func:`update_b`): "restricted" (CPU; memory O(nnz(K A^T)),
         nothing dense n x k), "dense" (the GPU code) or "auto" (restricted on the CPU above 1e7 n x k entries).
@@ -499,14 +691,56 @@ def fit(
         else:  # cache-sized blocks (~1.5 MB and ~0.8 MB of float64)
             block_a, block_b = max(32, 180_000 // max(k, 1)), max(32, 100_000 // max(k, 1))
         b = one_hot_b(backend, archetypes, n, k)
-        restricted = _restricted_gradient(gradient, _fused(backend), n, k)
-        kbuckets = None if restricted else kernel_buckets(backend, kmat)
         # K B (sparse) serves the A-update, the B-update and the RSS of the same B, and B^T K B the A-update and the
         # RSS: each computed once per B
         kb = kernel_times(backend, kmat, b)
         q = kernel_gram(backend, b, kb)
-        a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb, q=q)
-        rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb, q=q)]
+        gk = _gpu_kernels(backend, n * k * fw_iters)
+        if gk is not None:  # the GPU kernels: two reads (B's size, the RSS) per iteration
+            dev = _DeviceFit(backend, gk, backend.sparse.csr_matrix(kmat), m_sq, k, fw_iters)
+            dev.update_a(q, kb, a0)
+            rss = [dev.rss(kb, q, dev.gram(with_s=False))]
+
+            def iterate() -> float:
+                nonlocal kb, q
+                dev.update_a(q, kb, None)
+                r = dev.gram()
+                b_new = dev.update_b(kb, r)
+                kb = kernel_times(backend, kmat, b_new)
+                q = kernel_gram(backend, b_new, kb)
+                return dev.rss(kb, q, r)
+
+        else:
+            restricted = _restricted_gradient(gradient, _fused(backend), n, k)
+            kbuckets = None if restricted else kernel_buckets(backend, kmat)
+            a = update_a(backend, kmat, b, a0, fw_iters, block=block_a, kb=kb, q=q)
+            rss = [rss_reduced(backend, kmat, m_sq, a, b, kb=kb, q=q)]
+
+            def iterate() -> float:
+                nonlocal a, b, kb, q
+                a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
+                if restricted:
+                    r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
+                else:
+                    r, s_mat = gram_and_s(backend, kmat, a)
+                b = update_b(
+                    backend,
+                    kmat,
+                    a,
+                    b,
+                    fw_iters,
+                    block=block_b,
+                    gradient=gradient,
+                    r=r,
+                    s_mat=s_mat,
+                    kb=kb,
+                    kbuckets=kbuckets,
+                )
+                del s_mat
+                kb = kernel_times(backend, kmat, b)
+                q = kernel_gram(backend, b, kb)
+                return rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb, q=q)
+
         threshold = convergence_epsilon * rss[0]
         converged = False
         n_iter = 0
@@ -514,33 +748,14 @@ def fit(
         while (not converged and n_iter < max_iter) or n_iter < min_iter:
             t0 = time.perf_counter()
             n_iter += 1
-            a = update_a(backend, kmat, b, a, fw_iters, block=block_a, kb=kb, q=q)
-            if restricted:
-                r, s_mat = gram(backend, a), None  # the B-update builds the sparse K A^T itself
-            else:
-                r, s_mat = gram_and_s(backend, kmat, a)
-            b = update_b(
-                backend,
-                kmat,
-                a,
-                b,
-                fw_iters,
-                block=block_b,
-                gradient=gradient,
-                r=r,
-                s_mat=s_mat,
-                kb=kb,
-                kbuckets=kbuckets,
-            )
-            del s_mat
-            kb = kernel_times(backend, kmat, b)
-            q = kernel_gram(backend, b, kb)
-            rss.append(rss_reduced(backend, kmat, m_sq, a, b, r=r, kb=kb, q=q))
+            rss.append(iterate())
             secs.append(time.perf_counter() - t0)
             if callback is not None:
                 callback(n_iter, rss[-1])
             if abs(rss[-2] - rss[-1]) < threshold:
                 converged = True
+        if gk is not None:
+            a, b = dev.a_result(), dev.b_result()
         if not converged:
             warnings.warn(
                 f"Metacells did not converge in {max_iter} iterations (last RSS change {abs(rss[-2] - rss[-1]):.3g} >= threshold {threshold:.3g}); "
