@@ -159,3 +159,48 @@ def test_fused_gpu_path_equals_cpu_path_on_a_real_gpu(sparse):
         np.testing.assert_array_equal(rd.n_iter, rc.n_iter)
         np.testing.assert_allclose(rd.losses, rc.losses, rtol=1e-9)
         np.testing.assert_allclose(gpu.to_host(rd.spectra_t), rc.spectra_t, rtol=1e-5, atol=1e-7)
+
+
+# ---- compiled for a device ----------------------------------------------------------------------------------------
+PTX_SCRIPT = """
+import json, re
+from numba import cuda, types as T
+import gpuc.nmf._kernels_gpu as kg
+f8, i8 = T.float64, T.int64
+out = {}
+for dt in (T.float32, T.float64):
+    x2, q2, x3 = dt[:, ::1], dt[::1, :], dt[:, :, ::1]  # CuPy's sparse products come back in Fortran order
+    d2, d3, d4, iv = f8[:, ::1], f8[:, :, ::1], f8[:, :, :, ::1], i8[::1]
+    sigs = {
+        "half_step": (q2, x3, x2, x2, dt[::1], i8, i8, f8, iv, iv, d2, i8, i8, d4, d4, d2),
+        "gram_finish": (d4, d4, iv, d2, i8, d3, x3, d3, d3, d2),
+        "step": (d2, d2, iv, i8, f8, i8, i8, i8, i8, f8, dt[::1], dt[::1], dt[::1], f8[::1], d2, d2, T.int32[::1],
+                 d3, d3, d3, x3),
+        "restore": (x2, x2, x2, x2, iv, iv, T.int32[::1], i8, i8),
+    }
+    for name, sig in sigs.items():
+        ptx, _ = cuda.compile_ptx(getattr(kg, name).py_func, sig, cc=(9, 0))
+        depot = re.findall(r"__local_depot\\d+\\[(\\d+)\\]", ptx)
+        out[f"{name}-{dt}"] = int(depot[0]) if depot else 0
+print(json.dumps(out))
+"""
+
+
+def test_kernels_compile_for_a_device():
+    """Outside the simulator the four kernels compile to PTX (sm_90) for both precisions, with at most the row array
+    as thread-local memory. Needs libNVVM and NVRTC (a CUDA toolkit or its wheels), not a GPU; skipped without them.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    out = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, check=False)
+    missing = ("DynamicLibNotFoundError", "NvvmSupportError", "libnvvm", "libNVVM", "nvrtc", "CudaSupportError")
+    if out.returncode != 0 and any(m in out.stderr for m in missing):
+        pytest.skip(f"no CUDA compiler libraries here: {out.stderr.strip().splitlines()[-1]}")
+    assert out.returncode == 0, out.stderr
+    local = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(local) == 8
+    assert max(local.values()) <= 8 * _kernels_gpu.KMAX, local
