@@ -17,12 +17,12 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNEL_MODULES = ("gpuc.nmf._hals_numba", "gpuc.metacells._kernels_cpu", "gpuc.deseq._kernels_cpu")
+KERNEL_MODULES = ("gpuc.nmf._kernels_cpu", "gpuc.metacells._kernels_cpu", "gpuc.deseq._kernels_cpu")
 
 # the kernels the fits below call from Python (kernels called only from other kernels are linked into their caller's
 # cached code and are not loaded on their own)
 CALLED = {
-    "gpuc.nmf._hals_numba": {"spectra_half", "usage_half", "sweep"},
+    "gpuc.nmf._kernels_cpu": {"spectra_half", "usage_half", "sweep"},
     "gpuc.metacells._kernels_cpu": {
         "fw_a_block",
         "fw_b_update",

@@ -7,8 +7,11 @@ the ``k x k`` Gram matrices are batched ``(R, k, k)`` and the Gauss-Seidel sweep
 once. Runs that converge are taken out of the batch at the next check, so the others keep their own schedule and a
 run's fit does not depend on which runs it was batched with.
 
-Written once against ``backend.xp`` / ``backend.sparse``; only scalars (one loss per active run per check) leave the
-device during a fit. Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
+Written once against ``backend.xp`` / ``backend.sparse``; only scalars (the losses and states of the active runs)
+leave the device during a fit. The hot loop runs as fused kernels where they are available, chosen in one place
+(:func:`_fused_kernels`): numba CPU kernels (:mod:`gpuc.nmf._kernels_cpu`) on the CPU, numba-cuda kernels
+(:mod:`gpuc.nmf._kernels_gpu`, a few launches per iteration and one host read per check window) on the GPU.
+Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a time on the CPU.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
 
 
 # the CPU twin of `sweep` compiled with numba, or None when numba is unavailable
-_numba_sweep = numba_kernels("gpuc.nmf._hals_numba", "sweep")
+_numba_sweep = numba_kernels("gpuc.nmf._kernels_cpu", "sweep")
 
 
 def random_init(
@@ -263,6 +266,44 @@ class _Layout:
 def _block(x: Any, k: int, nr: int, c0: int) -> Any:
     """Columns ``c0:c0 + nr*k`` of a flat ``(rows, C)`` array as ``(rows, nr, k)`` (a view for numpy and CuPy)."""
     return x[:, c0 : c0 + nr * k].reshape(x.shape[0], nr, k)
+
+
+def _fused_kernels(backend: Backend, op: Operator, kmax: int) -> Any:
+    """The fused kernel set of a fit, or ``None`` for the array code (the one place that chooses between them).
+
+    GPU: the numba-cuda kernels of :mod:`gpuc.nmf._kernels_gpu` (a few launches per iteration, dense or sparse ``V``)
+    for ranks up to their ``KMAX``. CPU with sparse ``V``: the numba kernels of :mod:`gpuc.nmf._kernels_cpu` (one
+    fused pass per half-iteration: product row, sweep, extrapolation and Gram/loss terms together). Both give the
+    iterates of the array code up to float rounding; ``gpuc.settings.numba = False`` switches both off.
+    """
+    if backend.is_gpu:
+        kern = _gpu_kernels()
+        if kern is not None and kern.usable(backend) and kmax <= kern.KMAX:
+            return kern
+        return None
+    if op.sparse:
+        from gpuc.nmf._hals_cpu import kernels
+
+        return kernels()
+    return None
+
+
+def _gpu_kernels() -> Any:
+    """:mod:`gpuc.nmf._kernels_gpu`, or ``None`` when numba-cuda is not installed or ``gpuc.settings.numba`` is off."""
+    from gpuc._settings import settings
+
+    if not settings.numba:
+        return None
+    return _import_gpu_kernels()
+
+
+@functools.cache
+def _import_gpu_kernels() -> Any:
+    try:
+        from gpuc.nmf import _kernels_gpu
+    except ImportError:  # pragma: no cover - numba-cuda is in the GPU extras
+        return None
+    return _kernels_gpu
 
 
 def _sweep_blocks(xp: Any, x: Any, q: Any, grams: list[Any], layout: _Layout, eps: float, inner_sweeps: int) -> None:
@@ -393,13 +434,28 @@ def fit_hals_groups(
         d0 = [gram(xp, _block(ht, k, nr, c)) for k, _, nr, c in layout.blocks]
         _sweep_blocks(xp, w, c0, d0, layout, eps, inner_sweeps)
         del c0, d0
-    # CPU + sparse V: one fused numba pass per half-iteration (product row, sweep, extrapolation and Gram/loss terms
-    # together; see _hals_numba). Same iterates as the generic path up to float rounding.
-    fused = None
-    if xp is np and op.sparse:
-        from gpuc.nmf._hals_cpu import kernels
-
-        fused = kernels()
+    fused = _fused_kernels(backend, op, kmax)
+    if fused is not None and backend.is_gpu:
+        return _fit_groups_gpu(
+            backend,
+            fused,
+            op,
+            layout,
+            w,
+            ht,
+            out_w,
+            out_h,
+            ks_run,
+            gid_run,
+            idx_run,
+            max_iter=max_iter,
+            tol=tol,
+            eps=eps,
+            check_every=check_every,
+            n_plain=n_plain,
+            inner_sweeps=inner_sweeps,
+            progress=progress,
+        )
     # Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from
     # x_hat = x_new + beta (x_new - x_old); beta grows by 1.05 while the error falls (capped by beta_bar, which
     # grows by 1.01 up to 1) and is divided by 1.5, with the extrapolation dropped, when the error rises. During the
@@ -513,19 +569,7 @@ def fit_hals_groups(
             done[:] = True
         if not done.any():
             continue
-        for k, r0, nr, c0 in layout.blocks:  # finished runs of each block -> their group's outputs
-            local = np.flatnonzero(done[r0 : r0 + nr])
-            if len(local) == 0:
-                continue
-            g = int(gid_run[active[r0]])
-            sel = xp.asarray(local)
-            wd, hd = _block(w, k, nr, c0)[:, sel, :], _block(ht, k, nr, c0)[:, sel, :]
-            # usage columns to unit norm at the end (no rescaling during the iterations; W H unchanged)
-            nrm = xp.sqrt((wd * wd).sum(axis=0))
-            nrm = xp.where(nrm > 0, nrm, 1.0)
-            dest = xp.asarray(idx_run[active[r0 + local]])
-            out_w[g][:, dest, :] = wd / nrm[None]
-            out_h[g][:, dest, :] = hd * nrm[None]
+        _write_finished(xp, layout, done, active, gid_run, idx_run, w, ht, out_w, out_h)
         keep_pos = np.flatnonzero(~done)
         active = active[keep_pos]
         if len(active) == 0:
@@ -547,12 +591,199 @@ def fit_hals_groups(
     return results
 
 
+def _write_finished(
+    xp: Any,
+    layout: _Layout,
+    done: np.ndarray,
+    active: np.ndarray,
+    gid_run: np.ndarray,
+    idx_run: np.ndarray,
+    w: Any,
+    ht: Any,
+    out_w: list[Any],
+    out_h: list[Any],
+) -> None:
+    """Copy the runs at active positions ``done`` of the flat ``w``, ``ht`` into their group's outputs, usage columns
+    scaled to unit norm (no rescaling during the iterations; ``W H`` unchanged).
+    """
+    for k, r0, nr, c0 in layout.blocks:
+        local = np.flatnonzero(done[r0 : r0 + nr])
+        if len(local) == 0:
+            continue
+        g = int(gid_run[active[r0]])
+        sel = xp.asarray(local)
+        wd, hd = _block(w, k, nr, c0)[:, sel, :], _block(ht, k, nr, c0)[:, sel, :]
+        nrm = xp.sqrt((wd * wd).sum(axis=0))
+        nrm = xp.where(nrm > 0, nrm, 1.0)
+        dest = xp.asarray(idx_run[active[r0 + local]])
+        out_w[g][:, dest, :] = wd / nrm[None]
+        out_h[g][:, dest, :] = hd * nrm[None]
+
+
+@dataclass
+class _GpuBatch:
+    """Device arrays of the fused GPU loop that are sized by the active runs (rebuilt when runs leave the batch)."""
+
+    rk: Any
+    roff: Any
+    ph: Any  # (nch_h, R, kmax, kmax) partial Grams of the spectra
+    pw_new: Any  # (nch_w, R, kmax, kmax) partial Grams of the new usages
+    pw_hat: Any  # ... and of the extrapolated usages
+    pw_cross: Any  # (nch_w, R) partial cross terms
+    d64: Any  # (R, kmax, kmax) Gram of h_hat, float64 ...
+    d_dt: Any  # ... and in the working precision
+    g_new: Any
+    g_hat: Any
+    g_scratch: Any
+    quad: Any  # (R, kmax) rows of <W^T W, H H^T>
+    rise: Any  # (R,) int32
+    none4: Any  # empty stand-ins for the arguments a kernel call does not use (never the same array twice in one
+    none3: Any  # launch: the CUDA simulator copies each argument back after the kernel, and a second copy of an
+    none2: Any  # array would overwrite what the kernel wrote into the first)
+
+    @classmethod
+    def of(cls, xp: Any, layout: _Layout, kmax: int, nch_w: int, nch_h: int, dt: Any) -> _GpuBatch:
+        r = len(layout.ks)
+        f8 = np.float64
+        return cls(
+            xp.asarray(layout.ks.astype(np.int64)),
+            xp.asarray(layout.offsets.astype(np.int64)),
+            xp.empty((nch_h, r, kmax, kmax), dtype=f8),
+            xp.empty((nch_w, r, kmax, kmax), dtype=f8),
+            xp.empty((nch_w, r, kmax, kmax), dtype=f8),
+            xp.empty((nch_w, r), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=dt),
+            xp.empty((r, kmax, kmax), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=dt),
+            xp.empty((r, kmax), dtype=f8),
+            xp.empty((r,), dtype=np.int32),
+            xp.empty((0, r, kmax, kmax), dtype=f8),
+            xp.empty((0, kmax, kmax), dtype=f8),
+            xp.empty((0, r), dtype=f8),
+        )
+
+
+def _fit_groups_gpu(
+    backend: Backend,
+    kern: Any,
+    op: Operator,
+    layout: _Layout,
+    w: Any,
+    ht: Any,
+    out_w: list[Any],
+    out_h: list[Any],
+    ks_run: np.ndarray,
+    gid_run: np.ndarray,
+    idx_run: np.ndarray,
+    *,
+    max_iter: int,
+    tol: float,
+    eps: float,
+    check_every: int,
+    n_plain: int,
+    inner_sweeps: int,
+    progress: Any,
+) -> list[HalsResult]:
+    """The iterations of :func:`fit_hals_groups` on a GPU with the fused kernels of :mod:`gpuc.nmf._kernels_gpu`.
+
+    Same schedule and rules as the CPU path (extrapolation, checks every ``check_every`` iterations, stopping rule),
+    with the per-run step, losses and stop decisions kept on the device: an iteration is two products and six kernel
+    launches, and the host reads the run states once per ``TOL_WINDOW`` iterations (or ``check_every`` if larger).
+    A run that stops at a check is frozen on the device until that read, then leaves the batch.
+    """
+    xp = backend.xp
+    m, n = op.shape
+    dt = op.dtype
+    n_runs = len(ks_run)
+    kmax = int(ks_run.max())
+    lag = max(1, TOL_WINDOW // check_every)
+    read_every = max(TOL_WINDOW, check_every)
+    nch_w, nch_h = kern.n_chunks(m), kern.n_chunks(n)
+    launch = backend.launch
+    consts = kern.step_constants(xp, dt)
+    losses = np.full(n_runs, np.nan)
+    n_iter = np.zeros(n_runs, dtype=np.int64)
+    converged = np.zeros(n_runs, dtype=bool)
+    active = np.arange(n_runs)
+    w_hat, h_hat = w.copy(), ht.copy()
+    beta = xp.full((n_runs,), BETA0, dtype=dt)
+    beta_bar = xp.ones((n_runs,), dtype=dt)
+    e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
+    hist = xp.full((n_runs, lag), xp.nan, dtype=xp.float64)  # losses at the last `lag` checks, oldest first
+    state = xp.asarray(np.tile(np.array([1.0, 0.0, 0.0, np.nan]), (n_runs, 1)))  # live, converged, n_iter, loss
+    g_what = _padded_grams(xp, w_hat, layout, kmax)  # Gram of the current w_hat, float64 and working precision
+    g_what_dt = g_what.astype(dt)
+    bt = _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt)
+    for it in range(1, max_iter + 1):
+        ra = len(active)
+        check = it % check_every == 0 or it == max_iter
+        plain = it <= n_plain
+        # spectra: h = sweep(h_hat; V^T w_hat, W^T W), extrapolated unless plain or a check; Gram of the new h_hat
+        at = _product(xp, op.tdot, w_hat, layout, op.sparse)
+        b, th = kern.grid(nch_h * ra)
+        launch(kern.half_step, b, th, at, g_what_dt, h_hat, ht, beta, int(not (check or plain)), 0, eps, bt.rk,
+               bt.roff, state, inner_sweeps, nch_h, bt.none4, bt.ph, bt.none2)  # fmt: skip
+        b, th = kern.grid(ra * kmax)
+        launch(kern.gram_finish, b, th, bt.ph, bt.none4, bt.rk, state, nch_h, bt.d64, bt.d_dt, bt.none3, bt.none3,
+               bt.none2)  # fmt: skip
+        # usages: w = sweep(w_hat; V h_hat^T, H H^T), extrapolated unless plain; Grams of w and w_hat, cross term
+        c = _product(xp, op.dot, h_hat, layout, op.sparse)
+        b, th = kern.grid(nch_w * ra)
+        launch(kern.half_step, b, th, c, bt.d_dt, w_hat, w, beta, int(not plain), 1, eps, bt.rk, bt.roff, state,
+               inner_sweeps, nch_w, bt.pw_new, bt.pw_hat, bt.pw_cross)  # fmt: skip
+        b, th = kern.grid(ra * kmax)
+        launch(kern.gram_finish, b, th, bt.pw_new, bt.pw_hat, bt.rk, state, nch_w, bt.g_new, bt.g_scratch,
+               bt.g_hat, bt.d64, bt.quad)  # fmt: skip
+        # loss, step rule, next Gram of w_hat and (on checks) the stopping rule, per run on the device
+        b, th = kern.grid(ra)
+        launch(kern.step, b, th, bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
+               max_iter, float(tol), consts, beta, beta_bar, e_prev, hist, state, bt.rise, bt.g_new, bt.g_hat,
+               g_what, g_what_dt)  # fmt: skip
+        if not plain:  # runs whose error rose drop their extrapolation
+            b, th = kern.grid(max(nch_w, nch_h) * ra)
+            launch(kern.restore, b, th, w, w_hat, ht, h_hat, bt.rk, bt.roff, bt.rise, nch_w, nch_h)
+        if progress is not None:
+            progress(1)
+        if not (it % read_every == 0 or it == max_iter):
+            continue
+        st = np.asarray(backend.to_host(state))  # the one read of the window
+        losses[active] = st[:, 3]
+        n_iter[active] = st[:, 2].astype(np.int64)
+        converged[active] = st[:, 1] != 0
+        done = st[:, 0] == 0
+        if it == max_iter:
+            done[:] = True
+        if not done.any():
+            continue
+        _write_finished(xp, layout, done, active, gid_run, idx_run, w, ht, out_w, out_h)
+        keep_pos = np.flatnonzero(~done)
+        active = active[keep_pos]
+        if len(active) == 0:
+            break
+        keep = xp.asarray(layout.columns(keep_pos))
+        w, ht = xp.ascontiguousarray(w[:, keep]), xp.ascontiguousarray(ht[:, keep])
+        w_hat, h_hat = xp.ascontiguousarray(w_hat[:, keep]), xp.ascontiguousarray(h_hat[:, keep])
+        kp = xp.asarray(keep_pos)
+        beta, beta_bar, e_prev = beta[kp], beta_bar[kp], e_prev[kp]
+        hist, state = xp.ascontiguousarray(hist[kp]), xp.ascontiguousarray(state[kp])
+        g_what, g_what_dt = xp.ascontiguousarray(g_what[kp]), xp.ascontiguousarray(g_what_dt[kp])
+        layout = _Layout.of(ks_run[active], gid_run[active])
+        bt = _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt)
+    results = []
+    for g in range(len(out_w)):
+        sel = gid_run == g
+        results.append(HalsResult(out_w[g], out_h[g], losses[sel], n_iter[sel], converged[sel], op.norm2))
+    return results
+
+
 def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
     """``dot(x)`` for the flat factor ``x``: one product for sparse ``V`` (each output column is accumulated in the
     same order whatever the width), one per block for dense ``V`` (BLAS may round a column differently depending on
     the matrix width, and a run's iterates must not depend on the other ranks in the batch).
     """
-    if sparse:
+    if sparse or (len(layout.blocks) == 1 and x.flags.c_contiguous):
         return dot(x)
     return xp.concatenate([dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k])) for k, _, nr, c0 in layout.blocks], axis=1)
 
@@ -576,6 +807,30 @@ def _padded_grams(xp: Any, x: Any, layout: _Layout, kmax: int) -> Any:
     for k, r0, nr, c0 in layout.blocks:
         out[r0 : r0 + nr, :k, :k] = gram(xp, _block(x, k, nr, c0)).astype(xp.float64)
     return out
+
+
+def _one_run_sweep(backend: Backend, op: Operator, rows: int, k: int) -> Any:
+    """``f(x, q, g, eps)``: :func:`sweep` of one run's ``(rows, 1, k)`` factor, in place; on a GPU one launch of the
+    fused :func:`gpuc.nmf._kernels_gpu.half_step` (no extrapolation) instead of ``k`` rounds of array operations.
+    """
+    xp = backend.xp
+    kern = _fused_kernels(backend, op, k) if backend.is_gpu else None
+    if kern is None:
+        return functools.partial(sweep, xp)
+    nch = kern.n_chunks(rows)
+    blocks, threads = kern.grid(nch)
+    rk, roff = xp.asarray(np.array([k], dtype=np.int64)), xp.asarray(np.array([0], dtype=np.int64))
+    state = xp.asarray(np.array([[1.0, 0.0, 0.0, 0.0]]))  # one live run
+    beta = xp.zeros((1,), dtype=op.dtype)
+    x_new = xp.empty((rows, k), dtype=op.dtype)  # the kernel's copy of the swept factor (unused here)
+    part = xp.empty((nch, 1, k, k), dtype=np.float64)  # its partial Grams (unused here)
+    none4, none2 = xp.empty((0, 1, k, k), dtype=np.float64), xp.empty((0, 1), dtype=np.float64)
+
+    def run(x: Any, q: Any, g: Any, eps: float) -> None:
+        backend.launch(kern.half_step, blocks, threads, q.reshape(rows, k), g, x.reshape(rows, k), x_new, beta, 0, 0,
+                       float(eps), rk, roff, state, 1, nch, none4, part, none2)  # fmt: skip
+
+    return run
 
 
 def nnls_refit(
@@ -613,8 +868,9 @@ def nnls_refit(
         w = xp.zeros((m, 1, k), dtype=op.dtype)
     prev = None
     loss = op.norm2
+    one_sweep = _one_run_sweep(backend, op, m, k)
     for it in range(1, max_iter + 1):
-        sweep(xp, w, c, d, eps)
+        one_sweep(w, c, d, eps)
         if it % check_every == 0 or it == max_iter:
             loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
             if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:

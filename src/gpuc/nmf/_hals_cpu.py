@@ -1,4 +1,4 @@
-"""Loader of the fused CPU kernels of the HALS engine (:mod:`gpuc.nmf._hals_numba`).
+"""Loader of the fused CPU kernels of the HALS engine (:mod:`gpuc.nmf._kernels_cpu`).
 
 ``kernels()`` returns that module, whose ``spectra_half`` and ``usage_half`` run one half-iteration each, or ``None``
 when numba cannot be imported; :func:`gpuc.nmf._hals.fit_hals_groups` then runs its array code. Replacing ``kernels``
@@ -9,4 +9,4 @@ from __future__ import annotations
 
 from gpuc._utils import numba_kernels
 
-kernels = numba_kernels("gpuc.nmf._hals_numba")
+kernels = numba_kernels("gpuc.nmf._kernels_cpu")
