@@ -414,7 +414,7 @@ def roofline(ad: sc.AnnData, k: int = 7, n_runs: int = 20, iters: int = 40) -> d
     scipy_spmm = (time.process_time() - c0) / 5
     rk = n_runs * k
     nnz = x.nnz
-    # the fused CPU kernel (gpuc.nmf._hals_numba): per half-iteration one SpMM row at a time, the Gauss-Seidel sweep of
+    # the fused CPU kernel (gpuc.nmf._kernels_cpu): per half-iteration one SpMM row at a time, the Gauss-Seidel sweep of
     # that row, the extrapolation, and float64 Gram accumulation (upper triangles: new spectra, new usages and the
     # extrapolated usages), plus the loss cross term
     flops = {

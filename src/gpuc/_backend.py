@@ -108,9 +108,9 @@ def is_sparse(x: Any) -> bool:
 # device="auto" with the data in host memory: below these sizes gpuc's CPU path was measured faster than its GPU path,
 # so "auto" keeps the work on the CPU (data already on the GPU stay there). Units: cells for metacells, matrix
 # entries (cells x genes) for NMF, samples x genes for DESeq2. From the first H200 run against the 16-core CPU path
-# (docs/benchmarks.md, "GPU (NVIDIA H200)", crossover table): metacells 2,638 cells CPU 3.3x faster, 6,881 cells GPU
-# 1.7x; NMF 2,638 x 2,000 CPU 1.7x, 6,881 x 2,000 GPU 1.35x; DESeq2 100 x 10,000 CPU 2.6x, 500 x 30,000 GPU 2.8x.
-# The check script's crossover table re-measures them.
+# (docs/benchmarks.md, "GPU (NVIDIA H200)", crossover): metacells 2,638 cells CPU 3.3x faster, 6,881 cells GPU 1.7x;
+# NMF 2,638 x 2,000 CPU 1.7x, 6,881 x 2,000 GPU 1.35x; DESeq2 100 x 10,000 CPU 2.6x, 500 x 30,000 GPU 2.8x. The
+# check script's crossover table re-measures them.
 AUTO_GPU_MIN_WORK: dict[str, float] = {"metacells": 5_000, "nmf": 1e7, "deseq": 5e6}
 
 
