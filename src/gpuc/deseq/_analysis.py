@@ -172,6 +172,7 @@ def run_analysis(
     lfc_threshold: float = 0.0,
     alt_hypothesis: str = "greaterAbs",
     lfc_shrink: str | None = None,
+    random_state: int = 2,
     n_jobs: int | None = None,
 ) -> Analysis:
     """Fit DESeq2 on samples x genes ``counts`` and test every contrast of ``plan`` (Wald, or the likelihood-ratio
@@ -190,6 +191,7 @@ def run_analysis(
             min_replicates=min_replicates,
             max_iter=max_iter,
             reduced=None if plan.reduced is None else plan.reduced.matrix,
+            random_state=random_state,
         )
         return tabulate(
             backend,

@@ -272,6 +272,7 @@ def run_analysis_blocked(
     lfc_threshold: float = 0.0,
     alt_hypothesis: str = "greaterAbs",
     lfc_shrink: str | None = None,
+    random_state: int = 2,
     n_jobs: int | None = None,
 ) -> Analysis:
     """:func:`gpuc.deseq._analysis.run_analysis` with the per-gene steps on blocks of ``block_genes`` genes.
@@ -357,6 +358,7 @@ def run_analysis_blocked(
             fit_type=fit_type,
             min_disp=MIN_DISP,
             messages=messages,
+            random_state=random_state,
         )
         edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
 

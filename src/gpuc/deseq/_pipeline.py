@@ -164,6 +164,7 @@ def run_deseq(
     reduced: np.ndarray | None = None,
     control_genes: Any = None,
     max_iter: int = 100,
+    random_state: int = 2,
 ) -> DeseqFit:
     """Run the DESeq2 fit on samples x genes ``counts`` with model matrix ``x`` (n x p).
 
@@ -212,6 +213,7 @@ def run_deseq(
         fit_type=fit_type,
         min_disp=min_disp,
         messages=messages,
+        random_state=random_state,
     )
 
     # ---- MAP, GLM, Cook's, refit, LRT
@@ -285,10 +287,19 @@ def check_reduced(reduced: np.ndarray | None, p: int) -> tuple[np.ndarray | None
 
 
 def dispersion_prior(
-    means: np.ndarray, genewise: np.ndarray, n: int, p: int, *, fit_type: str, min_disp: float, messages: list[str]
+    means: np.ndarray,
+    genewise: np.ndarray,
+    n: int,
+    p: int,
+    *,
+    fit_type: str,
+    min_disp: float,
+    messages: list[str],
+    random_state: int = 2,
 ) -> tuple[DispersionFunction, np.ndarray, float, float, str]:
     """The global dispersion steps, on host vectors over the genes with a count (in gene order): the trend, its
-    values at ``means``, the variance of log dispersions around it and the prior variance (with its method).
+    values at ``means``, the variance of log dispersions around it and the prior variance (with its method;
+    ``random_state`` seeds its simulation, used with 3 or fewer residual degrees of freedom).
 
     Appends R's notes (trend fallback, simulated prior variance) to ``messages``.
     """
@@ -297,7 +308,7 @@ def dispersion_prior(
         messages.append(note)
     fitted = trend(means)
     var_log_disp, resid = log_residual_variance(genewise, fitted, min_disp=min_disp)
-    prior_var, pv_method = prior_variance(resid, var_log_disp, n, p)
+    prior_var, pv_method = prior_variance(resid, var_log_disp, n, p, seed=random_state)
     if pv_method == "simulation":
         messages.append(
             f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}."

@@ -85,6 +85,7 @@ def deseq(
     min_replicates: int = 7,
     max_iter: int = 100,
     groupby: str | None = None,
+    random_state: int = 2,
     device: Device | None = None,
     n_jobs: int | None = None,
     client: Any = None,
@@ -157,6 +158,10 @@ def deseq(
         labels that print the same (``1`` and ``"1"``) are an error. Group names are stored as ``uns`` keys percent-encoded (``"T/NK"`` as ``"T%2FNK"``) so they survive
         ``write_h5ad``; each group's entry keeps its original name under ``"group"``, and
         :func:`gpuc.get.deseq_results` takes the original name.
+    random_state
+        Seed of R's simulation of the dispersion prior variance, used only when the design leaves 3 or fewer residual
+        degrees of freedom (samples minus coefficients); other fits draw no random numbers. The default 2 gives the
+        results of earlier gpuc versions.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     n_jobs
@@ -246,6 +251,7 @@ def deseq(
     if isinstance(reduced, pd.DataFrame):
         reduced = align_to_obs(reduced, adata, "reduced")
     check_int("min_replicates", min_replicates, minimum=1)
+    random_state = check_int("random_state", random_state, minimum=0)
     max_iter = check_int("max_iter", max_iter, minimum=1)
     if test == "lrt" and reduced is None:
         msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
@@ -315,7 +321,7 @@ def deseq(
         "gene_names": adata.var_names, "fit_type": fit_type, "refit_cooks": refit_cooks,
         "min_replicates": min_replicates, "max_iter": max_iter, "alpha": alpha, "cooks_filter": cooks_filter,
         "independent_filter": independent_filter, "lfc_threshold": lfc_threshold, "alt_hypothesis": alt_hypothesis,
-        "lfc_shrink": lfc_shrink,
+        "lfc_shrink": lfc_shrink, "random_state": random_state,
     }  # fmt: skip
     start = logg.info(
         f"DESeq2: {adata.n_obs} samples x {adata.n_vars} genes"
@@ -389,6 +395,7 @@ def deseq(
         "min_replicates": int(min_replicates),
         "max_iter": int(max_iter),
         "groupby": groupby,
+        "random_state": random_state,
         "device": device,
         "n_jobs": n_jobs,
     }
