@@ -367,16 +367,17 @@ SMALL_BLAS_FLOPS = 1e9
 
 
 @contextlib.contextmanager
-def serial_blas(enabled: bool = True) -> Iterator[None]:
+def serial_blas(enabled: bool = True, *, force: bool = False) -> Iterator[None]:
     """Run the enclosed code with BLAS on one thread (the other thread pools keep their counts); nothing when not
     ``enabled``.
 
     For loops that alternate compiled parallel kernels with small BLAS products: OpenBLAS's threads keep spinning for
     a while after each call and take the cores that numba's threads need next, while products that small gain
     nothing from threads. It also makes those products round exactly as in a one-thread run (a multi-threaded GEMM
-    may split its output and round the pieces differently).
+    may split its output and round the pieces differently). Inside a one-thread :func:`cpu_threads` block BLAS is
+    already on one thread and nothing is done, unless ``force`` (for callers that may run outside such a block).
     """
-    if not enabled or current_n_jobs() == 1:
+    if not enabled or (current_n_jobs() == 1 and not force):
         yield
         return
     with _POOL_LIMITS.hold(blas=1):

@@ -115,3 +115,40 @@ def test_cpu_threads_inside_worker_threads_sees_its_own_count(n):
     t.start()
     t.join()
     assert seen == [n]
+
+
+def test_fixed_block_matmul_is_independent_of_threads_and_blas_pool():
+    from threadpoolctl import threadpool_limits
+
+    from gpuc.nmf._hals import MATMUL_BLOCK_ROWS, fixed_block_matmul
+
+    rng = np.random.default_rng(0)
+    a = rng.random((3 * MATMUL_BLOCK_ROWS + 17, 300))
+    b = rng.random((300, 60))
+    f_ordered = np.asfortranarray(a)  # as V^T is held: a transposed view
+    with cpu_threads(1):
+        want, want_f = fixed_block_matmul(a, b), fixed_block_matmul(f_ordered, b)
+    np.testing.assert_allclose(want, a @ b, rtol=1e-12)
+    for n in (2, 3):
+        with cpu_threads(n), threadpool_limits(n):  # BLAS's pool as another caller may have left it
+            np.testing.assert_array_equal(fixed_block_matmul(a, b), want)
+            np.testing.assert_array_equal(fixed_block_matmul(f_ordered, b), want_f)
+
+
+def test_dense_consensus_nmf_identical_for_any_n_jobs_at_a_size_where_blas_threads():
+    import anndata as ad
+
+    import gpuc
+
+    rng = np.random.default_rng(1)
+    k, m, n = 5, 600, 400
+    spectra = rng.gamma(0.5, 1.0, (k, n))
+    usage = rng.dirichlet(np.full(k, 0.3), m) * 30
+    a = ad.AnnData(rng.poisson(usage @ spectra).astype(np.float32))
+    a.var_names = [f"g{j}" for j in range(n)]
+    a.var["highly_variable"] = True
+    for nj in (1, 2):
+        gpuc.tl.consensus_nmf(a, k, n_runs=8, device="cpu", n_jobs=nj, key_added=f"j{nj}")
+    np.testing.assert_array_equal(a.varm["j1_spectra"], a.varm["j2_spectra"])
+    np.testing.assert_array_equal(a.obsm["X_j1"], a.obsm["X_j2"])
+    np.testing.assert_array_equal(a.uns["j1"]["run_errors"], a.uns["j2"]["run_errors"])

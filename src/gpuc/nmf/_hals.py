@@ -16,6 +16,7 @@ Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a tim
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend, is_sparse
-from gpuc._utils import numba_kernels
+from gpuc._utils import current_n_jobs, numba_kernels, serial_blas
 
 UPDATE_ORDERS = ("usages", "spectra")
 UPDATE_ORDER = "usages"  # default: scikit-learn cd's order (cNMF); see fit_hals
@@ -122,15 +123,50 @@ class Operator:
 
     def dot(self, x: Any) -> Any:
         """``V @ x`` for dense ``x`` of shape ``(n, c)``."""
+        if not self.sparse and isinstance(self.v, np.ndarray):
+            return fixed_block_matmul(self.v, x)
         return self.v @ x
 
     def tdot(self, x: Any) -> Any:
         """``V^T @ x`` for dense ``x`` of shape ``(m, c)``."""
+        if not self.sparse and isinstance(self.vt, np.ndarray):
+            return fixed_block_matmul(self.vt, x)
         return self.vt @ x
 
     def transposed(self) -> Operator:
         """The operator of ``V^T`` (no copy)."""
         return Operator(self.vt, self.v, (self.shape[1], self.shape[0]), self.norm2, self.mean, self.sparse, self.dtype)
+
+
+# rows of dense V per BLAS call in fixed_block_matmul: the blocks, not the thread count, fix the rounding
+MATMUL_BLOCK_ROWS = 256
+
+
+def fixed_block_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` on the host with results that do not depend on the thread count or on concurrent calls.
+
+    A multi-threaded BLAS GEMM splits its work by its thread count and rounds differently for each split (OpenBLAS:
+    ~1e-13 relative between one and two threads), and HALS amplifies such differences into other local optima. Here
+    the rows of ``a`` are cut into fixed blocks of :data:`MATMUL_BLOCK_ROWS`, each multiplied by one single-threaded
+    BLAS call (BLAS held at one thread for the call: :func:`gpuc._utils.serial_blas`), and the blocks are spread over
+    the call's ``n_jobs`` threads (numpy releases the GIL inside GEMM).
+    """
+    m = a.shape[0]
+    starts = list(range(0, m, MATMUL_BLOCK_ROWS))
+    n = min(current_n_jobs(), len(starts))
+    out = np.empty((m, b.shape[1]), dtype=np.result_type(a, b))
+
+    def rows(first: int) -> None:  # every n-th block from `first`
+        for s0 in starts[first::n]:
+            np.matmul(a[s0 : s0 + MATMUL_BLOCK_ROWS], b, out=out[s0 : s0 + MATMUL_BLOCK_ROWS])
+
+    with serial_blas(force=True):
+        if n <= 1:
+            rows(0)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                list(pool.map(rows, range(n)))
+    return out
 
 
 def gram(xp: Any, x: Any) -> Any:
