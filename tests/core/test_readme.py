@@ -52,6 +52,7 @@ def test_ci_block_is_the_install_and_test_commands() -> None:
         assert re.search(r"# about \d+(-\d+)? min", line), f"README does not say how long this takes: {line}"
 
 
+@pytest.mark.slow  # the whole quickstart: Scanpy preprocessing, UMAP, metacells, a k sweep, DESeq2 (~15 s)
 def test_readme_quickstart_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib
 
