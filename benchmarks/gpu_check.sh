@@ -1,53 +1,123 @@
 #!/usr/bin/env bash
-# The one prepared GPU run, for a fresh device machine (Python 3.12 and CuPy for CUDA 13, no package registry):
-# GPU = CPU parity and timings of the three tools, pbmc3k on the device through every tool, the gpu-marked tests,
-# the tools' units on a dask-cuda cluster (one GPU per worker), then a summary with the targets. Stages run in order of importance, each under its own time limit and a shared
-# deadline, so that a failure or a timeout in one still leaves the others' results under $OUT.
+# The one prepared GPU run, for a fresh device machine (Python 3.12, CuPy for CUDA 13, numba 0.68 and numba-cuda; no
+# package registry): first a warm-up that fills the kernel caches and times a fresh process's first calls, then
+# GPU = CPU parity and timings of the three tools, gpuc's CPU path at 1/4/16 threads, pbmc3k on the device through
+# every tool, the gpu-marked tests, the tools' units on a dask-cuda cluster; then ONE summary (targets, crossover,
+# warm-up, CPU scaling, parity) and ONE archive of every log and stage file. Stages run in order of importance, each
+# under its own time limit and a shared deadline, so that a failure or a timeout in one still leaves the others'
+# results.
 #
 # Prepare HERE (with a registry):  bash benchmarks/gpu_wheels.sh        (wheels into .whl/, at most 64 MiB)
-# Run through the device tool:     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=500)
-# Results: $OUT/{deseq,nmf,metacells,rsc,dask}_gpu.{json,md}, pytest_gpu.txt, gpu.txt, stage_status.txt, summary.md/json
+# Run through the device tool:     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
+# Results under $OUT: summary.md and summary.json (gpu_summary.py), logs.tar.gz (every stage's log and files:
+# warmup, deseq_gpu, nmf_gpu, metacells_gpu, cpu_scaling, rsc_gpu, dask_gpu .json/.md, pytest_gpu.log, gpu.txt,
+# stage_status.txt); GPUC_CHECK_KEEP_FILES=1 also leaves the loose files beside the archive.
+#
+# Sized for about 8.5 minutes on a fresh H200 machine: the stages' limits add up to more than the deadline
+# (GPUC_CHECK_SECONDS, default 500 s for the stages; the summary and the archive follow it), so a stage that runs
+# long takes time from the least important ones at the end, which are then skipped and say so.
+# Without a usable GPU the GPU stages are skipped at once (GPUC_CHECK_FORCE_GPU_STAGES=1 runs them anyway, to see
+# them fail fast); the CPU scaling stage still runs (GPUC_SCALING_SMALL=1 for a small machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-$PWD/gpu_results}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-mkdir -p "$OUT"
-DEADLINE=${GPUC_CHECK_SECONDS:-465}  # the whole run stays under 8 minutes, wheels included
+# kernel caches under the working tree (benchmarks/_work/ is git-ignored), shared by every stage's processes: the
+# warm-up stage compiles, the others load
+export CUPY_CACHE_DIR="${CUPY_CACHE_DIR:-$PWD/benchmarks/_work/gpu_cache/cupy}"
+export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/benchmarks/_work/gpu_cache/numba}"
+mkdir -p "$OUT" "$CUPY_CACHE_DIR" "$NUMBA_CACHE_DIR"
+DEADLINE=${GPUC_CHECK_SECONDS:-500}
 status_file="$OUT/stage_status.txt"
 : >"$status_file"
 
-if [ -d .whl ]; then  # the wheels the machine lacks (gpu_wheels.sh: numba 0.61, which needs numpy <= 2.2); gpuc runs from src/
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >"$OUT/pip.txt" 2>&1 || echo "wheel install failed (see pip.txt)" | tee -a "$status_file"
+# the wheels the image lacks (gpu_wheels.sh: anndata, scanpy, dask, dask-cuda...; never numba), made for Python 3.12
+site="${GPUC_CHECK_SITE:-/tmp/site}"
+if [ -d .whl ] && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl \
+    >"$OUT/pip.log" 2>&1 || echo "wheel install failed (see pip.log)" | tee -a "$status_file"
+  export PYTHONPATH="$PWD/src:$site${PYTHONPATH:+:$PYTHONPATH}"
+else
+  [ -d .whl ] && echo "wheels in .whl/ are for Python 3.12, this is $(python3 -V): not installed" | tee -a "$status_file"
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 
-# stage NAME MAX_SECONDS COMMAND...: run under min(MAX, time left before the deadline); log to $OUT/NAME.log
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  git rev-parse HEAD 2>/dev/null | sed 's/^/commit /'
+  python3 -m gpuc.cli info
+  python3 - <<'EOF'
+import importlib.metadata as md, platform
+names = ("numpy", "scipy", "numba", "numba-cuda", "llvmlite", "cupy-cuda13x", "anndata", "scanpy", "dask", "dask-cuda")
+vers = []
+for n in names:
+    try:
+        vers.append(f"{n} {md.version(n)}")
+    except md.PackageNotFoundError:
+        vers.append(f"{n} -")
+print("python", platform.python_version(), "|", ", ".join(vers))
+import numba
+print("numba imported from", numba.__file__)
+EOF
+} >"$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+
+if python3 -c 'import sys, cupy; sys.exit(0 if cupy.cuda.runtime.getDeviceCount() > 0 else 1)' >/dev/null 2>&1 \
+  || [ "${GPUC_CHECK_FORCE_GPU_STAGES:-0}" = 1 ]; then
+  have_gpu=1
+else
+  have_gpu=0
+  echo "no usable GPU (cupy does not import or sees no device): GPU stages skipped" | tee -a "$status_file"
+fi
+
+# stage NAME MAX_SECONDS COMMAND...: run under min(MAX, time left before the deadline), with GPUC_STAGE_SECONDS set to
+# that limit (scripts with an internal time budget size it from it); log to $OUT/NAME.log
 stage() {
   local name=$1 max=$2
   shift 2
   local left=$((DEADLINE - SECONDS))
   local limit=$((max < left ? max : left))
-  if [ "$limit" -lt 10 ]; then
+  if [ "$limit" -lt 15 ]; then
     echo "$name: skipped (deadline reached)" | tee -a "$status_file"
     return
   fi
   local start=$SECONDS
   echo "== $name (limit ${limit} s)"
-  timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  GPUC_STAGE_SECONDS=$limit timeout --kill-after=5 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  tail -25 "$OUT/$name.log"
+  tail -8 "$OUT/$name.log"
   echo "$name: exit $rc, $((SECONDS - start)) s$([ $rc -eq 124 ] && echo ' (timed out)')" | tee -a "$status_file"
 }
+gpu_stage() {
+  if [ "$have_gpu" = 1 ]; then stage "$@"; else echo "$1: skipped (no usable GPU)" | tee -a "$status_file"; fi
+}
 
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -m gpuc.cli info; python3 -c 'import numpy, numba, scanpy; print("numpy", numpy.__version__, "numba", numba.__version__, "scanpy", scanpy.__version__)'; } >"$OUT/gpu.txt" 2>&1
-cat "$OUT/gpu.txt"
-stage deseq 60 python3 benchmarks/gpu_deseq.py
-stage nmf 90 python3 benchmarks/gpu_nmf.py
-stage metacells 150 python3 benchmarks/gpu_metacells.py
-stage rsc 90 python3 benchmarks/gpu_rsc.py
-stage pytest_gpu 80 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x --no-header
-stage dask_gpu 90 python3 benchmarks/gpu_dask.py
-python3 benchmarks/gpu_summary.py >/dev/null 2>&1 || echo "summary failed" >>"$status_file"
+gpu_stage warmup 130 python3 benchmarks/gpu_warmup.py
+gpu_stage deseq 60 python3 benchmarks/gpu_deseq.py
+gpu_stage nmf 75 python3 benchmarks/gpu_nmf.py
+gpu_stage metacells 100 python3 benchmarks/gpu_metacells.py
+stage cpu_scaling 140 python3 benchmarks/cpu_scaling.py
+gpu_stage rsc 50 python3 benchmarks/gpu_rsc.py
+gpu_stage pytest_gpu 45 python3 -m pytest -q -m gpu tests -p no:cacheprovider -x --no-header
+gpu_stage dask_gpu 60 python3 benchmarks/gpu_dask.py
+echo "stages done: $SECONDS s" | tee -a "$status_file"
+
+python3 benchmarks/gpu_summary.py >"$OUT/summary.log" 2>&1 || echo "summary failed (see summary.log)" | tee -a "$status_file"
 cat "$OUT/summary.md" 2>/dev/null
+
+# one archive of everything but the summary; the loose files go once it reads back
+(
+  cd "$OUT" || exit 1
+  mapfile -t files < <(find . -mindepth 1 -maxdepth 1 ! -name summary.md ! -name summary.json ! -name logs.tar.gz -printf '%P\n' | sort)
+  if [ "${#files[@]}" -gt 0 ] && tar -czf logs.tar.gz "${files[@]}" && tar -tzf logs.tar.gz >/dev/null; then
+    [ "${GPUC_CHECK_KEEP_FILES:-0}" = 1 ] || rm -rf "${files[@]}"
+  else
+    echo "archive failed: the loose files stay"
+  fi
+)
+
+# the crossover and the targets again, last, where the device tool's output tail keeps them
+awk '/^## Crossover/{p=1} /^## Warm-up/{p=0} p' "$OUT/summary.md" 2>/dev/null
+awk '/^## Targets/{p=1} /^## Crossover/{p=0} p' "$OUT/summary.md" 2>/dev/null
 echo "total: $SECONDS s"
 ls -la "$OUT"

@@ -2,12 +2,16 @@
 
     OUT=/some/dir python benchmarks/gpu_deseq.py [--quick]
 
-1. Parity: pasilla (~type + condition, Wald + normal shrinkage, and an LRT) and simulated 100 x 10k, CPU vs GPU;
-   max relative difference of LFC, lfcSE, stat, p-value and of the dispersion stages must be < 1e-6 and the NaN
-   patterns identical.
+1. Parity: pasilla (~type + condition, Wald + normal shrinkage, and an LRT), simulated 100 x 10k and a near-Poisson
+   10 x 2000 set whose parametric trend fails (R's local fit takes over), CPU vs GPU; max relative difference of LFC,
+   lfcSE, stat, p-value and of the dispersion stages must be < 1e-6 and the NaN patterns identical.
 2. Timing (float64, GPU, median of 3 after a warm-up): simulated 100 x 10k and 500 x 30k, the engine
    (``run_deseq`` + ``results``) and the whole ``gpuc.tl.deseq`` call; the CPU time of the same call for scale.
    Every run asserts the backend is the GPU one (there is no CPU fallback inside the engine).
+3. Solver stages on 100 x 10k (GPU, median of 3 after a warm-up): the genewise dispersion fit and the GLM fit with
+   the numba-cuda kernels (gpuc.deseq._kernels_gpu) and with the batched CuPy path they replace.
+4. Cold start: the first gpuc.tl.deseq of a fresh process on a small set, with empty numba and CuPy kernel caches and
+   again with the caches the first process filled.
 Writes $OUT/deseq_gpu.json and $OUT/deseq_gpu.md (also prints them). Runs in a few minutes on one GPU.
 """
 
@@ -42,6 +46,23 @@ def _adata(n: int, g: int):
     return a
 
 
+def _near_poisson(g: int = 2000, seed: int = 1, n: int = 10):
+    """Poisson counts (no overdispersion: the parametric trend fails), two groups, 10% of genes changed."""
+    import anndata as ad
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    mean = 2 ** rng.uniform(0, 10, g)
+    sf = np.exp(rng.normal(0, 0.1, n))
+    cond = np.repeat([0, 1], n // 2)
+    lfc = np.where(rng.random(g) < 0.1, rng.normal(0, 1, g), 0.0)
+    y = rng.poisson(sf[:, None] * mean[None, :] * 2 ** np.outer(cond, lfc))
+    obs = pd.DataFrame({"condition": pd.Categorical(np.where(cond == 1, "B", "A"))}, index=[f"s{i}" for i in range(n)])
+    a = ad.AnnData(X=y.astype(np.int64), obs=obs)
+    a.var_names = [f"g{j}" for j in range(g)]
+    return a
+
+
 def parity(report: dict) -> None:
     import gpuc
 
@@ -58,6 +79,11 @@ def parity(report: dict) -> None:
         ),
         ("pasilla apeglm", lambda: gpuc.datasets.pasilla(), dict(design="~condition", lfc_shrink="apeglm")),
         ("sim 100x10k", lambda: _adata(100, 10_000), dict(design="~condition", contrast=["condition", "B", "A"])),
+        (
+            "near-Poisson 10x2000 (local trend)",
+            lambda: _near_poisson(),
+            dict(design="~condition", contrast=["condition", "B", "A"]),
+        ),
     ]
     out = []
     for name, make, kw in cases:
@@ -160,6 +186,89 @@ def timing(report: dict, sizes: list[tuple[int, int]]) -> None:
     report["timing"] = rows
 
 
+def stages(report: dict) -> None:
+    import cupy as cp
+
+    from gpuc._backend import get_backend
+    from gpuc.deseq import _kernels, build_design
+    from gpuc.deseq._dispersion import dispersion_mu, fit_log_alpha, rough_moments_init
+    from gpuc.deseq._glm import fit_nb_glm
+    from gpuc.deseq._size_factors import size_factors_ratio
+
+    bk = get_backend("gpu")
+    a = _adata(100, 10_000)
+    d = build_design(a.obs, "~condition")
+    y = cp.ascontiguousarray(cp.asarray(np.asarray(a.X), dtype=cp.float64).T)
+    y = y[(y > 0).any(axis=1)]
+    x = cp.asarray(d.matrix)
+    sf = size_factors_ratio(bk, y, None)
+    n = x.shape[0]
+    a0 = rough_moments_init(bk, y, sf, x, min_disp=1e-8, max_disp=max(10.0, n))
+    mu = dispersion_mu(bk, y, sf, x, a0)
+    real = _kernels.gpu_kernels
+
+    def timed(fn) -> float:
+        fn()  # warm-up (compilation)
+        ts = []
+        for _ in range(3):
+            cp.cuda.get_current_stream().synchronize()
+            t = time.perf_counter()
+            fn()
+            cp.cuda.get_current_stream().synchronize()
+            ts.append(time.perf_counter() - t)
+        return float(np.median(ts))
+
+    rows = {}
+    for label, loader in (("kernels", real), ("batched CuPy", lambda *args: None)):
+        _kernels.gpu_kernels = loader
+        try:
+            rows[label] = {
+                "genewise_dispersion_s": timed(
+                    lambda: fit_log_alpha(bk, y, mu, x, a0, min_disp=1e-8, max_disp=max(10.0, n), r_flat_start=True)
+                ),
+                "glm_s": timed(lambda: fit_nb_glm(bk, y, sf, x, a0)),
+            }
+        finally:
+            _kernels.gpu_kernels = real
+        print("stages", label, rows[label], flush=True)
+    report["stages_100x10k"] = rows
+
+
+COLD = """
+import time, warnings
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
+import numpy as np, anndata as ad, pandas as pd, cupy as cp
+import gpuc
+rng = np.random.default_rng(0)
+y = rng.negative_binomial(5, 0.1, size=(8, 500))
+a = ad.AnnData(X=y, obs=pd.DataFrame({"condition": pd.Categorical(list("AAAABBBB"))}, index=[f"s{i}" for i in range(8)]))
+a.var_names = [f"g{j}" for j in range(500)]
+t1 = time.perf_counter()
+gpuc.tl.deseq(a, "~condition", contrast=["condition", "B", "A"], device="gpu")
+cp.cuda.get_current_stream().synchronize()
+t2 = time.perf_counter()
+gpuc.tl.deseq(a, "~condition", contrast=["condition", "B", "A"], device="gpu")
+cp.cuda.get_current_stream().synchronize()
+print(t1 - t0, t2 - t1, time.perf_counter() - t2)
+"""
+
+
+def cold_start(report: dict) -> None:
+    import subprocess
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "NUMBA_CACHE_DIR": f"{tmp}/numba", "CUPY_CACHE_DIR": f"{tmp}/cupy"}
+        for label in ("empty caches", "caches filled by the first process"):
+            out = subprocess.run([sys.executable, "-c", COLD], env=env, capture_output=True, text=True, check=True)
+            imp, first, second = (float(v) for v in out.stdout.strip().splitlines()[-1].split())
+            rows.append({"caches": label, "import_s": imp, "first_tl_deseq_s": first, "second_tl_deseq_s": second})
+            print("cold", rows[-1], flush=True)
+    report["cold_start"] = rows
+
+
 def main() -> None:
     import cupy as cp
 
@@ -174,6 +283,8 @@ def main() -> None:
     t0 = time.perf_counter()
     parity(report)
     timing(report, [(100, 10_000)] if quick else [(100, 10_000), (500, 30_000)])
+    stages(report)
+    cold_start(report)
     report["total_seconds"] = time.perf_counter() - t0
     (out / "deseq_gpu.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [
@@ -191,6 +302,20 @@ def main() -> None:
     lines += [
         f"| {r['size']} | {r['engine_gpu_input_on_device_s']:.3f} | {r['engine_gpu_input_on_host_s']:.3f} | {r['tl_deseq_gpu_s']:.3f} | {r['tl_deseq_cpu_s']:.2f} | {r['cpu_over_gpu']:.0f}x |"
         for r in report["timing"]
+    ]
+    lines += ["", "| 100x10k stage (GPU s) | kernels | batched CuPy |", "| --- | --- | --- |"]
+    st = report["stages_100x10k"]
+    lines += [
+        f"| {k} | {st['kernels'][k]:.4f} | {st['batched CuPy'][k]:.4f} |" for k in ("genewise_dispersion_s", "glm_s")
+    ]
+    lines += [
+        "",
+        "| fresh process, 8x500 | import (s) | first tl.deseq (s) | second (s) |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['caches']} | {r['import_s']:.2f} | {r['first_tl_deseq_s']:.2f} | {r['second_tl_deseq_s']:.3f} |"
+        for r in report["cold_start"]
     ]
     (out / "deseq_gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

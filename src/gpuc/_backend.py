@@ -244,6 +244,9 @@ class Backend:
 
         ptr = self.xp.cuda.get_current_stream().ptr
         stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
+        # CuPy arrays as numba device arrays without numba's per-argument synchronisation on the stream each array
+        # exports (a host wait per argument; the launch is on that same stream, so ordering already holds)
+        args = tuple(cuda.as_cuda_array(a, sync=False) if hasattr(a, "__cuda_array_interface__") else a for a in args)
         kernel[blocks, threads, stream, shared_bytes](*args)
 
     # ---- linear algebra --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import functools
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -137,11 +138,72 @@ def numba_kernels(module: str, name: str | None = None) -> Callable[[], Any]:
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity), as numba and BLAS count them."""
+    """The cores this process may use: its CPU affinity, capped by the CPU quota of its cgroup (v1 or v2).
+
+    A container or Slurm job limited to 2 CPUs on a 64-core host sees 64 cores in its affinity but gets 2 CPUs' worth
+    of time: starting 64 threads there makes every parallel loop wait for descheduled threads. The quota is rounded
+    up, as joblib/loky count it (``ceil(quota / period)``).
+    """
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        affinity = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        affinity = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    return max(1, min(affinity, quota)) if quota is not None else affinity
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """CPUs granted by the CPU quota of this process's cgroup and its parents (the smallest), or None without one.
+
+    Reads cgroup v2's ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``) and cgroup v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota ``-1``: none), along the process's own cgroup path from
+    ``/proc/self/cgroup`` and each parent up to the mount point ``root`` (inside a container's cgroup namespace the
+    path is ``/`` and the root's files hold the container's limit).
+    """
+    v2_path, v1_path = "/", "/"
+    try:
+        with open(proc_cgroup) as fh:
+            for line in fh:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) != 3:
+                    continue
+                if parts[0] == "0" and parts[1] == "":
+                    v2_path = parts[2] or "/"
+                elif "cpu" in parts[1].split(","):
+                    v1_path = parts[2] or "/"
+    except OSError:
+        pass
+    limits = []
+    for base, rel, v1 in ((root, v2_path, False), (os.path.join(root, "cpu"), v1_path, True),
+                          (os.path.join(root, "cpu,cpuacct"), v1_path, True)):  # fmt: skip
+        rel = rel.strip("/")
+        while True:
+            limit = _read_cpu_limit(os.path.join(base, rel), v1=v1)
+            if limit is not None:
+                limits.append(limit)
+            if not rel:
+                break
+            rel = os.path.dirname(rel)
+    return min(limits) if limits else None
+
+
+def _read_cpu_limit(folder: str, *, v1: bool) -> int | None:
+    """``ceil(quota / period)`` from one cgroup folder (v1 or v2 files), or None when unlimited or unreadable."""
+    try:
+        if v1:
+            with open(os.path.join(folder, "cpu.cfs_quota_us")) as fh:
+                quota = fh.read().strip()
+            with open(os.path.join(folder, "cpu.cfs_period_us")) as fh:
+                period = fh.read().strip()
+        else:
+            with open(os.path.join(folder, "cpu.max")) as fh:
+                quota, _, period = fh.read().strip().partition(" ")
+        q, per = int(quota), int(period)
+    except (OSError, ValueError):  # absent, "max", or malformed
+        return None
+    if q <= 0 or per <= 0:
+        return None
+    return max(1, -(-q // per))
 
 
 def resolve_n_jobs(n_jobs: int | None) -> int:
@@ -178,13 +240,15 @@ class _ThreadScope:
         self._undo.append(lambda: numba.set_num_threads(prev))
 
     def limit_faiss(self, faiss: Any) -> None:
-        """FAISS's OpenMP threads (process-wide), once; restored on exit."""
+        """FAISS's OpenMP threads (process-wide, shared with concurrent calls: see :class:`_SharedLimits`), once;
+        released on exit.
+        """
         if self._faiss or not hasattr(faiss, "omp_set_num_threads"):
             return
         self._faiss = True
-        prev = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(self.n)
-        self._undo.append(lambda: faiss.omp_set_num_threads(prev))
+        hold = _FAISS_LIMITS.hold(faiss=self.n)
+        hold.__enter__()
+        self._undo.append(lambda: hold.__exit__(None, None, None))
 
     def close(self) -> None:
         while self._undo:
@@ -232,6 +296,75 @@ def threadpool_controller() -> Any:
     return _CONTROLLER[0]
 
 
+class _SharedLimits:
+    """Process-wide thread limits (BLAS / OpenMP through threadpoolctl, FAISS's OpenMP) that concurrent gpuc calls ask
+    for, held together.
+
+    These libraries keep one thread count per process, so two calls running in two Python threads cannot each save
+    and restore it: the second would save the first's limit and restore it after the first restored the original,
+    leaving the process's pools limited. Here every call registers its request; while any request is held the pools
+    run at the smallest one (never more threads than any caller asked for), and when the last is released the
+    limits the process had before the first request are restored.
+
+    ``set_limits(effective)`` applies a ``{pool: threads}`` mapping and returns how to undo it (or None when it
+    cannot apply it); only the undo of the first application is kept.
+    """
+
+    def __init__(self, set_limits: Callable[[dict[str, int]], Callable[[], None] | None]) -> None:
+        self._set_limits = set_limits
+        self._lock = threading.Lock()
+        self._requests: dict[int, dict[str, int]] = {}
+        self._next = 0
+        self._restore: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def hold(self, **limits: int) -> Iterator[None]:
+        """Limit the named pools inside the block (threads never raised above another holder's request)."""
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._requests[token] = limits
+            self._apply()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._requests[token]
+                if self._requests:
+                    self._apply()
+                elif self._restore is not None:
+                    restore, self._restore = self._restore, None
+                    restore()
+
+    def _apply(self) -> None:
+        effective: dict[str, int] = {}
+        for req in self._requests.values():
+            for pool, n in req.items():
+                effective[pool] = min(n, effective.get(pool, n))
+        undo = self._set_limits(effective)
+        if self._restore is None:
+            self._restore = undo
+
+
+def _set_pool_limits(limits: dict[str, int]) -> Callable[[], None] | None:
+    controller = threadpool_controller()
+    if controller is None:
+        return None
+    return controller.limit(limits=limits).restore_original_limits
+
+
+def _set_faiss_limits(limits: dict[str, int]) -> Callable[[], None] | None:
+    faiss = sys.modules.get("faiss")
+    if faiss is None or not hasattr(faiss, "omp_set_num_threads"):
+        return None
+    prev = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(limits["faiss"])
+    return lambda: faiss.omp_set_num_threads(prev)
+
+
+_POOL_LIMITS = _SharedLimits(_set_pool_limits)
+_FAISS_LIMITS = _SharedLimits(_set_faiss_limits)
+
 _SCOPE: contextvars.ContextVar[_ThreadScope | None] = contextvars.ContextVar("gpuc_cpu_threads", default=None)
 
 
@@ -259,9 +392,7 @@ def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
     scope = _ThreadScope(n)
     token = _SCOPE.set(scope)
     with contextlib.ExitStack() as stack:
-        controller = threadpool_controller()
-        if controller is not None:
-            stack.enter_context(controller.limit(limits=n))
+        stack.enter_context(_POOL_LIMITS.hold(blas=n, openmp=n))
         try:
             if "numba" in sys.modules:
                 scope.limit_numba()
@@ -286,11 +417,10 @@ def serial_blas(enabled: bool = True) -> Iterator[None]:
     nothing from threads. It also makes those products round exactly as in a one-thread run (a multi-threaded GEMM
     may split its output and round the pieces differently).
     """
-    controller = threadpool_controller() if enabled else None
-    if controller is None or current_n_jobs() == 1:
+    if not enabled or current_n_jobs() == 1:
         yield
         return
-    with controller.limit(limits=1, user_api="blas"):
+    with _POOL_LIMITS.hold(blas=1):
         yield
 
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNEL_MODULES = ("gpuc.nmf._hals_numba", "gpuc.metacells._cpu_kernels", "gpuc.deseq._kernels_numba")
+KERNEL_MODULES = ("gpuc.nmf._hals_numba", "gpuc.metacells._cpu_kernels", "gpuc.deseq._kernels_cpu")
 
 # the kernels the fits below call from Python (kernels called only from other kernels are linked into their caller's
 # cached code and are not loaded on their own)
@@ -32,7 +32,7 @@ CALLED = {
         "csr_matmat",
         "frank_wolfe_columns",
     },
-    "gpuc.deseq._kernels_numba": {"newton_log_alpha", "nb_logpost", "irls", "nb_const"},
+    "gpuc.deseq._kernels_cpu": {"newton_log_alpha", "nb_logpost", "irls", "nb_const"},
 }
 
 SCRIPT = f"""

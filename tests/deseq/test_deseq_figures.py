@@ -59,3 +59,61 @@ def test_gene_symbols_option(fit):
     assert all(t.get_text().startswith("FBgn") for t in ax.texts if t.get_text())
     np.testing.assert_equal(len(ax.texts) >= 3, True)
     plt.close("all")
+
+
+def _with_results(fit, **columns):
+    """A copy of ``fit`` whose stored results table has the given columns replaced."""
+    out = fit.copy()
+    name = next(iter(out.uns["deseq"]["results"]))
+    df = out.uns["deseq"]["results"][name].copy()
+    for col, values in columns.items():
+        df[col] = values
+    out.uns["deseq"]["results"][name] = df
+    return out
+
+
+def test_volcano_marks_p_values_capped_at_the_axis(fit):
+    res = gpuc.get.deseq_results(fit)
+    p = res["pvalue"].to_numpy().copy()
+    top = np.argsort(np.where(np.isfinite(p), p, np.inf))[:5]
+    p[top] = 0.0  # underflowed: -log10 is infinite
+    capped = _with_results(fit, pvalue=p)
+    ax = gpuc.pl.volcano(capped, show=False)
+    marked = [c for c in ax.collections if "p = 0" in str(c.get_label())]
+    assert len(marked) == 1
+    lfc = res["log2FoldChange"].to_numpy()
+    np.testing.assert_allclose(np.sort(marked[0].get_offsets()[:, 0]), np.sort(lfc[top]))
+    # a distinct marker (not the circles of the other genes), at the top of the axis, above every measured gene
+    circle = next(c for c in ax.collections if c.get_label() == "n.s.")
+    assert marked[0].get_paths()[0].vertices.shape != circle.get_paths()[0].vertices.shape
+    y_cap = marked[0].get_offsets()[:, 1]
+    others = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections if c is not marked[0]])
+    assert (y_cap > others.max()).all() and np.isfinite(y_cap).all()
+    assert ax.get_ylim()[1] >= y_cap.max()
+    assert others.max() > 0.8 * y_cap.max()  # the measured genes keep the height of the axis (no cap at 300)
+    assert any("p = 0" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close("all")
+
+
+def test_volcano_and_ma_label_nothing_when_nothing_is_significant(fit):
+    n = fit.n_vars
+    none = _with_results(fit, padj=np.ones(n))
+    for plot in (gpuc.pl.volcano, gpuc.pl.ma):
+        ax = plot(none, n_top=10, show=False)
+        assert [t.get_text() for t in ax.texts if t.get_text()] == []
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("no gene with padj <" in t for t in legend), legend
+        plt.close("all")
+    # with some significant genes, only those are labelled
+    res = gpuc.get.deseq_results(fit)
+    padj = np.ones(n)
+    keep = np.argsort(res["pvalue"].fillna(1).to_numpy())[:3]
+    padj[keep] = 1e-6
+    three = _with_results(fit, padj=padj)
+    ax = gpuc.pl.volcano(three, n_top=10, show=False)
+    labels = {t.get_text() for t in ax.texts if t.get_text()}
+    allowed = set(fit.var_names[keep])
+    if "gene_symbols" in fit.var:  # another test of this module removes them
+        allowed |= set(fit.var["gene_symbols"].iloc[keep])
+    assert labels and labels <= allowed
+    plt.close("all")

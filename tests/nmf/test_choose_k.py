@@ -107,6 +107,17 @@ def test_getter_options_and_errors() -> None:
         gpuc.get.nmf_suggest_k(ad, error="mean_error")
 
 
+def test_getter_refuses_a_sweep_whose_every_consensus_failed() -> None:
+    # the engine's rule falls back to the first k; the getter says there is nothing to suggest instead
+    ad = _sweep_adata([np.nan, np.nan, np.nan], [1.0, 0.8, 0.6])
+    assert ad.uns["nmf_k_sweep"]["suggested_k"] == 2
+    with pytest.raises(ValueError, match=r"failed for every k .*density_threshold=2\.0"):
+        gpuc.get.nmf_suggest_k(ad)
+    fig = gpuc.pl.nmf_k_sweep(ad, show=False)  # drawn, with nothing marked
+    assert "no k suggested" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
 def test_sweep_records_suggestion_and_plot_marks_it(program_factory) -> None:
     ad = program_factory(150, 60, 3, seed=1)
     gpuc.tl.nmf_k_sweep(ad, range(2, 7), n_runs=6, layer="counts", preprocessing="sd", random_state=0)

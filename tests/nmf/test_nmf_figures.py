@@ -22,25 +22,28 @@ def fitted(program_factory):
     return ad
 
 
-def test_programs_labels_do_not_overlap(fitted):
-    fig = gpuc.pl.nmf_programs(fitted, n_genes=12, show=False)
+@pytest.mark.parametrize(("by", "xlabel", "scale"), [("weight", "% of programme", 100.0), ("score", "score", 1.0)])
+def test_programs_labels_do_not_overlap(fitted, by, xlabel, scale):
+    fig = gpuc.pl.nmf_programs(fitted, n_genes=12, by=by, show=False)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     texts = []
     for a in fig.axes:
         if not a.get_visible():
             continue
-        assert a.get_xlabel() == "% of programme"
+        assert a.get_xlabel().startswith(xlabel)
         texts += [t for t in a.get_yticklabels() + a.get_xticklabels() if t.get_text()]
     boxes = [t.get_window_extent(r) for t in texts]
     for i in range(len(boxes)):
         for j in range(i + 1, len(boxes)):
             b, c = boxes[i], boxes[j]
             assert b.x1 <= c.x0 or c.x1 <= b.x0 or b.y1 <= c.y0 or c.y1 <= b.y0, (texts[i], texts[j])
-    # bars are percentages of the programme: the top gene of P1 as in nmf_top_genes
-    top = gpuc.get.nmf_top_genes(fitted, 1)
+    # the bars are those of nmf_top_genes (weights as percentages of the programme): the top gene of P1
+    top = gpuc.get.nmf_top_genes(fitted, 1, by=by)
     widths = [p.get_width() for p in fig.axes[0].patches]
-    assert max(widths) == pytest.approx(100 * top["weight"].iloc[0])
+    assert max(widths) == pytest.approx(scale * top[by].iloc[0])
+    ticks = {t.get_position()[1]: t.get_text() for t in fig.axes[0].get_yticklabels()}
+    assert ticks[max(ticks)] == top["gene"].iloc[0]  # the top bar is the top gene
     plt.close("all")
 
 

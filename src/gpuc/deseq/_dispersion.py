@@ -4,6 +4,11 @@ The genewise and MAP problems are 1-D in log(alpha) per gene and are solved for 
 Newton method (analytic gradient and Hessian of the NB log-likelihood plus the Cox-Reid term, step halving so that
 the objective never decreases, bounds as R), with a batched grid search for genes that do not converge. Unlike
 R's line search this reaches the optimum; R can stop a few percent short for high-count genes.
+
+The Newton loop and the grid search run per gene in compiled code where they can (numba on the CPU,
+``_kernels_cpu``; one numba-cuda launch with a thread per gene on the GPU, ``_kernels_gpu``); the batched array form
+(:func:`_newton`, :func:`_logpost`) is the fallback and computes the same log posterior (the kernels' recurrences
+and series for the count terms, which do not cancel at small alpha).
 """
 
 from __future__ import annotations
@@ -69,33 +74,106 @@ def dispersion_mu(bk: Backend, y: Any, sf: Any, x: Any, alpha0: Any, *, min_mu: 
 # --------------------------------------------------------------------------------------------------------------------
 # the 1-D log-posterior in log(alpha)
 # --------------------------------------------------------------------------------------------------------------------
-def trigamma(xp: Any, x: Any) -> Any:
-    """psi_1(x) for x > 0: asymptotic series for x >= 8; below 8, the recurrence psi_1(x) = psi_1(x + 1) + 1/x^2
-    first (only on those entries).
+K_TABLE = 64  # integer counts below this use the recurrences, as the compiled kernels (_kernels_cpu.K)
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
-    Relative error below 2e-9, enough for the Hessian of a Newton step (the gradient uses exact digamma);
-    several times cheaper than ``polygamma(1, x)`` (which goes through the Hurwitz zeta function).
+
+def _psi(xp: Any, x: Any) -> Any:
+    """psi(x) for x > 0 as the kernels' ``psi``: the recurrence up to x >= 10, then the asymptotic series."""
+    acc = xp.zeros_like(x)
+    for _ in range(10):
+        m = x < 10.0
+        acc = acc - xp.where(m, 1.0 / x, 0.0)
+        x = xp.where(m, x + 1.0, x)
+    z = 1.0 / (x * x)
+    big = (
+        xp.log(x)
+        - 0.5 / x
+        - z
+        * (
+            1.0 / 12.0
+            - z
+            * (
+                1.0 / 120.0
+                - z * (1.0 / 252.0 - z * (1.0 / 240.0 - z * (1.0 / 132.0 - z * (691.0 / 32760.0 - z / 12.0))))
+            )
+        )
+    )
+    return acc + big
+
+
+def _tri(xp: Any, x: Any) -> Any:
+    """psi_1(x) for x > 0 as the kernels' ``tri``: the recurrence up to x >= 10, then the asymptotic series."""
+    acc = xp.zeros_like(x)
+    for _ in range(10):
+        m = x < 10.0
+        acc = acc + xp.where(m, 1.0 / (x * x), 0.0)
+        x = xp.where(m, x + 1.0, x)
+    v = 1.0 / x
+    z = v * v
+    big = v + z * (
+        0.5
+        + v
+        * (1.0 / 6.0 - z * (1.0 / 30.0 - z * (1.0 / 42.0 - z * (1.0 / 30.0 - z * (5.0 / 66.0 - z * (691.0 / 2730.0))))))
+    )
+    return acc + big
+
+
+def _nb_count_terms(bk: Backend, y: Any, r: Any, derivs: bool) -> tuple[Any, Any, Any]:
+    """Per entry, lgamma(y + r) - lgamma(r) and (with ``derivs``) psi(y + r) - psi(r), psi_1(y + r) - psi_1(r), for
+    counts ``y`` (G, n) and r = 1/alpha (G,), computed as the compiled kernels do (``_kernels_cpu.gene_nb_terms``):
+    integer counts below :data:`K_TABLE` from per-gene tables of the exact recurrences (sum of log(r + k), 1/(r + k),
+    -1/(r + k)^2 over k < y, free of the cancellation of large lgamma values at small alpha), larger ones by the
+    asymptotic series, non-integer ones by lgamma and the kernels' psi and psi_1. Zero counts give 0.
     """
-
-    def series(v: Any) -> Any:
-        z = 1.0 / v
-        z2 = z * z
-        return z + z2 * (0.5 + z * (1.0 / 6.0 - z2 * (1.0 / 30.0 - z2 * (1.0 / 42.0))))
-
-    out = series(x)
-    small = x < 8.0
-    if bool(small.any()):
-        flat = out.reshape(-1)
-        idx = xp.nonzero(small.reshape(-1))[0]
-        xs = x.reshape(-1)[idx]
-        add = xp.zeros_like(xs)
-        for _ in range(8):
-            m = xs < 8.0
-            add = add + xp.where(m, 1.0 / (xs * xs), 0.0)
-            xs = xp.where(m, xs + 1.0, xs)
-        flat[idx] = add + series(xs)
-        out = flat.reshape(x.shape)
-    return out
+    xp, sp = bk.xp, bk.special
+    G = y.shape[0]
+    q = r[:, None] + xp.arange(K_TABLE - 1, dtype=xp.float64)[None, :]
+    zero = xp.zeros((G, 1))
+    # tables indexed by the count: entry k holds the sum over the first k terms
+    t_lg = xp.concatenate([zero, xp.cumsum(xp.log(q), axis=1)], axis=1)
+    small = (y < K_TABLE) & (y == xp.floor(y))
+    k = xp.where(small, y, 0.0).astype(xp.int64)
+    d_lg = xp.take_along_axis(t_lg, k, axis=1)
+    yr = y + r[:, None]
+    big = (~small) & (yr >= K_TABLE)
+    other = ~small & ~big
+    lgr = sp.gammaln(r)[:, None]
+    lx = xp.log(yr)
+    v = 1.0 / yr
+    z = v * v
+    stirling = (
+        (yr - 0.5) * lx
+        - yr
+        + HALF_LOG_2PI
+        + v * (1.0 / 12.0 - z * (1.0 / 360.0 - z * (1.0 / 1260.0 - z * (1.0 / 1680.0 - z / 1188.0))))
+        - lgr
+    )
+    d_lg = xp.where(big, stirling, d_lg)
+    has_other = bool(other.any())
+    if has_other:
+        d_lg = xp.where(other, sp.gammaln(yr) - lgr, d_lg)
+    if not derivs:
+        return d_lg, None, None
+    iq = 1.0 / q
+    t_dg = xp.concatenate([zero, xp.cumsum(iq, axis=1)], axis=1)
+    t_tg = xp.concatenate([zero, xp.cumsum(-(iq * iq), axis=1)], axis=1)
+    dgr = _psi(xp, r)[:, None]
+    tgr = _tri(xp, r)[:, None]
+    d_dg = xp.where(
+        big,
+        (lx - 0.5 * v - z * (1.0 / 12.0 - z * (1.0 / 120.0 - z * (1.0 / 252.0 - z / 240.0)))) - dgr,
+        xp.take_along_axis(t_dg, k, axis=1),
+    )
+    d_tg = xp.where(
+        big,
+        (v + z * (0.5 + v * (1.0 / 6.0 - z * (1.0 / 30.0 - z * (1.0 / 42.0 - z / 30.0))))) - tgr,
+        xp.take_along_axis(t_tg, k, axis=1),
+    )
+    if has_other:
+        d_dg = xp.where(other, _psi(xp, yr) - dgr, d_dg)
+        d_tg = xp.where(other, _tri(xp, yr) - tgr, d_tg)
+    return d_lg, d_dg, d_tg
 
 
 def _logpost(
@@ -117,7 +195,7 @@ def _logpost(
     terms (digamma, trigamma and lgamma of 1/alpha) are computed once per gene; only terms in y + 1/alpha and
     alpha * mu are elementwise.
     """
-    xp, sp = bk.xp, bk.special
+    xp = bk.xp
     if not bk.is_gpu:
         from gpuc.deseq._kernels import nb_logpost_kernel
 
@@ -129,16 +207,16 @@ def _logpost(
     alpha = xp.exp(la)
     r1 = 1.0 / alpha  # per gene
     a = alpha[:, None]
-    r = r1[:, None]
-    n = y.shape[1]
     amu = a * mu
-    l1p = xp.log1p(amu)
-    yr = y + r
+    u1 = 1.0 + amu
+    inv_one = 1.0 / u1
+    l1p = xp.log(u1) + (amu - (u1 - 1.0)) * inv_one  # log1p(alpha mu) as the compiled kernels compute it
+    yr = y + r1[:, None]
     sum_y = y.sum(axis=1)
-    # NB log-likelihood up to alpha-free constants: sum lgamma(y+r) - n lgamma(r) + log(alpha) sum y - sum (y+r) l1p
-    f = sp.gammaln(yr).sum(axis=1) - n * sp.gammaln(r1) + la * sum_y - (yr * l1p).sum(axis=1)
+    d_lg, d_dg, d_tg = _nb_count_terms(bk, y, r1, derivs)
+    # NB log-likelihood up to alpha-free constants: sum [lgamma(y+r) - lgamma(r)] + log(alpha) sum y - sum (y+r) l1p
+    f = d_lg.sum(axis=1) + la * sum_y - (yr * l1p).sum(axis=1)
     if cr or derivs:
-        inv_one = 1.0 / (1.0 + amu)
         w = mu * inv_one
     if cr:
         m = normal_matrix(w, xx, p)
@@ -149,13 +227,11 @@ def _logpost(
     g = h = None
     if derivs:
         ym = (y - mu) * inv_one
-        base = n * sp.digamma(r1) - sp.digamma(yr).sum(axis=1) + l1p.sum(axis=1)
-        tri = trigamma(xp, yr).sum(axis=1) - n * trigamma(xp, r1)
-        s_ym = ym.sum(axis=1)
-        ga = r1 * r1 * base + r1 * s_ym
+        base = -d_dg.sum(axis=1) + l1p.sum(axis=1)
+        ga = r1 * r1 * base + r1 * ym.sum(axis=1)
         ha = (
-            -2.0 * r1**3 * base
-            + r1 * r1 * (w.sum(axis=1) + r1 * r1 * tri)
+            -2.0 * r1 * r1 * r1 * base
+            + r1 * r1 * (w.sum(axis=1) + r1 * r1 * d_tg.sum(axis=1))
             - r1 * r1 * (ym * (2.0 - inv_one)).sum(axis=1)
         )
         if cr:
@@ -305,12 +381,16 @@ def _fit_log_alpha(
         return None if pm_all is None else pm_all[i]
 
     args = (la, y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state)
-    kern = None
-    if not bk.is_gpu:
-        from gpuc.deseq._kernels import newton_kernel
+    from gpuc.deseq._kernels import gpu_kernels, newton_kernel
 
-        kern = newton_kernel()
-    la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args) if kern is not None else _newton(bk, *args)
+    kern = None if bk.is_gpu else newton_kernel()
+    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
+    if kern is not None:
+        la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args)
+    elif gk is not None:
+        la, f, g, h, iters, conv, r_state = _newton_gpu(bk, gk, *args)
+    else:
+        la, f, g, h, iters, conv, r_state = _newton(bk, *args)
     state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
@@ -354,7 +434,7 @@ def _newton_compiled(
     r_flat_start: bool,
     init_state: tuple | None,
 ) -> tuple:
-    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_numba.newton_log_alpha``)."""
+    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_cpu.newton_log_alpha``)."""
     G = y.shape[0]
     c = np.ascontiguousarray
     has_prior = prior_mean is not None
@@ -385,6 +465,62 @@ def _newton_compiled(
     if r_flat_start:
         r_state = (la_start, out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
     return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
+
+
+def _newton_gpu(
+    bk: Backend,
+    gk: Any,
+    la: Any,
+    y: Any,
+    mu: Any,
+    xx: Any,
+    p: int,
+    cr: bool,
+    prior_mean: Any,
+    prior_var: float | None,
+    lo: float,
+    hi: float,
+    maxit: int,
+    tol: float,
+    r_flat_start: bool,
+    init_state: tuple | None,
+) -> tuple:
+    """:func:`_newton` on the GPU as one kernel launch, one thread per gene (``_kernels_gpu.newton_log_alpha``, the
+    CPU kernel's loop); returns what :func:`_newton` returns, on the device.
+    """
+    xp = bk.xp
+    G = y.shape[0]
+    f64 = xp.float64
+    has_prior = prior_mean is not None
+    none = xp.empty(1)
+    pm = xp.ascontiguousarray(prior_mean, dtype=f64) if has_prior else none
+    st = tuple(xp.ascontiguousarray(v, dtype=f64) for v in init_state) if init_state is not None else (none,) * 4
+    out = xp.empty((10 if r_flat_start else 6, G))
+    la_start = xp.ascontiguousarray(la, dtype=f64)
+    bk.launch(
+        gk.newton_log_alpha,
+        gk.blocks_for(G),
+        gk.THREADS,
+        la_start,
+        xp.ascontiguousarray(y.T, dtype=f64),
+        xp.ascontiguousarray(mu.T, dtype=f64),
+        xp.ascontiguousarray(xx, dtype=f64),
+        int(p),
+        bool(cr),
+        has_prior,
+        pm,
+        0.0 if prior_var is None else float(prior_var),
+        float(lo),
+        float(hi),
+        int(maxit),
+        float(tol),
+        init_state is not None,
+        *st,
+        bool(r_flat_start),
+        out,
+    )
+    r_state = (la_start, out[9], out[6], out[7], out[8] > 0) if r_flat_start else None
+    return out[0], out[1], out[2], out[3], out[4].astype(xp.int64), out[5] > 0, r_state
 
 
 def _newton(
@@ -557,9 +693,36 @@ def _grid_search(
     prior_var: float | None,
     ngrid: int = 20,
 ) -> Any:
-    """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once."""
+    """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once
+    (on the GPU one kernel launch, ``_kernels_gpu.grid_log_alpha``, one thread per gene).
+    """
+    from gpuc.deseq._kernels import gpu_kernels
+
     xp = bk.xp
     G = y.shape[0]
+    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
+    if gk is not None:
+        f64 = xp.float64
+        out = xp.empty(G)
+        bk.launch(
+            gk.grid_log_alpha,
+            gk.blocks_for(G),
+            gk.THREADS,
+            xp.arange(G),
+            xp.ascontiguousarray(y.T, dtype=f64),
+            xp.ascontiguousarray(mu.T, dtype=f64),
+            xp.ascontiguousarray(xx, dtype=f64),
+            int(p),
+            bool(cr),
+            prior_mean is not None,
+            xp.empty(1) if prior_mean is None else xp.ascontiguousarray(prior_mean, dtype=f64),
+            0.0 if prior_var is None else float(prior_var),
+            float(lo),
+            float(hi),
+            int(ngrid),
+            out,
+        )
+        return out
     grid = xp.linspace(lo, hi, ngrid)
     vals = xp.stack(
         [

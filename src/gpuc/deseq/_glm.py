@@ -5,6 +5,11 @@ Arrays are gene-major: counts ``y`` (G, n), size factors ``sf`` (n,), design ``x
 normal matrices are built with a single GEMM ``w @ xx`` where ``xx`` holds the n outer products x_i x_i^T.
 Genes that diverge or do not converge are refitted by a bounded, step-halving Fisher scoring on the penalised
 likelihood (R uses ``optim`` L-BFGS-B there); none is dropped.
+
+The IRLS itself runs per gene in compiled loops where it can: on the CPU a numba kernel (``_kernels_cpu.irls``), on
+the GPU one numba-cuda launch with a thread per gene (``_kernels_gpu.irls``, the same per-gene code), so that both
+devices take the same steps. The batched array form is the fallback (no numba; on the GPU, designs wider than
+``_kernels_gpu.MAXP`` columns or no numba-cuda).
 """
 
 from __future__ import annotations
@@ -130,12 +135,19 @@ def _fit_nb_glm(
     logsf = xp.log(sf)[None, :]
     log_min_mu = float(np.log(min_mu))
     # the mu-free part of the log-likelihood, computed once (alpha is fixed during the fit)
-    kern = kconst = None
-    if not bk.is_gpu:
-        from gpuc.deseq._kernels import irls_kernel, nb_const_kernel
+    from gpuc.deseq._kernels import gpu_kernels, irls_kernel, nb_const_kernel
 
+    kern = kconst = None
+    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
+    if not bk.is_gpu:
         kern, kconst = irls_kernel(), nb_const_kernel()
-    if kconst is not None:
+    if gk is not None:
+        # GPU: one thread per gene on sample-major counts (coalesced reads), the whole IRLS in one launch
+        yt = xp.ascontiguousarray(y.T)
+        alpha = xp.ascontiguousarray(alpha, dtype=xp.float64)
+        ll_const = xp.empty(G)
+        bk.launch(gk.nb_const, gk.blocks_for(G), gk.THREADS, yt, alpha, ll_const)
+    elif kconst is not None:
         ll_const = np.empty(G)
         kconst(np.ascontiguousarray(y, dtype=np.float64), np.ascontiguousarray(alpha, dtype=np.float64), ll_const)
     else:
@@ -156,6 +168,29 @@ def _fit_nb_glm(
             np.ascontiguousarray(alpha, dtype=np.float64),
             np.ascontiguousarray(ll_const, dtype=np.float64),
             np.ascontiguousarray(lam, dtype=np.float64),
+            beta,
+            float(min_mu),
+            int(maxit),
+            float(tol),
+            float(large),
+            iters,
+            converged,
+            failed,
+            dev,
+        )
+        idx = idx[:0]
+    elif gk is not None:
+        beta = xp.ascontiguousarray(beta, dtype=xp.float64)
+        bk.launch(
+            gk.irls,
+            gk.blocks_for(G),
+            gk.THREADS,
+            yt,
+            xp.ascontiguousarray(sf, dtype=xp.float64),
+            xp.ascontiguousarray(x, dtype=xp.float64),
+            alpha,
+            ll_const,
+            lam,
             beta,
             float(min_mu),
             int(maxit),
@@ -218,9 +253,9 @@ def _fit_nb_glm(
     cov, hat, mu_unfloored, mu_fl = glm_covariance(
         bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False
     )
-    # the deviance at the final beta: the compiled IRLS returns it with beta (the last iteration's), so only genes
-    # refitted by the fallback need it afresh
-    redo = xp.nonzero(refit)[0] if kern is not None else xp.arange(G)
+    # the deviance at the final beta: the compiled IRLS (CPU or GPU) returns it with beta (the last iteration's), so
+    # only genes refitted by the fallback need it afresh
+    redo = xp.nonzero(refit)[0] if kern is not None or gk is not None else xp.arange(G)
     if redo.shape[0]:
         a_r = alpha[redo][:, None]
         mf = mu_fl[redo]

@@ -9,26 +9,8 @@ import pandas as pd
 from anndata import AnnData
 
 from gpuc import _keys
-from gpuc._validate import check_adata, check_key
-
-
-def _entry(adata: AnnData, key: str, group: str | None) -> dict:
-    check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first.")
-    uns = adata.uns[key]
-    if "groups" in uns:
-        names = [_keys.decode_name(g) for g in uns["groups"]]
-        if group is None:
-            msg = f"uns[{key!r}] holds per-group results (groups {names}); pass group=."
-            raise ValueError(msg)
-        stored = _keys.encode_name(group)
-        if stored not in uns["groups"]:
-            msg = f"group {group!r} not found in adata.uns[{key!r}]['groups'] (groups: {names})."
-            raise KeyError(msg)
-        return uns["groups"][stored]
-    if group is not None:
-        msg = f"uns[{key!r}] was computed without groupby; do not pass group=."
-        raise ValueError(msg)
-    return uns
+from gpuc._validate import check_adata
+from gpuc.get._checks import deseq_entry
 
 
 def _contrast_name(entry: dict, contrast: Any) -> str:
@@ -80,5 +62,5 @@ def deseq_results(
     A copy of the stored table, with shrunken columns when ``lfc_shrink`` was used.
     """
     check_adata(adata)
-    entry = _entry(adata, key, group)
+    entry = deseq_entry(adata, key, group)
     return entry["results"][_contrast_name(entry, contrast)].copy()

@@ -97,11 +97,11 @@ def to_cpu(
     Parameters
     ----------
     adata
-        The annotated data matrix.
+        The annotated data matrix, with matrices in GPU memory.
     layer
-        The layer to move instead of ``X``.
+        Bring back this layer instead of ``X``.
     convert_all
-        Move every device array.
+        Bring back every device array.
     copy
         Work on a copy and return it.
 

@@ -10,8 +10,9 @@ from anndata import AnnData
 from matplotlib.axes import Axes
 
 from gpuc import _keys
-from gpuc.get._deseq import _entry, deseq_results
-from gpuc.pl._utils import finish, place_labels
+from gpuc.get._checks import deseq_entry
+from gpuc.get._deseq import deseq_results
+from gpuc.pl._utils import check_axes, check_number, finish, place_labels, plot_function
 
 
 def _results_for_plot(
@@ -19,12 +20,18 @@ def _results_for_plot(
 ) -> tuple[Any, str, float]:
     """The results table, the fold-change column to draw (MLE or shrunken) and the significance level."""
     df = deseq_results(adata, contrast, key=key, group=group)
-    alpha = float(adata.uns[key]["params"]["alpha"]) if alpha is None else alpha
+    alpha = float(adata.uns[key]["params"]["alpha"]) if alpha is None else check_number("alpha", alpha, low=0, high=1)
     col = "log2FoldChange_shrunk" if shrunk else "log2FoldChange"
     if col not in df:
         msg = f"{col!r} not in the results; run gpuc.tl.deseq with lfc_shrink=."
         raise KeyError(msg)
     return df, col, alpha
+
+
+def _single_ax(ax: Any, what: str, figsize: tuple[float, float]) -> Axes:
+    """The caller's Axes (checked: one Axes) or that of a new figure of ``figsize``."""
+    axes = check_axes(ax, 1, what)
+    return plt.subplots(figsize=figsize)[1] if axes is None else axes[0]
 
 
 SYMBOL_COLUMNS = ("gene_symbols", "gene_symbol", "symbol", "symbols", "gene_name", "gene_names")
@@ -48,17 +55,30 @@ def _gene_labels(adata: AnnData, index: Any, gene_symbols: str | None) -> np.nda
 
 
 def _label_top(ax: Any, x: np.ndarray, y: np.ndarray, names: Any, order: np.ndarray, n_top: int) -> None:
+    """Label the first ``n_top`` genes of ``order`` (the significant genes, most significant first)."""
     top = [i for i in order[:n_top] if np.isfinite(x[i]) and np.isfinite(y[i])]
     place_labels(ax, x[top], y[top], [names[i] for i in top])
 
 
+def _significant_order(p: np.ndarray, drawn: np.ndarray, sig: np.ndarray) -> np.ndarray:
+    """Indices of the drawn significant genes, smallest p-value first.
+
+    Only these are labelled, so that nothing is labelled when no gene is significant.
+    """
+    keep = np.flatnonzero(drawn & sig)
+    return keep[np.argsort(p[keep], kind="stable")]
+
+
 def _title(adata: AnnData, key: str, contrast: Any, group: Any) -> str:
     name = (
-        str(contrast) if contrast is not None else _keys.decode_name(next(iter(_entry(adata, key, group)["results"])))
+        str(contrast)
+        if contrast is not None
+        else _keys.decode_name(next(iter(deseq_entry(adata, key, group)["results"])))
     )
     return f"DESeq2 {name}" + (f" ({group})" if group is not None else "")
 
 
+@plot_function
 def volcano(
     adata: AnnData,
     contrast: Any = None,
@@ -72,9 +92,14 @@ def volcano(
     gene_symbols: str | None = None,
     ax: Any = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Volcano plot: log2 fold change against -log10 p-value; genes with padj < alpha coloured, top genes labelled.
+
+    P-values that underflow to 0 (R and gpuc report them as 0 below about 1e-300) have no finite -log10: they are
+    drawn at the top of the axis (just above the largest finite value) as upward triangles, named in the legend, so
+    that they are neither lost nor mistaken for measured values. Only significant genes are labelled: when no gene
+    passes ``padj < alpha`` (and ``lfc_threshold``), nothing is labelled and the legend says so.
 
     Parameters
     ----------
@@ -90,46 +115,57 @@ def volcano(
         Also require an absolute log2 fold change above this to colour a gene; drawn as dashed lines.
     shrunk
         Plot the shrunken fold changes (needs ``lfc_shrink``).
-    n_top
-        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
-    gene_symbols
-        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
-        ``symbol``, ``gene_name`` ...), else the gene names.
-    ax
-        Axes to draw into.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {label_genes}
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show=False``.
+    {returns_axes}
     """
+    lfc_threshold = check_number("lfc_threshold", lfc_threshold, low=0)
+    n_top = _check_n_top(n_top)
     df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
+    names = _gene_labels(adata, df.index, gene_symbols)
+    ax = _single_ax(ax, "the volcano plot", (5, 4.5))
     lfc = df[col].to_numpy()
-    p = df["pvalue"].to_numpy()
+    p = df["pvalue"].to_numpy(dtype=float)
+    capped = p <= 0  # underflowed to 0: -log10 is infinite
     with np.errstate(divide="ignore"):
-        nlp = -np.log10(np.clip(p, 1e-300, 1))
+        nlp = -np.log10(p)
+    finite = np.isfinite(nlp) & ~capped
+    top = float(nlp[finite].max()) if finite.any() else 1.0
+    cap = top * 1.08 if top > 0 else 1.0
+    nlp = np.where(capped, cap, nlp)
     sig = (df["padj"].to_numpy() < alpha) & (np.abs(lfc) > lfc_threshold)
     ok = np.isfinite(nlp) & np.isfinite(lfc)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 4.5))
     ax.set_title(_title(adata, key, contrast, group), fontsize=9)
-    ax.scatter(lfc[ok & ~sig], nlp[ok & ~sig], s=4, c="0.7", rasterized=True, label="n.s.")
-    ax.scatter(lfc[ok & sig], nlp[ok & sig], s=5, c="tab:red", rasterized=True, label=f"padj < {alpha:g}")
+    for mask, c, name in ((~sig, "0.7", "n.s."), (sig, "tab:red", f"padj < {alpha:g}")):
+        m = ok & mask & ~capped
+        if m.any():
+            ax.scatter(lfc[m], nlp[m], s=4, c=c, rasterized=True, label=name)
+        m = ok & mask & capped
+        if m.any():
+            ax.scatter(lfc[m], nlp[m], s=18, c=c, marker="^", label=f"{name}, p = 0 (drawn at the top)", zorder=3)
+    if not sig.any():
+        ax.plot([], [], ls="none", label=f"no gene with padj < {alpha:g}")
     if lfc_threshold > 0:
         for v in (-lfc_threshold, lfc_threshold):
             ax.axvline(v, ls="--", c="0.4", lw=0.8)
+    if capped.any():
+        ax.axhline(cap, ls=":", c="0.5", lw=0.6)
+        ax.set_ylim(top=cap * 1.04)
     ax.set_xlabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
     ax.set_ylabel("-log10 p-value")
     ax.legend(frameon=False, fontsize=8, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    order = np.argsort(np.where(ok, p, np.inf))
-    _label_top(ax, lfc, nlp, _gene_labels(adata, df.index, gene_symbols), order, n_top)
+    _label_top(ax, lfc, nlp, names, _significant_order(p, ok, sig), n_top)
     return finish(ax, show, save=save)
 
 
+def _check_n_top(n_top: Any) -> int:
+    from gpuc._validate import check_int
+
+    return check_int("n_top", n_top, minimum=0)
+
+
+@plot_function
 def ma(
     adata: AnnData,
     contrast: Any = None,
@@ -143,9 +179,11 @@ def ma(
     gene_symbols: str | None = None,
     ax: Any = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """MA plot (R ``plotMA``): log2 fold change against mean of normalised counts, padj < alpha in colour.
+
+    Only significant genes are labelled; when none is, nothing is labelled and the legend says so.
 
     Parameters
     ----------
@@ -157,31 +195,22 @@ def ma(
         Threshold on padj (default: the fit's ``alpha``).
     shrunk
         Plot the shrunken fold changes.
-    n_top
-        Number of most significant genes to label (labels never overlap; one that finds no free place is left out).
-    gene_symbols
-        ``var`` column to label genes with; default: a symbol column of ``var`` if there is one (``gene_symbols``,
-        ``symbol``, ``gene_name`` ...), else the gene names.
     ylim
         Symmetric y limit; points beyond are drawn as triangles at the edge.
-    ax
-        Axes to draw into; a new figure if None.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {label_genes}
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show=False``.
+    {returns_axes}
     """
+    n_top = _check_n_top(n_top)
+    if ylim is not None:
+        ylim = check_number("ylim", ylim, low=0, strict=True)
     df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
+    names = _gene_labels(adata, df.index, gene_symbols)
+    ax = _single_ax(ax, "the MA plot", (5, 4))
     bm, lfc = df["baseMean"].to_numpy(), df[col].to_numpy()
     ok = (bm > 0) & np.isfinite(lfc)
     sig = df["padj"].to_numpy() < alpha
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 4))
     yl = ylim if ylim is not None else float(np.nanmax(np.abs(lfc[ok]))) * 1.05 if ok.any() else 1.0
     y = np.clip(lfc, -yl, yl)
     out = np.abs(lfc) > yl
@@ -191,16 +220,18 @@ def ma(
         ax.scatter(bm[m & ~out], y[m & ~out], s=4, c=c, rasterized=True, label=name)
         if (m & out).any():
             ax.scatter(bm[m & out], y[m & out], s=10, c=c, marker="^", rasterized=True, label=f"{name}, beyond ylim")
+    if not (ok & sig).any():
+        ax.plot([], [], ls="none", label=f"no gene with padj < {alpha:g}")
     ax.axhline(0, c="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("log2 fold change" + (" (shrunken)" if shrunk else ""))
     ax.legend(frameon=False, fontsize=8, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    order = np.argsort(np.where(ok, df["pvalue"].to_numpy(), np.inf))
-    _label_top(ax, bm, y, _gene_labels(adata, df.index, gene_symbols), order, n_top)
+    _label_top(ax, bm, y, names, _significant_order(df["pvalue"].to_numpy(dtype=float), ok, sig), n_top)
     return finish(ax, show, save=save)
 
 
+@plot_function
 def dispersion(
     adata: AnnData,
     *,
@@ -208,7 +239,7 @@ def dispersion(
     group: str | None = None,
     ax: Any = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Dispersion estimates against the mean (R ``plotDispEsts``): genewise (black), trend (red), final (blue),
     dispersion outliers circled.
@@ -219,24 +250,24 @@ def dispersion(
         AnnData after :func:`gpuc.tl.deseq`.
     key, group
         As in :func:`gpuc.get.deseq_results`.
-    ax
-        Axes to draw into; a new figure if None.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show=False``.
+    {returns_axes}
     """
-    entry = _entry(adata, key, group)
+    entry = deseq_entry(adata, key, group)
     if "genes" in entry:
         g = entry["genes"]
         get = lambda f: g[f].to_numpy()  # noqa: E731
     else:
+        missing = [f for f in ("baseMean", "dispGeneEst") if _keys.deseq_var(key, f) not in adata.var]
+        if missing:
+            msg = (
+                f"adata.var has no {_keys.deseq_var(key, missing[0])!r} column: the per-gene fit of "
+                f"gpuc.tl.deseq(..., key_added={key!r}) was removed. Rerun gpuc.tl.deseq."
+            )
+            raise KeyError(msg)
         get = lambda f: adata.var[_keys.deseq_var(key, f)].to_numpy()  # noqa: E731
+    ax = _single_ax(ax, "the dispersion plot", (5, 4))
     bm, gw, fit, final, out = (
         get("baseMean"),
         get("dispGeneEst"),
@@ -245,8 +276,6 @@ def dispersion(
         get("dispOutlier").astype(bool),
     )
     ok = (bm > 0) & np.isfinite(gw)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 4))
     ax.scatter(bm[ok], gw[ok], s=3, c="k", rasterized=True, label="gene-est")
     ax.scatter(bm[ok], final[ok], s=3, c="dodgerblue", rasterized=True, label="final")
     ax.scatter(

@@ -12,24 +12,20 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from gpuc import _keys
-from gpuc.pl._utils import finish
+from gpuc._validate import check_int
+from gpuc.get._checks import metacell_labels, metacell_quality_table, tool_output
+from gpuc.pl._utils import check_axes, check_number, finish, plot_function
 
 
-def _uns(adata: AnnData, key: str) -> dict[str, Any]:
-    if key not in adata.uns or key not in adata.obs:
-        msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
-        raise KeyError(msg)
-    return adata.uns[key]
-
-
-def _ax(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+def _ax(ax: Any, what: str, figsize: tuple[float, float]) -> Axes:
+    """The caller's Axes (checked: one Axes) or that of a new figure of ``figsize``."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=figsize)
-    return ax
+    axes = check_axes(ax, 1, what)
+    return plt.subplots(figsize=figsize)[1] if axes is None else axes[0]
 
 
+@plot_function
 def metacells(
     adata: AnnData,
     basis: str = "umap",
@@ -41,7 +37,7 @@ def metacells(
     center_size: float = 40.0,
     ax: Axes | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Cells on an embedding coloured by metacell (or by ``color``), with each metacell's centre on top.
 
@@ -67,23 +63,15 @@ def metacells(
         Cell marker size (default scales with the number of cells).
     center_size
         Marker size of the metacell centres.
-    ax
-        Axes to draw into; a new figure if None.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show`` is False, else None.
+    {returns_axes}
     """
     from scanpy.plotting import palettes
 
     from gpuc.pl._utils import category_colors, spread_colors
 
-    _uns(adata, key)
+    labels = metacell_labels(adata, key)
     emb_key = basis if basis in adata.obsm else f"X_{basis}"
     if emb_key not in adata.obsm:
         msg = f"basis {basis!r} not found in adata.obsm (looked for {basis!r} and 'X_{basis}')."
@@ -91,12 +79,14 @@ def metacells(
     if color is not None and color not in adata.obs:
         msg = f"color={color!r} is not a column of adata.obs."
         raise KeyError(msg)
+    if size is not None:
+        size = check_number("size", size, low=0, strict=True)
+    center_size = check_number("center_size", center_size, low=0)
+    ax = _ax(ax, "the embedding", (5.5, 5))
     xy = np.asarray(adata.obsm[emb_key], dtype=float)[:, :2]
-    labels = adata.obs[key]
     codes = labels.cat.codes.to_numpy()
     n_mc = labels.cat.categories.size
     centres = metacell_centers(xy, codes, n_mc)
-    ax = _ax(ax, (5.5, 5))
     s = size if size is not None else max(1.0, 120000 / max(adata.n_obs, 1) / 20)
     if color is None:
         from matplotlib.colors import to_rgba
@@ -160,6 +150,7 @@ def metacell_centers(xy: np.ndarray, codes: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+@plot_function
 def metacell_sizes(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -167,33 +158,23 @@ def metacell_sizes(
     bins: int = 30,
     ax: Axes | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Histogram of the number of cells per metacell (hard labels).
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of the metacell run.
+    {metacell_run}
     bins
         Histogram bins.
-    ax
-        Axes to draw into; a new figure if None.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show`` is False, else None.
+    {returns_axes}
     """
-    _uns(adata, key)
-    sizes = adata.obs[key].value_counts().to_numpy()
-    ax = _ax(ax, (4.5, 3.5))
+    labels = metacell_labels(adata, key)
+    bins = check_int("bins", bins, minimum=1)
+    ax = _ax(ax, "the histogram", (4.5, 3.5))
+    sizes = labels.value_counts().to_numpy()
     ax.hist(sizes, bins=bins, color="#4c72b0", edgecolor="white")
     ax.axvline(np.median(sizes), color="black", ls="--", lw=1, label=f"median {np.median(sizes):.0f}")
     ax.set_xlabel("cells per metacell")
@@ -203,6 +184,7 @@ def metacell_sizes(
     return finish(ax, show, save=save)
 
 
+@plot_function
 def metacell_quality(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -210,7 +192,7 @@ def metacell_quality(
     quality_key: str | None = None,
     ax: Sequence[Axes] | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Figure | None:
     """Distributions of compactness, separation and (if computed) purity, one panel each.
 
@@ -228,33 +210,19 @@ def metacell_quality(
     ax
         One Axes per panel (compactness, separation, then each purity column), e.g. from
         ``plt.subplots(1, 3)``; a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {show_save}
 
-    Returns
-    -------
-    The Figure when ``show`` is False, else None.
+    {returns_figure}
     """
     import matplotlib.pyplot as plt
 
-    qk = quality_key or _keys.metacell_quality(key)
-    if qk not in adata.uns:
-        msg = f"No quality table at adata.uns[{qk!r}]: run gpuc.tl.metacell_quality(adata, {key!r}) first."
-        raise KeyError(msg)
-    df = adata.uns[qk]
+    df = metacell_quality_table(adata, key, quality_key)
     cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith("_purity")]
-    if ax is None:
-        fig, axes = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
-        axes = np.atleast_1d(axes)
-    else:
-        axes = list(ax)
-        if len(axes) != len(cols):
-            msg = f"ax must hold {len(cols)} Axes, one per panel ({', '.join(cols)}); got {len(axes)}."
-            raise ValueError(msg)
-        fig = axes[0].figure
+    axes = check_axes(ax, len(cols), f"one per panel: {', '.join(cols)}")
+    if axes is None:
+        fig, grid = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
+        axes = list(np.atleast_1d(grid))
+    fig = axes[0].figure
     ylabels = {
         "compactness": "variance within the metacell\n(diffusion components)",
         "separation": "distance to the nearest metacell\n(diffusion components)",
@@ -276,41 +244,30 @@ def metacell_quality(
             + (" (log scale)" if log else ""),
             fontsize=8,
         )
-    if ax is None:
-        fig.tight_layout()
-    return finish(fig, show, save=save)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
+@plot_function
 def metacell_convergence(
     adata: AnnData,
     key: str = _keys.METACELL,
     *,
     ax: Axes | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """The RSS trace ``||M - M B A||_F`` per iteration (one line per group with ``groupby``).
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of the metacell run.
-    ax
-        Axes to draw into; a new figure if None.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {metacell_run}
+    {ax_show_save}
 
-    Returns
-    -------
-    The Axes when ``show`` is False, else None.
+    {returns_axes}
     """
-    info = _uns(adata, key)
-    ax = _ax(ax, (4.5, 3.5))
+    metacell_labels(adata, key)
+    info = tool_output(adata, key, "metacells")
+    ax = _ax(ax, "the RSS trace", (4.5, 3.5))
     traces = {v.get("group", g): v["rss"] for g, v in info["groups"].items()} if "groups" in info else {"": info["rss"]}
     for g, r in traces.items():
         r = np.asarray(r)

@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from anndata import AnnData
 
 from gpuc import _keys
 from gpuc._validate import check_adata, check_int, check_key
+from gpuc.get._checks import tool_output
 from gpuc.get._nmf import nmf_top_genes, program_names
-from gpuc.pl._utils import finish
+from gpuc.pl._utils import check_axes, check_cmap, check_ncols, check_number, finish, plot_function
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
-def _uns(adata: AnnData, key: str, what: str) -> dict:
-    check_adata(adata)
-    check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.{what}(adata, ..., key_added={key!r}) first.")
-    return adata.uns[key]
-
-
+@plot_function
 def nmf_k_sweep(
     adata: AnnData,
     *,
@@ -31,14 +27,15 @@ def nmf_k_sweep(
     mark_k: int | None = None,
     ax: Sequence[Axes] | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Figure | None:
     """Stability and relative reconstruction error against k, from :func:`gpuc.tl.nmf_k_sweep`.
 
     A stable k at which the error is still falling is the one to take; the k the sweep points to under the rule of
     :func:`gpuc.get.nmf_suggest_k` is marked (dashed line on both panels, ringed on the stability panel). ks whose
     consensus failed (too few components passed the density filter) are marked with a red cross on the stability
-    panel.
+    panel; when every k failed, nothing is marked and the title says so. The legends sit below the panels, clear
+    of the curves and of the marked k.
 
     Parameters
     ----------
@@ -47,46 +44,37 @@ def nmf_k_sweep(
     key
         Its ``key_added``.
     mark_k
-        The k to mark; ``None`` marks the sweep's suggestion (``uns[key]['suggested_k']``, the rule with its default
+        The k to mark; ``None`` marks the sweep's suggestion (:func:`gpuc.get.nmf_suggest_k` with its default
         options; pass ``mark_k=gpuc.get.nmf_suggest_k(adata, tol=...)`` for others).
     ax
         Two Axes (stability, error); a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {show_save}
 
-    Returns
-    -------
-    The :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.
+    {returns_figure}
     """
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    u = _uns(adata, key, "nmf_k_sweep")
+    u = tool_output(adata, key, "nmf_k_sweep")
+    axes = check_axes(ax, 2, "stability, error")
     t = u["table"]
+    k = t["k"].to_numpy()
+    failed = t["consensus_failed"].to_numpy(dtype=bool)
+    stab = t["stability"].to_numpy(dtype=float)
     if mark_k is None:
         from gpuc.get._nmf import nmf_suggest_k
 
-        mark_k = int(u["suggested_k"]) if "suggested_k" in u else nmf_suggest_k(adata, key=key)
+        # every consensus failed: no suggestion (the stored suggested_k is then only the sweep's first k)
+        mark_k = nmf_suggest_k(adata, key=key) if np.isfinite(stab).any() else None
         what = "suggested"
     else:
         mark_k = check_int("mark_k", mark_k, minimum=1)
         what = "chosen"
-    if ax is None:
-        fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.4))
-    else:
-        if len(ax) != 2:
-            msg = "ax must be two Axes: (stability, error)."
-            raise ValueError(msg)
-        axes = list(ax)
-        fig = axes[0].figure
-    k = t["k"].to_numpy()
-    failed = t["consensus_failed"].to_numpy(dtype=bool)
-    stab = t["stability"].to_numpy(dtype=float)
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.9))
+    fig = axes[0].figure
     a0, a1 = axes
-    a0.plot(k[~failed], stab[~failed], "o-", color="C0")
+    a0.plot(k[~failed], stab[~failed], "o-", color="C0", label="stability")
     if failed.any():
         lo = np.nanmin(stab) if np.isfinite(stab).any() else 0.0
         a0.plot(k[failed], np.full(failed.sum(), lo), "x", color="red", ms=9, mew=2, label="consensus failed")
@@ -94,22 +82,27 @@ def nmf_k_sweep(
     a1.plot(k, t["median_error"], "o-", color="C1", label="median over runs")
     a1.plot(k, t["best_error"], "--", color="C1", alpha=0.6, label="best run")
     a1.set(xlabel="k", ylabel="||V - WH||² / ||V||²", title="relative error")
-    hit = k == mark_k
-    if hit.any() and np.isfinite(stab[hit]).all():
-        a0.plot(k[hit], stab[hit], "o", ms=13, mfc="none", mec="black", mew=1.5, zorder=3)
+    if mark_k is not None:
+        hit = k == mark_k
+        if hit.any() and np.isfinite(stab[hit]).all():
+            a0.plot(k[hit], stab[hit], "o", ms=13, mfc="none", mec="black", mew=1.5, zorder=3)
+        for a in axes:
+            a.axvline(mark_k, color="0.3", ls="--", lw=1, zorder=0, label=f"{what} k = {mark_k}")
     for a in axes:
-        a.axvline(mark_k, color="0.3", ls="--", lw=1, zorder=0, label=f"{what} k = {mark_k}")
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.grid(alpha=0.3)
-    a0.legend(frameon=False, fontsize=8, loc="lower left")
-    a1.legend(frameon=False, fontsize=8)
-    fig.suptitle(
-        f"{what} k = {mark_k}: a stable k at which adding a programme still lowers the error", fontsize=9, y=1.0
+        # below the x label, outside the data area: a legend there never covers a curve or the marked k
+        a.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    title = (
+        f"{what} k = {mark_k}: a stable k at which adding a programme still lowers the error"
+        if mark_k is not None
+        else "no k suggested: the consensus failed for every k (raise density_threshold)"
     )
-    fig.tight_layout()
-    return finish(fig, show, save=save)
+    fig.suptitle(title, fontsize=9, y=1.0)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
+@plot_function
 def nmf_density(
     adata: AnnData,
     *,
@@ -118,45 +111,59 @@ def nmf_density(
     bins: int = 50,
     ax: Axes | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Histogram of the pooled components' local densities with the density threshold and the number dropped.
 
+    The x axis spans the densities. Restarts that agree give tiny densities (1e-5 to 1e-3 on unit-norm spectra),
+    far below the default threshold of 0.5: drawn to the threshold, the bars would be squeezed into an invisible
+    sliver at 0. A threshold outside the densities' range is therefore not drawn to scale but marked by an arrow at
+    the edge of the axis on its side, labelled with its value.
+
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`.
-    key
-        Its ``key_added``.
+    {consensus_run}
     threshold
         Threshold to draw and count against (default: the one used); lets a new threshold be judged without refitting.
     bins
         Histogram bins.
-    ax
-        Axes to draw into; a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {ax_show_save}
 
-    Returns
-    -------
-    The :class:`~matplotlib.axes.Axes` when ``show=False``, else ``None``.
+    {returns_axes}
     """
     import matplotlib.pyplot as plt
 
-    u = _uns(adata, key, "consensus_nmf")
-    thr = float(u["params"]["density_threshold"] if threshold is None else threshold)
+    u = tool_output(adata, key, "consensus_nmf")
+    thr = float(u["params"]["density_threshold"]) if threshold is None else check_number("threshold", threshold, low=0)
+    bins = check_int("bins", bins, minimum=1)
+    axes = check_axes(ax, 1, "the histogram")
     dens = u["components"]["local_density"].to_numpy(dtype=float)
     finite = dens[np.isfinite(dens)]
     n_drop = int((~np.isfinite(dens) | (dens >= thr)).sum())
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
-    ax.hist(finite, bins=bins, color="0.5")
-    if thr <= max(finite.max(initial=0.0), 0) * 1.5 or thr < 2:
+    ax = plt.subplots(figsize=(4.5, 3.2))[1] if axes is None else axes[0]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    span = hi - lo if hi > lo else max(abs(hi), 1e-12)
+    # bins over the densities alone (also when they are all equal), so that each bar has a visible width
+    ax.hist(finite, bins=bins, range=(lo - 0.05 * span, hi + 0.05 * span), color="0.5")
+    inside = lo - 0.5 * span <= thr <= hi + 0.5 * span
+    if inside:
         ax.axvline(thr, color="red", ls="--", label=f"threshold {thr:g}")
         ax.legend(frameon=False, fontsize=8)
+    else:
+        right = thr > hi
+        ax.annotate(
+            f"threshold {thr:g} {'→' if right else '←'}",
+            xy=(1.0 if right else 0.0, 0.97),
+            xycoords="axes fraction",
+            ha="right" if right else "left",
+            va="top",
+            color="red",
+            fontsize=8,
+        )
+    x0, x1 = lo - 0.1 * span, hi + 0.1 * span
+    if inside:
+        x0, x1 = min(x0, thr - 0.05 * span), max(x1, thr + 0.05 * span)
+    ax.set_xlim(x0, x1)
     metric = u["params"].get("metric", "")
     ax.set(
         xlabel=f"local density (mean {metric} distance to {u.get('n_neighbors', '?')} neighbours)",
@@ -166,6 +173,7 @@ def nmf_density(
     return finish(ax, show, save=save)
 
 
+@plot_function
 def nmf_clustergram(
     adata: AnnData,
     *,
@@ -173,7 +181,7 @@ def nmf_clustergram(
     cmap: str = "viridis_r",
     ax: Axes | None = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Axes | None:
     """Pairwise distances between the kept pooled components, ordered by consensus cluster (cNMF's clustergram).
 
@@ -185,24 +193,18 @@ def nmf_clustergram(
         Its ``key_added``.
     cmap
         Colour map of the distances.
-    ax
-        Axes to draw into; a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+    {ax_show_save}
 
-    Returns
-    -------
-    The :class:`~matplotlib.axes.Axes` when ``show=False``, else ``None``.
+    {returns_axes}
     """
     import matplotlib.pyplot as plt
 
-    u = _uns(adata, key, "consensus_nmf")
+    u = tool_output(adata, key, "consensus_nmf")
     if "distances" not in u:
         msg = f"adata.uns[{key!r}] holds no 'distances' (more than 2,000 pooled components); nothing to draw."
         raise KeyError(msg)
+    cmap = check_cmap(cmap)
+    axes = check_axes(ax, 1, "the clustergram")
     comp = u["components"]
     kept = comp["kept"].to_numpy(dtype=bool)
     cl = comp["cluster"].to_numpy()
@@ -211,8 +213,7 @@ def nmf_clustergram(
     sil = comp["silhouette"].to_numpy(dtype=float)
     order = idx[np.lexsort((-sil[idx], cl[idx]))]
     d = np.asarray(u["distances"], dtype=float)[np.ix_(order, order)]
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.8, 4.2))
+    ax = plt.subplots(figsize=(4.8, 4.2))[1] if axes is None else axes[0]
     im = ax.imshow(d, cmap=cmap, interpolation="nearest")
     bounds = np.flatnonzero(np.diff(cl[order])) + 0.5
     for b in bounds:
@@ -223,77 +224,107 @@ def nmf_clustergram(
     return finish(ax, show, save=save)
 
 
+def _panels(n: int, ncols: int, ax: Any, what: str, size: tuple[float, float]) -> tuple[Figure, list[Axes]]:
+    """``n`` panels, ``ncols`` per row, in a new figure, or the caller's Axes (at least ``n``; extras hidden)."""
+    import matplotlib.pyplot as plt
+
+    axes = check_axes(ax, n, what, at_least=True)
+    if axes is None:
+        nc = min(ncols, n)
+        nrow = int(np.ceil(n / nc))
+        _, grid = plt.subplots(nrow, nc, figsize=(size[0] * nc, size[1] * nrow), squeeze=False)
+        axes = list(grid.ravel())
+    for a in axes[n:]:
+        a.set_visible(False)
+    return axes[0].figure, axes
+
+
+@plot_function
 def nmf_programs(
     adata: AnnData,
     *,
     key: str = _keys.NMF,
     n_genes: int = 10,
+    by: Literal["score", "weight"] = "score",
     ncols: int = 4,
     ax: Any = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Figure | None:
-    """Top genes of each programme (bar charts of the consensus spectra weights).
+    """Top genes of each programme, one bar chart per programme (:func:`gpuc.get.nmf_top_genes`).
 
-    With ``normalization="sum"`` (the default) each programme's weights sum to 1 over the genes; the bars show them as
-    percentages.
+    By default the genes are ranked by cNMF's gene spectra score (z-score units: how much a gene's expression
+    rises with the programme's usage); with ``by="weight"`` by the consensus spectra weights, shown as percentages
+    of the programme with ``normalization="sum"`` (the default), where each programme's weights sum to 1.
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`.
-    key
-        Its ``key_added``.
+    {consensus_run}
     n_genes
         Genes per programme.
+    by
+        ``"score"`` or ``"weight"``, as in :func:`gpuc.get.nmf_top_genes`.
     ncols
         Panels per row.
     ax
-        A sequence of at least k Axes; a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+        A sequence of at least k Axes (extras are hidden); a new figure when ``None``.
+    {show_save}
 
-    Returns
-    -------
-    The :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.
+    {returns_figure}
     """
-    import matplotlib.pyplot as plt
-
-    n_genes = check_int("n_genes", n_genes, minimum=1)
-    top = nmf_top_genes(adata, n_genes, key=key)
-    names = list(top["program"].cat.categories)
-    k = len(names)
-    if ax is None:
-        nrow = int(np.ceil(k / ncols))
-        fig, axes = plt.subplots(
-            nrow, min(ncols, k), figsize=(2.6 * min(ncols, k), 0.22 * n_genes * nrow + 0.9 * nrow), squeeze=False
-        )
-        axes = axes.ravel()
-    else:
-        axes = np.ravel(ax)
-        fig = axes[0].figure
     from matplotlib.ticker import MaxNLocator
 
-    percent = adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
+    n_genes = check_int("n_genes", n_genes, minimum=1)
+    ncols = check_ncols(ncols)
+    top = nmf_top_genes(adata, n_genes, key=key, by=by)
+    names = list(top["program"].cat.categories)
+    rows = min(n_genes, int((top["program"] == names[0]).sum()))
+    fig, axes = _panels(len(names), ncols, ax, "one per programme", (2.6, 0.22 * rows + 0.9))
+    percent = by == "weight" and adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
+    xlabel = {
+        "score": "score (z-score per unit usage)",
+        "weight": "% of programme" if percent else "weight (L2-normalised)",
+    }
     for j, p in enumerate(names):
         sub = top[top["program"] == p]
         a = axes[j]
-        w = sub["weight"].to_numpy() * (100.0 if percent else 1.0)
+        w = sub[by].to_numpy() * (100.0 if percent else 1.0)
         a.barh(np.arange(len(sub))[::-1], w, color=f"C{j % 10}")
         a.set_yticks(np.arange(len(sub))[::-1], sub["gene"], fontsize=7)
         a.set_title(p, fontsize=9)
         a.xaxis.set_major_locator(MaxNLocator(nbins=3))
         a.tick_params(axis="x", labelsize=7)
-        a.set_xlabel("% of programme" if percent else "weight (L2-normalised)", fontsize=7)
-    for a in axes[k:]:
-        a.set_visible(False)
-    fig.tight_layout()
-    return finish(fig, show, save=save)
+        a.set_xlabel(xlabel[by], fontsize=7)
+    return finish(fig, show, save=save, layout=ax is None)
 
 
+def _check_programs(programs: Any, k: int) -> list[int]:
+    """Programme indices (0-based): all ``k`` for ``None``, else a non-empty sequence of distinct ints in [0, k)."""
+    if programs is None:
+        return list(range(k))
+    if isinstance(programs, int | np.integer):
+        programs = [programs]
+    if not isinstance(programs, Sequence | np.ndarray) or isinstance(programs, str):
+        msg = f"programs must be a sequence of programme indices (0-based), got {programs!r}."
+        raise TypeError(msg)
+    sel = list(programs)
+    if not sel:
+        msg = "programs is empty; pass None for all programmes or indices in [0, k)."
+        raise ValueError(msg)
+    if not all(isinstance(p, int | np.integer) and not isinstance(p, bool) for p in sel):
+        msg = f"programs must hold integer indices (0-based: 0 is P1), got {sel!r}."
+        raise TypeError(msg)
+    bad = [int(p) for p in sel if not 0 <= p < k]
+    if bad:
+        msg = f"programs {bad} out of range: the fit has {k} programmes, indices 0 (P1) to {k - 1} (P{k})."
+        raise ValueError(msg)
+    if len(set(sel)) != len(sel):
+        msg = f"programs lists a programme twice: {sel!r}."
+        raise ValueError(msg)
+    return [int(p) for p in sel]
+
+
+@plot_function
 def nmf_usage(
     adata: AnnData,
     *,
@@ -306,7 +337,7 @@ def nmf_usage(
     cmap: str = "viridis",
     ax: Any = None,
     show: bool | None = None,
-    save: str | None = None,
+    save: str | bool | None = None,
 ) -> Figure | None:
     """Programme usages on an embedding (``obsm['X_' + basis]``), one panel per programme.
 
@@ -334,39 +365,30 @@ def nmf_usage(
     cmap
         Colour map.
     ax
-        A sequence of Axes, one per programme; a new figure when ``None``.
-    show
-        Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
-        returns it for further drawing.
-    save
-        Path to save the figure to (any format matplotlib writes, e.g. ``.png`` or ``.pdf``).
+        A sequence of Axes, at least one per programme drawn (extras are hidden); a new figure when ``None``.
+    {show_save}
 
-    Returns
-    -------
-    The :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.
+    {returns_figure}
     """
-    import matplotlib.pyplot as plt
-
     check_adata(adata)
+    if key in adata.uns:
+        tool_output(adata, key, "consensus_nmf")  # a key that holds another tool's output is refused
     uk = _keys.nmf_usages(key)
     check_key(adata.obsm, uk, "adata.obsm", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
     ek = f"X_{basis}"
     check_key(adata.obsm, ek, "adata.obsm", f"Compute the embedding first (e.g. sc.tl.{basis}).")
     usage = np.asarray(adata.obsm[uk], dtype=float)
+    sel = _check_programs(programs, usage.shape[1])
+    ncols = check_ncols(ncols)
+    cmap = check_cmap(cmap)
+    if size is not None:
+        size = check_number("size", size, low=0, strict=True)
     if normalize:
         usage = usage / np.maximum(usage.sum(axis=1, keepdims=True), 1e-300)
     emb = np.asarray(adata.obsm[ek])[:, :2]
     names = program_names(usage.shape[1])
-    sel = list(range(usage.shape[1])) if programs is None else [int(p) for p in programs]
     size = size if size is not None else float(np.clip(12000 / max(adata.n_obs, 1), 1.0, 60.0))
-    if ax is None:
-        nc = min(ncols, len(sel))
-        nrow = int(np.ceil(len(sel) / nc))
-        fig, axes = plt.subplots(nrow, nc, figsize=(3.0 * nc, 2.8 * nrow), squeeze=False)
-        axes = axes.ravel()
-    else:
-        axes = np.ravel(ax)
-        fig = axes[0].figure
+    fig, axes = _panels(len(sel), ncols, ax, "one per programme drawn", (3.0, 2.8))
     for a, j in zip(axes, sel, strict=False):
         order = np.argsort(usage[:, j])
         sc_ = a.scatter(
@@ -376,8 +398,6 @@ def nmf_usage(
         a.set(xticks=[], yticks=[], title=names[j])
         a.set_xlabel(f"{basis.upper()}1", fontsize=7)
         a.set_ylabel(f"{basis.upper()}2", fontsize=7)
-    for a in axes[len(sel) :]:
-        a.set_visible(False)
     if ax is None:
         what = "metacells" if _keys.METACELL_SOURCE in adata.uns else "cells"
         k = usage.shape[1]
@@ -391,5 +411,5 @@ def nmf_usage(
             "P numbers belong to that fit",
             fontsize=9,
         )
-    fig.tight_layout()
+        fig.tight_layout()
     return finish(fig, show, save=save)

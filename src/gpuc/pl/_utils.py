@@ -1,22 +1,194 @@
-"""What every gpuc plot does at the end: save if asked, then show (Scanpy semantics) or return the drawing."""
+"""What every gpuc plot shares: argument checks before drawing, the shared docstring parts, and the end of a plot.
+
+A plot ends by saving if asked, then showing as Scanpy does or returning the drawing.
+"""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from gpuc._validate import check_int
 
-def finish(drawn: Any, show: bool | None, *, save: str | None = None) -> Any:
-    """Save ``drawn`` (an Axes or a Figure) if ``save`` is given; show it and return None, or return it.
+# ---- docstring parts shared by every plot: ``{name}`` on a line of its own is replaced by the text, indented alike --
+_SHOW_SAVE = """\
+show
+    Show the figure (default: ``scanpy.settings.autoshow``, as in Scanpy) and return ``None``; ``False``
+    returns it for further drawing.
+save
+    Save the figure: a path (any format matplotlib writes, e.g. ``.png`` or ``.pdf``), or ``True`` for Scanpy's
+    default file, ``scanpy.settings.figdir / (<plot name> + scanpy.settings.plot_suffix + '.' +
+    scanpy.settings.file_format_figs)``. Checked before anything is drawn."""
+DOC = {
+    "show_save": _SHOW_SAVE,
+    "ax_show_save": "ax\n    Axes to draw into; a new figure when ``None``.\n" + _SHOW_SAVE,
+    "metacell_run": "adata\n    AnnData on which :func:`gpuc.tl.metacells` ran.\nkey\n    ``key_added`` of the metacell run.",
+    "consensus_run": "adata\n    AnnData after :func:`gpuc.tl.consensus_nmf`.\nkey\n    Its ``key_added``.",
+    "label_genes": (
+        "n_top\n    Number of most significant genes to label (labels never overlap; one that finds no free place is left"
+        " out).\ngene_symbols\n    ``var`` column to label genes with; default: a symbol column of ``var`` if there is"
+        " one\n    (``gene_symbols``, ``symbol``, ``gene_name`` ...), else the gene names."
+    ),
+    "returns_axes": "Returns\n-------\nThe :class:`~matplotlib.axes.Axes` when ``show=False``, else ``None``.",
+    "returns_figure": "Returns\n-------\nThe :class:`~matplotlib.figure.Figure` when ``show=False``, else ``None``.",
+}
 
-    ``show=None`` follows ``scanpy.settings.autoshow`` (True by default), as Scanpy's plots do; ``show=False``
-    returns the Axes or Figure for further drawing.
+
+def doc_params(func: Callable) -> Callable:
+    """Fill the shared parts (:data:`DOC`) into ``func``'s docstring: a line ``{name}`` becomes that text."""
+
+    def fill(m: re.Match) -> str:
+        indent, name = m.group(1), m.group(2)
+        return "\n".join(indent + line if line else line for line in DOC[name].splitlines())
+
+    func.__doc__ = re.sub(r"^([ \t]*)\{(\w+)\}$", fill, func.__doc__ or "", flags=re.MULTILINE)
+    return func
+
+
+# ---- argument checks, all before any figure is made -------------------------------------------------------------
+def check_show(show: Any) -> bool | None:
+    """``show`` must be ``None``, ``True`` or ``False``."""
+    if show is not None and not isinstance(show, bool | np.bool_):
+        msg = f"show must be None, True or False, got {show!r}."
+        raise TypeError(msg)
+    return show
+
+
+def resolve_save(save: Any, name: str) -> Path | None:
+    """The file a plot saves to, checked before drawing: ``None``/``False`` (none), ``True`` (Scanpy's default file
+    for the plot ``name``) or a path whose format matplotlib writes and whose folder exists.
+    """
+    if save is None or save is False:
+        return None
+    if save is True:
+        import scanpy as sc
+
+        path = Path(sc.settings.figdir) / f"{name}{sc.settings.plot_suffix}.{sc.settings.file_format_figs}"
+        path.parent.mkdir(parents=True, exist_ok=True)  # Scanpy creates its figure folder too
+        return path
+    if not isinstance(save, str | os.PathLike) or not str(save):
+        msg = f"save must be None, True, False or a file path, got {save!r}."
+        raise TypeError(msg)
+    path = Path(save)
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    ext = path.suffix.lstrip(".").lower()
+    if ext and ext not in formats:
+        msg = f"save={str(save)!r}: matplotlib cannot write {ext!r} files; use one of {', '.join(sorted(formats))}."
+        raise ValueError(msg)
+    if not path.parent.is_dir():
+        msg = f"save={str(save)!r}: the folder {str(path.parent)!r} does not exist."
+        raise ValueError(msg)
+    return path
+
+
+def check_axes(ax: Any, n: int | None, what: str, *, at_least: bool = False) -> list[Axes] | None:
+    """``ax`` as a list of Axes: ``None`` (the plot makes its figure), one Axes (when ``n`` is 1), or a sequence or
+    array of ``n`` Axes (``at_least``: ``n`` or more; ``n=None``: any number); a :class:`ValueError` before drawing
+    otherwise, naming ``what`` the Axes are for.
+    """
+    if ax is None:
+        return None
+    axes = [ax] if isinstance(ax, Axes) else (list(np.ravel(np.asarray(ax, dtype=object))) if _seq(ax) else None)
+    if axes is None or not all(isinstance(a, Axes) for a in axes):
+        msg = f"ax must be a matplotlib Axes or a sequence of Axes ({what}), got {type(ax).__name__}."
+        raise TypeError(msg)
+    if n is not None and (len(axes) < n if at_least else len(axes) != n):
+        need = f"at least {n}" if at_least else f"{n}"
+        msg = f"ax must hold {need} Axes ({what}); got {len(axes)}."
+        raise ValueError(msg)
+    return axes
+
+
+def _seq(x: Any) -> bool:
+    return isinstance(x, Sequence | np.ndarray) and not isinstance(x, str)
+
+
+def check_ncols(ncols: Any) -> int:
+    """``ncols`` (panels per row) must be an integer >= 1."""
+    return check_int("ncols", ncols, minimum=1)
+
+
+def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None, strict: bool = False):
+    """``value`` must be a real number within ``[low, high]`` (``strict``: ``(low, high)``); returns it as a float."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.integer | np.floating)
+        or not np.isfinite(value)
+    ):
+        msg = f"{name} must be a finite number, got {value!r}."
+        raise TypeError(msg)
+    value = float(value)
+    below = low is not None and (value <= low if strict else value < low)
+    above = high is not None and (value >= high if strict else value > high)
+    if below or above:
+        lo = "-inf" if low is None else f"{low:g}"
+        hi = "inf" if high is None else f"{high:g}"
+        bounds = f"({lo}, {hi})" if strict else f"[{lo}, {hi}]"
+        msg = f"{name}={value:g} must be in {bounds}."
+        raise ValueError(msg)
+    return value
+
+
+def check_cmap(cmap: Any) -> Any:
+    """``cmap`` must name a matplotlib colour map (or be one)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Colormap
+
+    if isinstance(cmap, Colormap):
+        return cmap
+    if not isinstance(cmap, str) or cmap not in colormaps:
+        msg = f"cmap={cmap!r} is not a matplotlib colour map (e.g. 'viridis'; see matplotlib.colormaps)."
+        raise ValueError(msg)
+    return cmap
+
+
+def plot_function(func: Callable) -> Callable:
+    """Make ``func`` a gpuc plot: the shared docstring parts filled in, ``show`` and ``save`` checked before it
+    draws (``save`` arrives resolved to a path or ``None``), and any figure it opened closed again if it fails, so
+    that a bad argument leaves no open figure behind.
     """
     import matplotlib.pyplot as plt
 
-    if save:
-        fig = drawn if isinstance(drawn, Figure) else drawn.figure
+    doc_params(func)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        check_show(kwargs.get("show"))
+        kwargs["save"] = resolve_save(kwargs.get("save"), func.__name__)
+        before = set(plt.get_fignums())
+        try:
+            return func(*args, **kwargs)
+        except Exception:
+            for num in set(plt.get_fignums()) - before:
+                plt.close(num)
+            raise
+
+    return wrapper
+
+
+def finish(drawn: Any, show: bool | None, *, save: Path | None = None, layout: bool = False) -> Any:
+    """Save ``drawn`` (an Axes or a Figure) if ``save`` is given; show it and return None, or return it.
+
+    ``layout`` first applies ``tight_layout`` to the figure (for figures the plot made itself). ``show=None``
+    follows ``scanpy.settings.autoshow`` (True by default), as Scanpy's plots do; ``show=False`` returns the Axes or
+    Figure for further drawing.
+    """
+    import matplotlib.pyplot as plt
+
+    fig = drawn if isinstance(drawn, Figure) else drawn.figure
+    if layout:
+        fig.tight_layout()
+    if save is not None:
         fig.savefig(save, dpi=150, bbox_inches="tight")
     if show is None:
         import scanpy as sc

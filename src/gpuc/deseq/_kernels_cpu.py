@@ -11,8 +11,9 @@ exact recurrences from the per-gene values at r = 1/alpha:
 which are also free of the cancellation of the differences of large lgamma values (small alpha). Larger or
 non-integer counts use lgamma and asymptotic series for psi and psi_1 (absolute error < 1e-15 for x >= 10).
 
-The GPU path (and the CPU without numba) uses the vectorised form in ``_dispersion._logpost``; both compute the
-same function.
+The GPU runs the same per-gene code as numba-cuda kernels (:mod:`gpuc.deseq._kernels_gpu`, one thread per gene);
+the CPU without numba and the GPU's batched fallback (wide designs) use the vectorised form in
+``_dispersion._logpost``, which follows the same recurrences and series.
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""On pbmc3k, the programmes at the suggested k are named by canonical cell-type markers in their top score genes.
+
+Settings (those of tutorials/consensus_nmf.ipynb): Seurat-tutorial QC cells, 2,000 highly variable genes
+(``sc.pp.highly_variable_genes`` on log-normalised data), cNMF's input (raw counts of those genes, each divided by its
+SD without centring: ``layer="counts", preprocessing="sd"``), Euclidean metric; a sweep over k = 2..12 with 10 runs
+each, then the consensus at the suggested k with 20 runs and density threshold 0.5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scanpy as sc
+
+import gpuc
+
+# canonical markers (Seurat's pbmc3k tutorial, plus the usual T-cell genes)
+MARKERS = {
+    "T": {"CD3E", "CD3D", "IL7R", "CCR7", "LTB", "IL32", "CD2", "CD8A", "LDHB"},
+    "monocyte": {"CD14", "LYZ", "FCGR3A", "MS4A7", "S100A8", "S100A9", "CST3", "FCN1"},
+    "B": {"MS4A1", "CD79A", "CD79B", "TCL1A"},
+    "NK": {"NKG7", "GNLY", "GZMB", "PRF1"},
+    "platelet": {"PPBP", "PF4", "GP9", "ITGA2B", "GP1BA", "TUBB1", "GNG11", "SDPR"},
+}
+
+
+def _named(top) -> dict[str, str]:
+    """Programme -> the cell type whose markers appear in its top genes (programmes naming none are left out)."""
+    out = {}
+    for p, genes in top.items():
+        hits = [t for t, m in MARKERS.items() if m & set(genes)]
+        if len(hits) == 1:
+            out[p] = hits[0]
+    return out
+
+
+@pytest.mark.slow
+def test_pbmc3k_programmes_name_cell_types():
+    adata = gpuc.datasets.pbmc3k()
+    sc.pp.filter_cells(adata, min_genes=200)
+    adata = adata[adata.obs["passed_seurat_qc"].astype(bool)].copy()
+    sc.pp.normalize_total(adata, target_sum=1e4)
+    sc.pp.log1p(adata)
+    sc.pp.highly_variable_genes(adata, n_top_genes=2000)
+    opts = {"layer": "counts", "preprocessing": "sd", "metric": "euclidean"}
+    gpuc.tl.nmf_k_sweep(adata, range(2, 13), n_runs=10, **opts)
+    k = gpuc.get.nmf_suggest_k(adata)
+    assert k == 5
+    gpuc.tl.consensus_nmf(adata, k, n_runs=20, density_threshold=0.5, **opts)
+    by_score = _named(gpuc.get.nmf_top_genes(adata, 10, wide=True))
+    by_weight = _named(gpuc.get.nmf_top_genes(adata, 10, by="weight", wide=True))
+    # 4 of the 5 programmes name a cell type, 4 different ones (T, monocytes, B, NK; the fifth is the platelets'
+    # programme, whose top score genes are megakaryocyte genes outside the marker list: C2orf88, TSC22D1, ...)
+    assert len(by_score) >= 4, by_score
+    assert {"T", "monocyte", "B", "NK"} <= set(by_score.values()), by_score
+    # the spectra weights name fewer: ribosomal genes, MALAT1 and FTL lead the T-cell and monocyte programmes
+    assert len(by_weight) < len(by_score), (by_weight, by_score)
+    # the cells of each named type use that programme most
+    usage = adata.obsm["X_nmf"] / adata.obsm["X_nmf"].sum(1, keepdims=True)
+    main = np.asarray([f"P{i + 1}" for i in usage.argmax(1)])
+    types = adata.obs["cell_type"].astype(str).to_numpy()
+    for cell_type, cells in (("B", "B"), ("NK", "NK"), ("monocyte", "CD14+ Mono"), ("T", "Naive CD4 T")):
+        prog = next(p for p, t in by_score.items() if t == cell_type)
+        assert (main[types == cells] == prog).mean() > 0.8, (cell_type, prog)
