@@ -5,6 +5,7 @@ other: shared helpers are fixtures here or in a folder's conftest.py)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,10 @@ def _cuda_device_present() -> bool:
 # switch is read when numba is first imported (importing gpuc may import it), so it is set before gpuc is imported.
 if not _cuda_device_present():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    # a pytest plugin may have imported numba already (fast_array_utils' does, with anndata >= 0.13 on Python 3.12):
+    # numba then reads the switch again; numba.cuda, which chooses the simulator when imported, comes later
+    if "numba" in sys.modules:
+        sys.modules["numba"].config.reload_config()
 
 from gpuc._backend import gpu_status  # noqa: E402
 

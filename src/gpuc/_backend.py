@@ -22,8 +22,10 @@ import scipy.sparse as sp
 import scipy.sparse.linalg
 import scipy.special
 
-Device = Literal["auto", "cpu", "gpu"]
-DEVICES: tuple[Device, ...] = ("auto", "cpu", "gpu")
+from gpuc._device import DEVICES, Device
+from gpuc._settings import settings
+from gpuc._utils import current_n_jobs, threadpool_controller
+
 GPU_EXTRA_HINT = (
     "pip install 'gpuc[gpu-cu12]' (or 'gpuc[gpu-cu13]' for CUDA 13; gpuc is not on PyPI yet, so from a gpuc "
     "checkout: pip install '.[gpu-cu12]')"
@@ -125,8 +127,6 @@ def resolve_device(
     a :class:`RuntimeError`.
     """
     if device is None:
-        from gpuc._settings import settings
-
         device = settings.device
     if device not in DEVICES:
         msg = f"device={device!r} is not valid; use one of {DEVICES}."
@@ -344,8 +344,6 @@ def _flat_search_fixed_blocks(faiss: ModuleType, index: Any, xq: np.ndarray, k: 
     would treat it.
     """
     from concurrent.futures import ThreadPoolExecutor
-
-    from gpuc._utils import current_n_jobs, threadpool_controller
 
     nq = xq.shape[0]
     block = int(getattr(faiss.cvar, "distance_compute_blas_query_bs", 4096))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuc._backend import DEVICES, Device
+from gpuc._device import DEVICES, Device
 
 
 @dataclass

@@ -26,19 +26,60 @@ def derive_seed(random_state: int, *unit: int) -> np.random.SeedSequence:
     return np.random.SeedSequence([int(random_state), *map(int, unit)])
 
 
+# printed output (progress bars, the CLI, the demo) fits this many columns
+MAX_COLUMNS = 100
+
+
 def progress(iterable: Any = None, **kwargs: Any) -> tqdm:
-    """A tqdm bar that shows only where a person watches: see :func:`progress_enabled`."""
+    """A tqdm bar that shows only where a person watches (see :func:`progress_enabled`), at most
+    :data:`MAX_COLUMNS` wide in a terminal.
+    """
     kwargs.setdefault("disable", not progress_enabled())
     kwargs.setdefault("leave", False)
+    if "ipykernel" not in sys.modules:  # a notebook's bar is a widget, whose ncols would be pixels
+        kwargs.setdefault("ncols", _terminal_columns())
     return tqdm(iterable, **kwargs)
+
+
+def iteration_progress(max_iter: int, desc: str, **kwargs: Any) -> IterationBar:
+    """A bar for an iterative fit: the iterations used so far against the limit, not a bar filling up to ``max_iter``.
+
+    A fit usually stops at its tolerance long before its limit, so the bar shows ``desc: 37 it (limit 1000)``, the
+    convergence criterion against its tolerance once :meth:`IterationBar.criterion` reports it, and the elapsed
+    time. Like :func:`progress` it shows only where a person watches. Use as a context manager or call ``close()``.
+    """
+    kwargs.setdefault("disable", not progress_enabled())
+    kwargs.setdefault("leave", False)
+    if "ipykernel" not in sys.modules:
+        kwargs.setdefault("ncols", _terminal_columns())
+    return IterationBar(total=max_iter, desc=desc, bar_format=ITERATION_FORMAT, **kwargs)
+
+
+ITERATION_FORMAT = "{desc}: {n_fmt} it (limit {total_fmt}){postfix} [{elapsed}]"
+
+
+class IterationBar(tqdm):
+    """The bar of :func:`iteration_progress`: ``update(n)`` counts iterations, :meth:`criterion` shows convergence."""
+
+    def criterion(self, value: float, tol: float, name: str = "change") -> None:
+        """Show the convergence criterion ``value`` against the tolerance ``tol`` at which the fit stops."""
+        mark = " reached" if value <= tol else ""
+        self.set_postfix_str(f"{name} {value:.2g} (tol {tol:.2g}{mark})", refresh=False)
+
+
+def _terminal_columns() -> int:
+    """The width of the terminal on stderr (where bars go), at most :data:`MAX_COLUMNS`."""
+    try:
+        columns = os.get_terminal_size(sys.stderr.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        columns = MAX_COLUMNS
+    return max(20, min(MAX_COLUMNS, columns))
 
 
 def progress_enabled() -> bool:
     """Whether progress bars show: ``gpuc.settings.progress`` is True, Scanpy's verbosity is at its default
     (warning) or above, and the output is a terminal or a Jupyter notebook (never a log file or a pipe).
     """
-    import sys
-
     import scanpy as sc
 
     if not settings.progress or int(sc.settings.verbosity) < 1:

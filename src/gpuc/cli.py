@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import platform
+import shutil
 import sys
+import textwrap
+
+from gpuc._utils import MAX_COLUMNS
 
 
 def info() -> str:
@@ -24,6 +28,7 @@ def info() -> str:
         "faiss-cpu",
         "formulaic",
         "matplotlib",
+        "numba",
     ):
         lines.append(f"  {pkg:<14} {_version(pkg)}")
     ok, reason = gpu_status()
@@ -47,7 +52,10 @@ def info() -> str:
     except ImportError:
         lines.append("faiss: not importable")
     lines.append(f"settings.device = {settings.device!r} -> device used: {resolve_device(settings.device)}")
-    return "\n".join(lines)
+    # a long reason (e.g. CuPy's import error) or platform string continues on indented lines
+    return "\n".join(
+        textwrap.fill(line, MAX_COLUMNS, subsequent_indent="    ", break_on_hyphens=False) for line in lines
+    )
 
 
 def _version(pkg: str) -> str:
@@ -57,18 +65,31 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """The help of argparse, wrapped to the terminal but never wider than :data:`gpuc._utils.MAX_COLUMNS`."""
+    return argparse.HelpFormatter(prog, width=min(MAX_COLUMNS, shutil.get_terminal_size().columns))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpuc`` console script."""
     parser = argparse.ArgumentParser(
-        prog="gpuc", description="Metacells, consensus NMF and DESeq2 for AnnData on CPU or GPU."
+        prog="gpuc",
+        description="Metacells, consensus NMF and DESeq2 for AnnData on CPU or GPU.",
+        formatter_class=_formatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the whole chain on the bundled data and write figures + a summary table")
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole chain on the bundled data and write figures + a summary table",
+        formatter_class=_formatter,
+    )
     demo.add_argument("--out", default="gpuc_demo", help="output folder (default: ./gpuc_demo)")
     demo.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "gpu"], help="where to compute (default: auto)"
     )
-    sub.add_parser("info", help="print versions, the chosen device and the GPU libraries found")
+    sub.add_parser(
+        "info", help="print versions, the chosen device and the GPU libraries found", formatter_class=_formatter
+    )
     args = parser.parse_args(argv)
     if args.command == "info":
         print(info())

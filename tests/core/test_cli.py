@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gpuc import _backend
+from gpuc._utils import MAX_COLUMNS
 from gpuc.cli import main
 
 
@@ -11,6 +12,26 @@ def test_info_prints_versions_and_device(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert out.startswith("gpuc ")
     assert "anndata" in out and "device used:" in out
+    assert max(len(line) for line in out.splitlines()) <= MAX_COLUMNS
+
+
+def test_info_wraps_a_long_reason(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    reason = "cupy is not installed or failed to import (ImportError: " + "libcuda.so.1: cannot open " * 8 + ")"
+    monkeypatch.setattr(_backend, "gpu_status", lambda: (False, reason))
+    assert main(["info"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= MAX_COLUMNS
+    assert " ".join(line.strip() for line in lines).count("libcuda.so.1: cannot open") == 8
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"]])
+def test_help_fits_100_columns(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= MAX_COLUMNS
 
 
 def test_demo_refuses_unusable_gpu(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pandas as pd
 import pytest
 
 from gpuc._demo import DEMO_STEPS
+from gpuc._utils import MAX_COLUMNS
 from gpuc.cli import main
 
 pytestmark = pytest.mark.slow  # the whole demo (Scanpy preprocessing + every tool on pbmc3k) takes about a minute
@@ -35,10 +38,25 @@ MUST_SHOW = {
 
 
 @pytest.fixture(scope="module")
-def demo_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The demo's output folder and what it printed."""
     out = tmp_path_factory.mktemp("demo")
-    assert main(["demo", "--out", str(out), "--device", "cpu"]) == 0
-    return out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["demo", "--out", str(out), "--device", "cpu"]) == 0
+    return out, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_out(demo_run: tuple[Path, str]) -> Path:
+    return demo_run[0]
+
+
+def test_demo_prints_within_100_columns(demo_run: tuple[Path, str]) -> None:
+    lines = demo_run[1].splitlines()
+    assert any(line.startswith("DESeq2:") for line in lines), "the summary is printed"
+    too_wide = [line for line in lines if len(line) > MAX_COLUMNS]
+    assert not too_wide, f"{len(too_wide)} printed lines wider than {MAX_COLUMNS} columns: {too_wide[:3]}"
 
 
 def _hues(rgb: np.ndarray, saturated: np.ndarray) -> set[int]:

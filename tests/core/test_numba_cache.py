@@ -75,6 +75,7 @@ def _run(cache_dir: str) -> dict[str, list[int]]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # compiles every kernel from an empty cache in a fresh process: ~1-2 min on 2 cores
 def test_second_process_loads_kernels_from_cache(tmp_path):
     cache_dir = str(tmp_path / "numba_cache")
     first = _run(cache_dir)

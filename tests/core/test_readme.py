@@ -1,8 +1,11 @@
-"""README.md's quickstart runs as written, and the install instructions do not point at PyPI (gpuc is not there)."""
+"""README.md's quickstart runs as written, its install instructions work as written (no PyPI, where gpuc is not; no
+placeholder URL), and its install-and-test block, which CI runs verbatim, is found and says how long it takes."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,28 @@ def test_no_pypi_install_instructions() -> None:
         assert "not on PyPI" in text
 
 
+def test_no_placeholder_install_lines() -> None:
+    for path in (README, ROOT / "docs" / "installation.md"):
+        assert not re.search(r"<[^>]*(URL|url)[^>]*>", path.read_text()), f"{path.name} has a placeholder URL"
+
+
+def test_ci_block_is_the_install_and_test_commands() -> None:
+    """.ci/run runs what .ci/readme_block prints: README's '.[test]' install and the tests not marked slow, each line
+    saying how long it takes."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "readme_block")], capture_output=True, text=True, check=True
+    ).stdout
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("python3 -m venv .venv")
+    install = [line for line in lines if line.startswith("pip install")]
+    test = [line for line in lines if line.startswith("python -m pytest")]
+    assert len(install) == 1 and "'.[test]'" in install[0]
+    assert len(test) == 1 and '-m "not slow"' in test[0] and test[0].split("#")[0].rstrip().endswith(" tests")
+    for line in install + test:
+        assert re.search(r"# about \d+(-\d+)? min", line), f"README does not say how long this takes: {line}"
+
+
+@pytest.mark.slow  # the whole quickstart: Scanpy preprocessing, UMAP, metacells, a k sweep, DESeq2 (~15 s)
 def test_readme_quickstart_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib
 

@@ -215,7 +215,7 @@ def test_k_sweep_when_every_consensus_failed(fitted):
 
 
 def test_nmf_gene_scores_on_device_and_lazy_data(fitted, standin_gpu):
-    import dask.array as da
+    da = pytest.importorskip("dask.array")  # the lazy layer needs the dask extra
 
     from gpuc.get._nmf import gene_scores
 

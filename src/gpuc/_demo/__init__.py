@@ -7,6 +7,7 @@ is not there yet is reported as missing instead of failing the demo.
 from __future__ import annotations
 
 import importlib
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,11 +66,46 @@ def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
     return adata
 
 
+def fitted(log: Callable[[str], None], width: int | None = None) -> Callable[[str], None]:
+    """``log`` with each line of a message wrapped to ``width`` columns (default
+    :data:`gpuc._utils.MAX_COLUMNS`); a continued line is indented four more than the line it continues.
+    """
+    from gpuc._utils import MAX_COLUMNS
+
+    width = MAX_COLUMNS if width is None else width
+
+    def wrapped(message: str) -> None:
+        lines = []
+        for line in str(message).splitlines() or [""]:
+            indent = " " * (len(line) - len(line.lstrip()))
+            lines.append(
+                textwrap.fill(line, width, subsequent_indent=indent + "    ", break_on_hyphens=False) if line else ""
+            )
+        log("\n".join(lines))
+
+    return wrapped
+
+
+def summary_text(summary: pd.DataFrame) -> str:
+    """The summary table for the terminal: one line per result under its step (``what: value (seconds)``); the
+    full table, with the device column, is ``summary.tsv``.
+    """
+    lines = []
+    for step, rows in summary.groupby("step", sort=False):
+        lines.append(f"{step}:")
+        for row in rows.itertuples(index=False):
+            secs = f" ({row.seconds:.2f} s)" if row.seconds else ""
+            lines.append(f"  {row.what}: {row.value}{secs}")
+    return "\n".join(lines)
+
+
 def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[[str], None] = print) -> pd.DataFrame:
     """Run every available step on the bundled data; write figures and ``summary.tsv`` to ``out``.
 
-    Returns the summary table (one row per result: step, what, value, device, seconds).
+    Every message goes to ``log`` wrapped to 100 columns. Returns the summary table (one row per result: step, what,
+    value, device, seconds).
     """
+    log = fitted(log)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,5 +157,5 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
     summary = pd.DataFrame(rows, columns=["step", "what", "value", "device", "seconds"])
     summary.to_csv(out / "summary.tsv", sep="\t", index=False)
     log(f"wrote {out / 'summary.tsv'}")
-    log(summary.to_string(index=False))
+    log(summary_text(summary))
     return summary

@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
-from gpuc.datasets._load import pasilla, pbmc3k
+from typing import TYPE_CHECKING
 
-__all__ = ["pasilla", "pbmc3k"]
+from gpuc._exports import lazy_exports
+
+if TYPE_CHECKING:
+    from gpuc.datasets._load import pasilla, pbmc3k
+
+__all__ = [
+    "pasilla",
+    "pbmc3k",
+]
+# each public name -> the submodule that defines it
+_EXPORTS = {"pasilla": "._load", "pbmc3k": "._load"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -104,7 +104,8 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
     fac, cont = _term_columns(design)
     nz = ~fit.genes["allZero"]
     mle = fit.beta[nz] / LN2
-    weights = 1.0 / (1.0 / fit.genes["baseMean"][nz] + fit.genes["dispFit"][nz])
+    with np.errstate(divide="ignore"):  # a gene whose baseMean is 0 gets weight 1 / inf = 0, as in R
+        weights = 1.0 / (1.0 / fit.genes["baseMean"][nz] + fit.genes["dispFit"][nz])
 
     def pv(x: np.ndarray) -> float:
         ok = np.isfinite(x) & (np.abs(x) < 10)
@@ -188,9 +189,12 @@ def shrink_apeglm(
     ns2 = no_shrink_scale**2
 
     def objective(b: Any, yy: Any, aa: Any) -> Any:
-        mu = sf[None, :] * xp.exp(b @ x.T)
-        prior = xp.where(sh[None, :], xp.log1p((b / s) ** 2), b * b / (2 * ns2)).sum(axis=1)
-        return -nb_loglik_sum(bk, yy, mu, aa) + prior
+        # a trial step far out may overflow mu (or make it 0): its objective is then inf or NaN, and the step halving
+        # rejects it (isfinite); the zero counts' NaN terms of nb_loglik are replaced in nb_loglik_sum
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            mu = sf[None, :] * xp.exp(b @ x.T)
+            prior = xp.where(sh[None, :], xp.log1p((b / s) ** 2), b * b / (2 * ns2)).sum(axis=1)
+            return -nb_loglik_sum(bk, yy, mu, aa) + prior
 
     def grad_hess(b: Any, yy: Any, aa: Any) -> tuple[Any, Any, Any]:
         mu = sf[None, :] * xp.exp(b @ x.T)

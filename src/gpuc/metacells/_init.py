@@ -60,7 +60,10 @@ def multiscale_space(vals: Any, vecs: Any, n_eigs: int = 10) -> Any:
     """Palantir's ``determine_multiscale_space``: components 1..n_eigs-1, each scaled by lambda / (1 - lambda)."""
     use = slice(1, n_eigs)
     lam = vals[use]
-    return vecs[:, use] * (lam / (1 - lam))[None, :]
+    # an eigenvalue of 1 (a second connected component of the kernel graph) scales its component to inf, as in
+    # Palantir; max_min_sampling then picks among those cells as SEACells does
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return vecs[:, use] * (lam / (1 - lam))[None, :]
 
 
 def max_min_sampling(backend: Backend, dc: Any, n_waypoints: int, *, seed: int = 20) -> np.ndarray:

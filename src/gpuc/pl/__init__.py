@@ -1,12 +1,20 @@
-"""Plots of what :mod:`gpuc.tl` wrote."""
+"""Plots of what :mod:`gpuc.tl` wrote.
+
+matplotlib is imported with the first plot function looked up, not with :mod:`gpuc`.
+"""
 
 from __future__ import annotations
 
-from gpuc.pl._deseq import dispersion, ma, volcano
-from gpuc.pl._metacells import metacell_convergence, metacell_quality, metacell_sizes, metacells
-from gpuc.pl._nmf import nmf_clustergram, nmf_density, nmf_k_sweep, nmf_programs, nmf_usage
+from typing import TYPE_CHECKING
 
-__all__: list[str] = [
+from gpuc._exports import lazy_exports
+
+if TYPE_CHECKING:
+    from gpuc.pl._deseq import dispersion, ma, volcano
+    from gpuc.pl._metacells import metacell_convergence, metacell_quality, metacell_sizes, metacells
+    from gpuc.pl._nmf import nmf_clustergram, nmf_density, nmf_k_sweep, nmf_programs, nmf_usage
+
+__all__ = [
     "dispersion",
     "ma",
     "metacell_convergence",
@@ -20,3 +28,19 @@ __all__: list[str] = [
     "nmf_usage",
     "volcano",
 ]
+# each public name -> the submodule that defines it
+_EXPORTS = {
+    "dispersion": "._deseq",
+    "ma": "._deseq",
+    "metacell_convergence": "._metacells",
+    "metacell_quality": "._metacells",
+    "metacell_sizes": "._metacells",
+    "metacells": "._metacells",
+    "nmf_clustergram": "._nmf",
+    "nmf_density": "._nmf",
+    "nmf_k_sweep": "._nmf",
+    "nmf_programs": "._nmf",
+    "nmf_usage": "._nmf",
+    "volcano": "._deseq",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

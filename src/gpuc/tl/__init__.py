@@ -1,12 +1,20 @@
-"""Tools: compute results and write them into the AnnData (Scanpy conventions)."""
+"""Tools: compute results and write them into the AnnData (Scanpy conventions).
+
+Each tool's module (and what it needs: Scanpy, scikit-learn, SciPy's statistics) is imported on the tool's first use.
+"""
 
 from __future__ import annotations
 
-from gpuc.tl._deseq import deseq, pseudobulk, vst
-from gpuc.tl._metacells import aggregate_metacells, metacell_quality, metacells
-from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
+from typing import TYPE_CHECKING
 
-__all__: list[str] = [
+from gpuc._exports import lazy_exports
+
+if TYPE_CHECKING:
+    from gpuc.tl._deseq import deseq, pseudobulk, vst
+    from gpuc.tl._metacells import aggregate_metacells, metacell_quality, metacells
+    from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
+
+__all__ = [
     "aggregate_metacells",
     "consensus_nmf",
     "deseq",
@@ -17,3 +25,16 @@ __all__: list[str] = [
     "pseudobulk",
     "vst",
 ]
+# each public name -> the submodule that defines it
+_EXPORTS = {
+    "aggregate_metacells": "._metacells",
+    "consensus_nmf": "._nmf",
+    "deseq": "._deseq",
+    "metacell_quality": "._metacells",
+    "metacells": "._metacells",
+    "nmf_k_sweep": "._nmf",
+    "nmf_refine": "._nmf",
+    "pseudobulk": "._deseq",
+    "vst": "._deseq",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
