@@ -409,6 +409,13 @@ class DeviceSparse(_SparseBase):
             )(a)
         self._a = a
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # cupyx lets code assign a matrix's data / indices / indptr (e.g. ``m.data *= x`` writes back): pass it through
+        if name == "_a":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._a, name, _unwrap(value, f"sparse.{name} ="))
+
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise _no_host("__array__ of a sparse matrix")
 
