@@ -32,10 +32,10 @@ def _run(a: ad.AnnData, key: str, **kw) -> None:
 def test_seed_changes_only_the_simulated_prior_and_replays():
     a = _few_replicates()
     _run(a, "d2")
-    _run(a, "s2", random_state=2)
+    _run(a, "s2", random_state=0)
     _run(a, "s7", random_state=7)
     default, same, other = (gpuc.get.deseq_results(a, key=k) for k in ("d2", "s2", "s7"))
-    pd.testing.assert_frame_equal(default, same)  # 2 is the default
+    pd.testing.assert_frame_equal(default, same)  # 0 is the default
     assert a.uns["s7"]["params"]["random_state"] == 7
     # n - p = 2: the prior variance is simulated, so another seed moves the MAP dispersions a little
     assert not np.array_equal(default["log2FoldChange"].to_numpy(), other["log2FoldChange"].to_numpy())

@@ -17,6 +17,7 @@ from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
 from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
 from gpuc._validate import (
+    SeedLike,
     align_to_obs,
     check_adata,
     check_bool,
@@ -29,6 +30,7 @@ from gpuc._validate import (
     check_printable_labels,
     get_matrix,
     group_labels,
+    resolve_random_state,
 )
 from gpuc.deseq._analysis import Analysis, contrast_names, plan_analysis, run_analysis, split_contrasts
 from gpuc.deseq._blocks import default_block_genes, run_analysis_blocked
@@ -85,7 +87,7 @@ def deseq(
     min_replicates: int = 7,
     max_iter: int = 100,
     groupby: str | None = None,
-    random_state: int = 2,
+    random_state: SeedLike = 0,
     device: Device | None = None,
     n_jobs: int | None = None,
     client: Any = None,
@@ -160,8 +162,8 @@ def deseq(
         :func:`gpuc.get.deseq_results` takes the original name.
     random_state
         Seed of R's simulation of the dispersion prior variance, used only when the design leaves 3 or fewer residual
-        degrees of freedom (samples minus coefficients); other fits draw no random numbers. The default 2 gives the
-        results of earlier gpuc versions.
+        degrees of freedom (samples minus coefficients); other fits draw no random numbers. The simulation is seeded
+        with ``random_state + 2`` (2 is the seed R DESeq2 sets there), so the default 0 gives earlier gpuc results.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     n_jobs
@@ -251,7 +253,7 @@ def deseq(
     if isinstance(reduced, pd.DataFrame):
         reduced = align_to_obs(reduced, adata, "reduced")
     check_int("min_replicates", min_replicates, minimum=1)
-    random_state = check_int("random_state", random_state, minimum=0)
+    random_state = resolve_random_state(random_state)
     max_iter = check_int("max_iter", max_iter, minimum=1)
     if test == "lrt" and reduced is None:
         msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
@@ -321,7 +323,7 @@ def deseq(
         "gene_names": adata.var_names, "fit_type": fit_type, "refit_cooks": refit_cooks,
         "min_replicates": min_replicates, "max_iter": max_iter, "alpha": alpha, "cooks_filter": cooks_filter,
         "independent_filter": independent_filter, "lfc_threshold": lfc_threshold, "alt_hypothesis": alt_hypothesis,
-        "lfc_shrink": lfc_shrink, "random_state": random_state,
+        "lfc_shrink": lfc_shrink, "random_state": random_state + 2,
     }  # fmt: skip
     start = logg.info(
         f"DESeq2: {adata.n_obs} samples x {adata.n_vars} genes"
