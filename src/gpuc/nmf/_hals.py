@@ -610,12 +610,9 @@ def fit_hals_groups(
         active = active[keep_pos]
         if len(active) == 0:
             break
-        keep = xp.asarray(layout.columns(keep_pos))
-        # fancy indexing along axis 1 returns a column-major result: back to C order (row-wise kernels, sums)
-        w, ht = xp.ascontiguousarray(w[:, keep]), xp.ascontiguousarray(ht[:, keep])
-        w_hat, h_hat = xp.ascontiguousarray(w_hat[:, keep]), xp.ascontiguousarray(h_hat[:, keep])
-        kp = xp.asarray(keep_pos)
-        beta, beta_bar, e_prev = beta[kp], beta_bar[kp], e_prev[kp]
+        (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev) = _keep_runs(
+            xp, layout, keep_pos, (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev)
+        )
         if fused is not None:
             g_what = np.ascontiguousarray(g_what[keep_pos])
         layout = _Layout.of(ks_run[active], gid_run[active])
@@ -625,6 +622,18 @@ def fit_hals_groups(
         sel = gid_run == g
         results.append(HalsResult(out_w[g], out_h[g], losses[sel], n_iter[sel], converged[sel], op.norm2))
     return results
+
+
+def _keep_runs(
+    xp: Any, layout: _Layout, keep_pos: np.ndarray, factors: tuple[Any, ...], per_run: tuple[Any, ...]
+) -> tuple[list[Any], list[Any]]:
+    """The batch without its finished runs: the columns of ``keep_pos``'s runs in each flat ``(rows, sum k)`` factor
+    and the rows ``keep_pos`` of each per-run array (both C-ordered).
+    """
+    keep = xp.asarray(layout.columns(keep_pos))
+    kp = xp.asarray(keep_pos)
+    # fancy indexing along axis 1 returns a column-major result: back to C order (row-wise kernels, sums)
+    return [xp.ascontiguousarray(f[:, keep]) for f in factors], [xp.ascontiguousarray(a[kp]) for a in per_run]
 
 
 def _write_finished(
@@ -798,13 +807,9 @@ def _fit_groups_gpu(
         active = active[keep_pos]
         if len(active) == 0:
             break
-        keep = xp.asarray(layout.columns(keep_pos))
-        w, ht = xp.ascontiguousarray(w[:, keep]), xp.ascontiguousarray(ht[:, keep])
-        w_hat, h_hat = xp.ascontiguousarray(w_hat[:, keep]), xp.ascontiguousarray(h_hat[:, keep])
-        kp = xp.asarray(keep_pos)
-        beta, beta_bar, e_prev = beta[kp], beta_bar[kp], e_prev[kp]
-        hist, state = xp.ascontiguousarray(hist[kp]), xp.ascontiguousarray(state[kp])
-        g_what, g_what_dt = xp.ascontiguousarray(g_what[kp]), xp.ascontiguousarray(g_what_dt[kp])
+        (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev, hist, state, g_what, g_what_dt) = _keep_runs(
+            xp, layout, keep_pos, (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev, hist, state, g_what, g_what_dt)
+        )
         layout = _Layout.of(ks_run[active], gid_run[active])
         bt = _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt)
     results = []
