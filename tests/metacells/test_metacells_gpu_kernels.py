@@ -250,7 +250,7 @@ def test_kernels_compile_for_a_device_without_fused_multiply_adds():
     missing = ("DynamicLibNotFoundError", "NvvmSupportError", "libnvvm", "libNVVM", "nvrtc", "CudaSupportError")
     missing += ("module 'numpy' has no attribute",)
     if out.returncode != 0 and any(m in out.stderr for m in missing):
-        pytest.skip(f"no CUDA compiler libraries here: {out.stderr.strip().splitlines()[-1]}")
+        pytest.skip(f"the CUDA compiler cannot run here: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr
     fmas = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(fmas) == {"fw_a_cells", "fw_b_rows", "fw_b_cols", "fw_columns", "compact_columns"}
