@@ -80,3 +80,30 @@ def purity(labels: np.ndarray, celltypes: pd.Series, order: list[str], name: str
     membership = sp.csr_matrix((np.ones(cells.size), (pos[cells], cells)), shape=(len(order), len(labels)))
     majority, frac = purity_from_membership(membership, celltypes)
     return pd.DataFrame({name: majority, f"{name}_purity": frac}, index=pd.Index(order))
+
+
+def quality_table(
+    backend: Backend,
+    x: Any,
+    labels: np.ndarray,
+    order: list[str],
+    *,
+    nth_neighbor: int = 1,
+    celltypes: pd.Series | None = None,
+    celltype_key: str | None = None,
+    n_jobs: int | None = None,
+) -> pd.DataFrame:
+    """One row per metacell of ``order``: ``size``, ``compactness`` and ``separation`` in the diffusion space of
+    ``x`` (:func:`diffusion_space`), and with ``celltypes`` the majority type and its fraction (columns
+    ``celltype_key`` and ``celltype_key + "_purity"``). ``labels``: each cell's metacell as a string.
+    """
+    dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
+    df = pd.DataFrame(index=pd.Index(order, name="metacell"))
+    df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
+    df["compactness"] = compactness(dc, labels, order).to_numpy()
+    df["separation"] = separation(dc, labels, order, nth_neighbor=nth_neighbor).to_numpy()
+    if celltypes is not None:
+        pur = purity(labels, celltypes, order, celltype_key)
+        df[celltype_key] = pur[celltype_key].to_numpy()
+        df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
+    return df

@@ -1,28 +1,31 @@
-"""``gpuc.tl.metacells``, ``aggregate_metacells`` and ``metacell_quality``: AnnData adapters over :mod:`gpuc.metacells`."""
+"""``gpuc.tl.metacells``, ``aggregate_metacells`` and ``metacell_quality``: AnnData adapters over :mod:`gpuc.metacells`.
+
+Each tool checks its arguments and reads its inputs from the AnnData, plans the work (groups, sizes, memory), makes
+one engine call and writes the results; the orchestration lives in :mod:`gpuc.metacells` (``_plan``, ``_groups``,
+``_aggregate``, ``_quality``) and :mod:`gpuc._units`.
+"""
 
 from __future__ import annotations
 
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
-from gpuc._dask import is_dask_array, map_units, resolve_client
+from gpuc._backend import Device, get_backend, is_sparse
+from gpuc._dask import is_dask_array, resolve_client
+from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
-from gpuc._lazy import grouped_sum, load
-from gpuc._utils import progress
+from gpuc._lazy import load
+from gpuc._units import split_groups
 from gpuc._validate import (
     SeedLike,
-    align_to_obs,
     check_adata,
     check_bool,
     check_choice,
@@ -31,193 +34,23 @@ from gpuc._validate import (
     check_int,
     check_key,
     check_key_added,
-    check_memory,
     check_number,
     check_printable_labels,
-    check_unique_names,
     get_matrix,
     resolve_random_state,
 )
-from gpuc.metacells._kernel import knn_from_graph
-from gpuc.metacells._pipeline import KNN_DIFFUSION, metacells_peak_bytes, run_metacells
-from gpuc.metacells._quality import compactness, diffusion_space, purity, purity_from_membership, separation
+from gpuc.metacells._aggregate import hard_membership, member_means, non_integer, soft_membership, summed
+from gpuc.metacells._groups import fit_groups
+from gpuc.metacells._plan import archetype_positions, check_plan_memory, plan_groups, scaled_to_range
+from gpuc.metacells._plan import n_distinct as _n_distinct  # noqa: F401  (importable here, as before the split)
+from gpuc.metacells._quality import purity_from_membership, quality_table
 
 _GRAPHS = ("union", "intersection")
 _INITS = ("waypoint", "greedy", "random")
 _A0 = ("auto", "random", "uniform")
-CELLS_PER_METACELL = 75
-# below this many cells per metacell on average the fit is pathological: each metacell holds a handful of cells and
-# the cost grows as cells x metacells, so the call warns
-MIN_CELLS_PER_METACELL = 5
 
 
-def _label(group: Any, j: int) -> str:
-    return f"SEACell-{j}" if group is None else f"{group}-SEACell-{j}"
-
-
-def _embedding(adata: AnnData, use_rep: str) -> Any:
-    if not isinstance(use_rep, str):
-        msg = f"use_rep must be the name of an adata.obsm entry, got {use_rep!r}."
-        raise TypeError(msg)
-    check_key(adata.obsm, use_rep, "adata.obsm", "Compute it first, e.g. sc.pp.pca(adata) for 'X_pca'.")
-    # a lazily read embedding (anndata.experimental.read_lazy) is loaded: it is small (cells x components)
-    x = load(
-        check_in_memory(adata.obsm[use_rep], f"adata.obsm[{use_rep!r}]", allow_dask=True), f"adata.obsm[{use_rep!r}]"
-    )
-    if isinstance(x, pd.DataFrame):
-        x = x.to_numpy()
-    if is_sparse(x):
-        msg = f"adata.obsm[{use_rep!r}] is sparse; metacells need a dense low-dimensional embedding (e.g. 'X_pca')."
-        raise TypeError(msg)
-    if x.ndim != 2 or x.shape[1] < 1:
-        msg = f"adata.obsm[{use_rep!r}] must be a 2-D (cells x components) array, got shape {x.shape}."
-        raise ValueError(msg)
-    if not np.issubdtype(np.dtype(x.dtype), np.number):
-        msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
-        raise TypeError(msg)
-    check_finite(f"adata.obsm[{use_rep!r}]", x)
-    return _scaled_to_range(x)
-
-
-# the embedding's largest absolute value is brought into [2**-EXTREME_EXP, 2**EXTREME_EXP] before the kernel
-EXTREME_EXP = 40
-
-
-def _scaled_to_range(x: Any) -> Any:
-    """``x`` times a power of two when its values are extreme (e.g. scaled by 1e19, whose squared distances overflow
-    float32), else ``x`` itself.
-
-    The SEACells kernel, the diffusion map and every result derived from them do not change when the embedding is
-    multiplied by a constant (neighbours, bandwidths and ``d**2 / (sigma_i sigma_j)`` are scale-free), and a power of
-    two multiplies every float exactly, so the result is the one of the unscaled computation, without overflow.
-    """
-    xp = backend_of(x).xp
-    top = float(xp.abs(x).max()) if x.size else 0.0
-    if top == 0.0 or 2.0**-EXTREME_EXP <= top <= 2.0**EXTREME_EXP:
-        return x
-    return x * x.dtype.type(2.0 ** (-int(np.round(np.log2(top)))))
-
-
-def _n_distinct(x: Any) -> int:
-    """Distinct rows of ``x``, computed where ``x`` lives: every row when the first column's values are all
-    distinct (the usual embedding; one sorted column), else rows sorted lexicographically, then neighbours compared.
-    """
-    xp = backend_of(x).xp
-    if x.shape[0] < 2:
-        return int(x.shape[0])
-    first = xp.sort(x[:, 0])
-    if bool((first[1:] != first[:-1]).all()):
-        return int(x.shape[0])
-    s = x[xp.lexsort(x.T)]
-    return 1 + int((s[1:] != s[:-1]).any(axis=1).sum())
-
-
-def _default_n(n_cells: int) -> int:
-    return round(n_cells / CELLS_PER_METACELL)
-
-
-def _plan_groups(
-    adata: AnnData, x: Any, n_metacells: Any, groupby: str | None, n_neighbors: int
-) -> list[tuple[Any, np.ndarray, int]]:
-    """[(group or None, cell positions, n_metacells)] after checking every size; raises before anything is written."""
-    if isinstance(n_metacells, pd.Series):  # {group: n} given as a Series: its labels are the groups
-        n_metacells = n_metacells.to_dict()
-    if groupby is None:
-        if isinstance(n_metacells, Mapping):
-            msg = "n_metacells may be a mapping {group: n} only together with groupby=."
-            raise TypeError(msg)
-        plan = [(None, np.arange(adata.n_obs), n_metacells)]
-    else:
-        check_key(adata.obs, groupby, "adata.obs")
-        col = adata.obs[groupby]
-        # every cell gets a label, so a missing group is an error; 1 and "1" would share labels: refused
-        check_printable_labels(col, f"adata.obs[{groupby!r}]")
-        if col.isna().any():
-            msg = (
-                f"adata.obs[{groupby!r}] has {int(col.isna().sum())} missing value(s) (NaN/None); every cell needs a "
-                "group: fill them in, or subset to the cells with a group first."
-            )
-            raise ValueError(msg)
-        cats = col.cat.categories if isinstance(col.dtype, pd.CategoricalDtype) else pd.unique(col)
-        codes = np.asarray(col)
-        plan = []
-        sizes = _sizes_by_group(n_metacells, cats, groupby) if isinstance(n_metacells, Mapping) else None
-        for g in cats:
-            idx = np.flatnonzero(codes == g)
-            if idx.size == 0:
-                continue
-            n_g = sizes.get(str(g)) if sizes is not None else n_metacells
-            plan.append((g, idx, n_g))
-    out = []
-    too_small = []
-    for g, idx, n_g in plan:
-        where = "" if g is None else f" in group {g!r}"
-        if n_g is None:
-            n_g = _default_n(idx.size)
-        n_g = check_int(f"n_metacells{where}", n_g)
-        n_distinct = _n_distinct(x[idx])
-        if n_g < 2 or n_g > n_distinct or idx.size < n_neighbors:
-            too_small.append(
-                f"{'all cells' if g is None else repr(g)}: {idx.size} cells ({n_distinct} distinct), n_metacells={n_g}"
-            )
-            continue
-        out.append((g, idx, n_g))
-    if too_small:
-        hint = (
-            f"n_metacells must be >= 2 and <= the number of distinct cells, and a group needs >= n_neighbors={n_neighbors} cells "
-            f"(the default is round(n_cells / {CELLS_PER_METACELL}))."
-        )
-        if groupby is not None:
-            hint += f" Pass n_metacells={{group: n}} or drop these groups from adata.obs[{groupby!r}]."
-        msg = "Cannot build metacells for: " + "; ".join(too_small) + ". " + hint
-        raise ValueError(msg)
-    crowded = [
-        f"{'all cells' if g is None else repr(g)}: {idx.size} cells, n_metacells={n_g}"
-        for g, idx, n_g in out
-        if idx.size < MIN_CELLS_PER_METACELL * n_g
-    ]
-    if crowded:
-        msg = (
-            f"fewer than {MIN_CELLS_PER_METACELL} cells per metacell ({'; '.join(crowded)}): metacells of a few cells "
-            f"average little noise away and the fit's cost grows with cells x metacells, so it can take very long. "
-            f"SEACells recommends about one metacell per {CELLS_PER_METACELL} cells (the default n_metacells)."
-        )
-        warnings.warn(msg, GpucWarning, stacklevel=3)
-    return out
-
-
-def _sizes_by_group(n_metacells: Mapping, groups: Any, groupby: str) -> dict[str, Any]:
-    """``{printed group: n}`` from ``{group: n}``. A key is the group it equals as given (``1`` is the integer group
-    1); a key that equals no group but prints as exactly one (the percent-encoded string keys of a stored
-    ``params["n_metacells"]``, e.g. after ``write_h5ad``) is that group. Unknown keys are an error.
-    """
-    groups = list(groups)
-    out: dict[str, Any] = {}
-    unknown = []
-    for key, n in n_metacells.items():
-        hit = [g for g in groups if isinstance(g, str) == isinstance(key, str) and _equal(g, key)]
-        if not hit:
-            hit = [g for g in groups if str(g) == _keys.decode_name(str(key))]
-        if len(hit) != 1:
-            unknown.append(key)
-            continue
-        out[str(hit[0])] = n
-    if unknown:
-        msg = (
-            f"n_metacells names groups not in adata.obs[{groupby!r}]: {sorted(map(repr, unknown))} "
-            f"(groups: {sorted(map(repr, groups))[:20]})."
-        )
-        raise ValueError(msg)
-    return out
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
-
-
+@doc_params()
 def metacells(
     adata: AnnData,
     n_metacells: int | Mapping[Any, int] | None = None,
@@ -301,25 +134,20 @@ def metacells(
         cell has at least ``n_neighbors - 1`` stored neighbours, and 29 with ``init="waypoint"`` (Palantir's
         30-neighbour diffusion map: build the graph with ``n_neighbors=30``, or use ``init="greedy"``). The graph
         must be Euclidean on ``use_rep``; not with ``groupby``.
-    device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
-    n_jobs
-        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
+    {device}
+    {n_jobs}
     client
         Where the fits of the groups run: ``None`` follows :attr:`gpuc.settings.client` (default: one after the other
         in this process); ``"default"`` or a ``distributed.Client``: one Dask task per group (see
         :func:`gpuc._dask.map_units`). Results are identical wherever they run.
-    random_state
-        Seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once); the int
-        used is recorded in ``params``. ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
+    {random_state}
+        ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
         global RNG after ``np.random.seed(seed)``, so the default settings reproduce such a SEACells run when the kNN
         agree.
     key_added
         Prefix of every key written (see Returns). Entries under these names that an earlier :func:`metacells` did
         not write (e.g. ``key_added="leiden"`` over a Leiden column) are never replaced: the call is refused.
-    copy
-        Return a modified copy instead of writing into ``adata``.
+    {copy}
 
     Returns
     -------
@@ -357,21 +185,13 @@ def metacells(
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
+    # ---- validate: every argument and input, before anything is computed or written --------------------------------
     check_adata(adata)
     x = _embedding(adata, use_rep)
-    n_neighbors = check_int("n_neighbors", n_neighbors, minimum=3)
-    n_waypoint_eigs = check_int("n_waypoint_eigs", n_waypoint_eigs, minimum=2)
-    max_iter = check_int("max_iter", max_iter, minimum=1)
-    min_iter = check_int("min_iter", min_iter, minimum=0)
-    fw_iters = check_int("fw_iters", fw_iters, minimum=1)
+    n_neighbors, n_waypoint_eigs, max_iter, min_iter, fw_iters, convergence_epsilon = _loop_controls(
+        n_neighbors, n_waypoint_eigs, max_iter, min_iter, fw_iters, convergence_epsilon
+    )
     random_state = resolve_random_state(random_state)
-    if max_iter < min_iter:
-        msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
-        raise ValueError(msg)
-    if n_waypoint_eigs > n_neighbors:
-        msg = f"n_waypoint_eigs={n_waypoint_eigs} cannot exceed n_neighbors={n_neighbors} (the number of diffusion components SEACells computes)."
-        raise ValueError(msg)
-    convergence_epsilon = check_number("convergence_epsilon", convergence_epsilon, low=0, low_open=True)
     check_bool("copy", copy)
     graph = "intersection" if graph == "intersect" else graph
     check_choice("graph", graph, _GRAPHS)
@@ -386,136 +206,54 @@ def metacells(
         msg = f"adata has {adata.n_obs} cells, fewer than n_neighbors={n_neighbors}."
         raise ValueError(msg)
     graph_dist = _neighbors_graph(adata, neighbors_key, use_rep, groupby)
-    plan = _plan_groups(adata, x, n_metacells, groupby, n_neighbors)
+    units = None
+    if groupby is not None:  # every cell needs a group; 1 and "1" would share labels: both refused
+        check_key(adata.obs, groupby, "adata.obs")
+        units = split_groups(adata.obs[groupby], f"adata.obs[{groupby!r}]", missing="error")
+
+    # ---- plan: the fits, their sizes, the initial archetypes, the device and its memory ------------------------------
+    plan = plan_groups(x, n_metacells, units, n_neighbors=n_neighbors, groupby=groupby)
     init_arch = None
     if initial_archetypes is not None:
         if groupby is not None:
             msg = "initial_archetypes cannot be combined with groupby."
             raise ValueError(msg)
-        init_arch = _archetype_positions(adata, initial_archetypes, plan[0][2])
+        init_arch = archetype_positions(initial_archetypes, adata.obs_names, plan[0].k)
     # "auto" keeps fits the GPU does not speed up on the CPU (the largest group decides)
-    backend = get_backend(device, x, tool="metacells", work=max(idx.size for _, idx, _ in plan))
-    # groups are fitted one after the other: the largest fit bounds the peak
-    need, g_big, n_big, k_big = max(
-        (
-            metacells_peak_bytes(idx.size, k, n_neighbors=n_neighbors, fw_iters=fw_iters, gpu=backend.is_gpu),
-            str(g),
-            idx.size,
-            k,
-        )
-        for g, idx, k in plan
-    )
-    check_memory(
-        backend,
-        need,
-        f"metacells on {n_big} cells with n_metacells={k_big}{'' if groupby is None else f' (group {g_big!r})'}",
-        "Use fewer metacells, or split the cells with groupby= (e.g. by sample).",
-    )
+    backend = get_backend(device, x, tool="metacells", work=max(p.positions.size for p in plan))
+    check_plan_memory(backend, plan, n_neighbors=n_neighbors, fw_iters=fw_iters)
 
+    # ---- one engine call: each group a unit, fitted here one after the other or as Dask tasks on the client ---------
     start = logg.info(f"computing metacells on {use_rep!r} ({backend.name})")
     t_all = time.perf_counter()
-    n = adata.n_obs
-    weights_blocks, arche_blocks, kernel_blocks = [], [], []
-    labels = np.empty(n, dtype=object)
-    tables, per_group = [], {}
-    offset = 0
-    knn = None
-    if graph_dist is not None:  # only without groupby: one fit
-        need = n_neighbors if init != "waypoint" or init_arch is not None else max(n_neighbors, KNN_DIFFUSION)
-        knn = knn_from_graph(backend, graph_dist, need, where=f"the {neighbors_key!r} graph")
-    dask_client = resolve_client(client)
     options = {
         "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "graph": graph, "max_iter": max_iter,
-        "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters,
-        "random_state": random_state, "init": init, "initial_archetypes_": init_arch, "a0": a0,
-        "knn_method": knn_method, "knn": knn,
+        "min_iter": min_iter, "convergence_epsilon": convergence_epsilon, "fw_iters": fw_iters,
+        "random_state": random_state, "init": init, "initial_archetypes_": init_arch, "a0": a0, "knn_method": knn_method,
     }  # fmt: skip
-    # each group is one unit: fitted here one after the other, or as Dask tasks on the client
     with interruptible("metacells"):
-        fits = map_units(
-            _fit_group,
-            [
-                ("" if g is None else f"group {g!r}", (backend, x[idx], k, None if g is None else str(g)))
-                for g, idx, k in plan
-            ],
-            client=dask_client,
-            shared={"options": options},
-            n_jobs=n_jobs,
-            what="metacells",
-            costs=[idx.size * k for _, idx, k in plan],  # on a cluster the largest groups start first
-        )
-    for (g, idx, k), fit in zip(plan, fits, strict=True):
-        where = "" if g is None else f" group {g!r}:"
-        a_t, b = fit.a_t, fit.b
-        hard = _row_argmax(a_t)
-        labels[idx] = [_label(g, j) for j in hard]
-        obs_idx = adata.obs_names[idx]
-        centers = obs_idx[np.asarray(b.argmax(axis=0)).ravel()]
-        init_names = np.full(k, "", dtype=object)
-        init_names[: len(fit.archetypes)] = obs_idx[fit.archetypes]
-        sizes = np.bincount(hard, minlength=k)
-        tables.append(
-            pd.DataFrame(
-                {
-                    "group": "" if g is None else str(g), "archetype": np.arange(k), "center": np.asarray(centers, dtype=object),
-                    "initial_archetype": init_names, "size": sizes, "column": offset + np.arange(k),
-                },
-                index=pd.Index([_label(g, j) for j in range(k)], name="metacell"),
-            )
+        res = fit_groups(
+            backend, x, plan, adata.obs_names, options=options, graph_distances=graph_dist,
+            neighbors_key=neighbors_key, client=resolve_client(client), n_jobs=n_jobs,
         )  # fmt: skip
-        weights_blocks.append((idx, a_t))
-        arche_blocks.append((idx, b))
-        kernel_blocks.append((idx, fit.kernel))
-        per_group["all" if g is None else _keys.encode_name(g)] = {
-            **({} if g is None else {"group": str(g)}),
-            "rss": fit.rss,
-            "n_iter": int(fit.n_iter),
-            "converged": bool(fit.converged),
-            "convergence_threshold": float(fit.convergence_threshold),
-            "n_metacells": int(k),
-            "a0": fit.a0,
-            "seconds": fit.seconds,
-        }
-        logg.info(
-            f"   {where} {k} metacells, {fit.n_iter} iterations, RSS {fit.rss[0]:.6g} -> {fit.rss[-1]:.6g}{'' if fit.converged else ' (not converged)'}"
-        )
-        offset += k
-    weights = _assemble(weights_blocks, n)
-    arche = _assemble(arche_blocks, n)
-    kernel = _assemble(kernel_blocks, n, square=True)
-    table = pd.concat(tables)
-    labelled = set(labels)  # built once: the membership test below runs once per metacell
-    present = [lab for lab in table.index if lab in labelled]
-    uns: dict[str, Any] = {
-        "params": {
-            "n_metacells": {_keys.encode_name(g): int(k) for g, _, k in plan} if groupby is not None else int(plan[0][2]),
-            "use_rep": use_rep, "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "max_iter": max_iter,
-            "min_iter": min_iter, "convergence_epsilon": float(convergence_epsilon), "fw_iters": fw_iters, "graph": graph,
-            "groupby": groupby, "init": init, "a0": a0, "knn_method": knn_method, "neighbors_key": neighbors_key,
-            "random_state": random_state, "device": device, "n_jobs": n_jobs,
-            "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
-        },
-        "device": backend.name,
-        "metacells": table,
-        "seconds": float(time.perf_counter() - t_all),
+    for p, line in zip(plan, res.summaries(), strict=True):
+        logg.info(f"   {'' if p.group is None else f' group {p.group!r}:'} {line}")
+    params = {
+        "n_metacells": {_keys.encode_name(p.group): p.k for p in plan} if groupby is not None else plan[0].k,
+        "use_rep": use_rep, **{k: v for k, v in options.items() if k != "initial_archetypes_"}, "groupby": groupby,
+        "neighbors_key": neighbors_key, "device": device, "n_jobs": n_jobs,
+        "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
     }  # fmt: skip
-    if groupby is None:
-        only = per_group["all"]
-        uns.update({key: only[key] for key in ("rss", "n_iter", "converged", "convergence_threshold", "a0")})
-        uns["timings"] = only["seconds"]
-    else:
-        uns["groups"] = per_group
-        uns["converged"] = all(v["converged"] for v in per_group.values())
-        uns["n_iter"] = {gk: v["n_iter"] for gk, v in per_group.items()}
+    uns = {"params": params, "device": backend.name, "metacells": res.table, "seconds": time.perf_counter() - t_all}
 
-    # ---- everything computed and checked: write ----------------------------------------------------------------
+    # ---- write: everything computed and checked ------------------------------------------------------------------
     adata = adata.copy() if copy else adata
     _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
-    adata.obs[key_added] = pd.Categorical(labels, categories=present)
-    adata.obsm[_keys.metacell_weights(key_added)] = weights
-    adata.obsm[_keys.metacell_archetypes(key_added)] = arche
-    adata.obsp[_keys.metacell_kernel(key_added)] = kernel
-    adata.uns[key_added] = uns
+    adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
+    adata.obsm[_keys.metacell_weights(key_added)] = res.weights
+    adata.obsm[_keys.metacell_archetypes(key_added)] = res.archetypes
+    adata.obsp[_keys.metacell_kernel(key_added)] = res.kernel
+    adata.uns[key_added] = {**uns, **res.diagnostics(grouped=groupby is not None)}
     logg.info(
         "    finished",
         time=start,
@@ -528,44 +266,48 @@ def metacells(
     return adata if copy else None
 
 
-@dataclass
-class _GroupFit:
-    """What the tool keeps of one group's fit, on the host: A transposed, B and the kernel as CSR, and diagnostics."""
+def _loop_controls(
+    n_neighbors: Any, n_waypoint_eigs: Any, max_iter: Any, min_iter: Any, fw_iters: Any, convergence_epsilon: Any
+) -> tuple[int, int, int, int, int, float]:
+    """The fit's size and loop arguments, checked one by one and against each other."""
+    n_neighbors = check_int("n_neighbors", n_neighbors, minimum=3)
+    n_waypoint_eigs = check_int("n_waypoint_eigs", n_waypoint_eigs, minimum=2)
+    max_iter = check_int("max_iter", max_iter, minimum=1)
+    min_iter = check_int("min_iter", min_iter, minimum=0)
+    fw_iters = check_int("fw_iters", fw_iters, minimum=1)
+    if max_iter < min_iter:
+        msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
+        raise ValueError(msg)
+    if n_waypoint_eigs > n_neighbors:
+        msg = f"n_waypoint_eigs={n_waypoint_eigs} cannot exceed n_neighbors={n_neighbors} (the number of diffusion components SEACells computes)."
+        raise ValueError(msg)
+    convergence_epsilon = check_number("convergence_epsilon", convergence_epsilon, low=0, low_open=True)
+    return n_neighbors, n_waypoint_eigs, max_iter, min_iter, fw_iters, float(convergence_epsilon)
 
-    a_t: sp.csr_matrix
-    b: sp.csr_matrix
-    kernel: sp.csr_matrix
-    archetypes: np.ndarray
-    rss: np.ndarray
-    n_iter: int
-    converged: bool
-    convergence_threshold: float
-    a0: str
-    seconds: dict[str, float]
 
-
-def _fit_group(backend: Backend, x: Any, k: int, group: str | None, *, options: dict, n_jobs: int | None) -> _GroupFit:
-    """One group's SEACells fit (a unit of :func:`gpuc._dask.map_units`: in this process or a Dask task)."""
-    with progress(total=options["max_iter"], desc=f"metacells{'' if group is None else ' ' + group}") as bar:
-
-        def _cb(it: int, rss: float) -> None:
-            bar.update(1)
-            bar.set_postfix(rss=f"{rss:.4g}")
-
-        res = run_metacells(backend, backend.asarray(x), k, **options, callback=_cb, n_jobs=n_jobs)
-    fit = res.fit
-    return _GroupFit(
-        a_t=sp.csr_matrix(to_host(fit.A).T),
-        b=sp.csr_matrix(to_host(fit.B)),
-        kernel=sp.csr_matrix(to_host(res.kernel)),
-        archetypes=np.asarray(fit.archetypes),
-        rss=np.asarray(fit.rss, dtype=np.float64),
-        n_iter=int(fit.n_iter),
-        converged=bool(fit.converged),
-        convergence_threshold=float(fit.convergence_threshold),
-        a0=res.a0,
-        seconds={key: float(v) for key, v in res.timings.items()},
+def _embedding(adata: AnnData, use_rep: str) -> Any:
+    """``obsm[use_rep]`` checked (dense, 2-D, numeric, finite), loaded when lazy, and brought into a safe range."""
+    if not isinstance(use_rep, str):
+        msg = f"use_rep must be the name of an adata.obsm entry, got {use_rep!r}."
+        raise TypeError(msg)
+    check_key(adata.obsm, use_rep, "adata.obsm", "Compute it first, e.g. sc.pp.pca(adata) for 'X_pca'.")
+    # a lazily read embedding (anndata.experimental.read_lazy) is loaded: it is small (cells x components)
+    x = load(
+        check_in_memory(adata.obsm[use_rep], f"adata.obsm[{use_rep!r}]", allow_dask=True), f"adata.obsm[{use_rep!r}]"
     )
+    if isinstance(x, pd.DataFrame):
+        x = x.to_numpy()
+    if is_sparse(x):
+        msg = f"adata.obsm[{use_rep!r}] is sparse; metacells need a dense low-dimensional embedding (e.g. 'X_pca')."
+        raise TypeError(msg)
+    if x.ndim != 2 or x.shape[1] < 1:
+        msg = f"adata.obsm[{use_rep!r}] must be a 2-D (cells x components) array, got shape {x.shape}."
+        raise ValueError(msg)
+    if not np.issubdtype(np.dtype(x.dtype), np.number):
+        msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
+        raise TypeError(msg)
+    check_finite(f"adata.obsm[{use_rep!r}]", x)
+    return scaled_to_range(x)
 
 
 def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:
@@ -599,90 +341,6 @@ def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, gr
     return check_in_memory(adata.obsp[dkey], f"adata.obsp[{dkey!r}]")
 
 
-def _archetype_positions(adata: AnnData, arche: Any, k: int) -> np.ndarray:
-    """Positions of the initial archetypes: cell positions, obs names (a list, array, Index or the values of a
-    Series), or a boolean mask over the cells (an array in obs order, or a Series matched to obs_names by label).
-    """
-    if isinstance(arche, pd.Series | Mapping) and (
-        pd.api.types.is_bool_dtype(pd.Series(arche).dtype) if isinstance(arche, pd.Series) else True
-    ):
-        arche = align_to_obs(arche, adata, "initial_archetypes").to_numpy(dtype=bool)
-    arr = np.asarray(arche)
-    if arr.dtype == bool:
-        if arr.shape != (adata.n_obs,):
-            msg = f"initial_archetypes as a boolean mask must have one entry per cell ({adata.n_obs}), got shape {arr.shape}."
-            raise ValueError(msg)
-        arr = np.flatnonzero(arr)
-    elif arr.dtype.kind in "OUS":
-        check_unique_names(
-            adata.obs_names,
-            "adata.obs_names",
-            "initial_archetypes given as names needs unique names: run adata.obs_names_make_unique() first, or pass "
-            "cell positions.",
-        )
-        pos = adata.obs_names.get_indexer(arr.astype(str))
-        if (pos < 0).any():
-            msg = f"initial_archetypes names not in adata.obs_names: {list(arr[pos < 0][:5])}."
-            raise KeyError(msg)
-        arr = pos
-    if arr.dtype.kind not in "iu" or arr.ndim != 1:
-        msg = "initial_archetypes must be a 1-D list of cell positions, obs names, or a boolean mask over the cells."
-        raise TypeError(msg)
-    if arr.size != k or np.unique(arr).size != arr.size or arr.min() < 0 or arr.max() >= adata.n_obs:
-        msg = f"initial_archetypes must be {k} distinct cells (n_metacells), got {arr.size} entries ({np.unique(arr).size} distinct)."
-        raise ValueError(msg)
-    return arr.astype(np.int64)
-
-
-def _row_argmax(m: sp.csr_matrix) -> np.ndarray:
-    """``m.argmax(axis=1)`` of a CSR matrix (scipy's answer, ties to the lowest column) without scipy's per-row loop.
-
-    Rows whose largest stored value is positive (every row of the assignments A^T) are done at once: the first stored
-    maximum after sorting the indices. The others (empty rows, rows with no positive entry, where implicit zeros
-    compete) keep scipy's rule, row by row.
-    """
-    m = m.tocsr(copy=True)
-    m.sum_duplicates()  # sorted indices, as scipy's argmax makes them
-    n_rows = m.shape[0]
-    counts = np.diff(m.indptr)
-    out = np.full(n_rows, -1, dtype=np.intp)
-    filled = np.flatnonzero(counts)
-    if filled.size:
-        starts = m.indptr[:-1][filled]
-        data = m.data[: m.indptr[-1]]
-        row_max = np.maximum.reduceat(data, starts)
-        owner = np.repeat(np.arange(filled.size), counts[filled])
-        position = np.where(data == row_max[owner], np.arange(data.size), data.size)
-        first = np.minimum.reduceat(position, starts)
-        good = row_max > 0
-        out[filled[good]] = m.indices[first[good]]
-    for i in np.flatnonzero(out < 0):  # rare: scipy's rule, where implicit zeros compete
-        out[i] = int(m[[i]].argmax(axis=1)[0, 0])
-    return out
-
-
-def _assemble(blocks: list[tuple[np.ndarray, sp.csr_matrix]], n: int, *, square: bool = False) -> sp.csr_matrix:
-    """Place per-group matrices (the group's cell positions, a group-cells x columns matrix) into one n-row CSR.
-
-    Columns of successive groups are stacked side by side; with ``square`` the columns are cells too (the kernel),
-    so each block lands on its group's rows and columns (block-diagonal).
-    """
-    if len(blocks) == 1 and np.array_equal(blocks[0][0], np.arange(n)):
-        return blocks[0][1].tocsr()
-    rows, cols, vals = [], [], []
-    offset = 0
-    for idx, m in blocks:
-        c = m.tocoo()
-        rows.append(idx[c.row])
-        cols.append(idx[c.col] if square else c.col + offset)
-        vals.append(c.data)
-        offset += m.shape[1]
-    shape = (n, n if square else offset)
-    out = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
-    out.sort_indices()
-    return out
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # aggregation and quality
 # --------------------------------------------------------------------------------------------------------------------
@@ -692,16 +350,6 @@ def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
         msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
         raise KeyError(msg)
     return adata.uns[key]
-
-
-def _non_integer(x: Any) -> bool:
-    """Whether a dense or sparse matrix holds a non-integer value (computed where it lives; one verdict back)."""
-    data = x.data if is_sparse(x) else x
-    if np.dtype(data.dtype).kind != "f":
-        return False
-    xp = backend_of(data).xp
-    data = xp.asarray(data)
-    return bool((data != xp.round(data)).any())
 
 
 def aggregate_metacells(
@@ -748,15 +396,14 @@ def aggregate_metacells(
     ``uns['metacell_source']``
         The arguments of the call (key, layer, soft, celltype_key): ``aggregate_metacells(adata, **source)`` redoes it.
     """
+    # ---- validate --------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
-    if not isinstance(soft, bool):
-        msg = f"soft must be True or False, got {soft!r}."
-        raise TypeError(msg)
+    check_bool("soft", soft)
     mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
         check_printable_labels(adata.obs[celltype_key], f"adata.obs[{celltype_key!r}]")
-    if layer is None and not is_dask_array(mat) and _non_integer(mat):
+    if layer is None and not is_dask_array(mat) and non_integer(mat):
         warnings.warn(
             "aggregate_metacells sums adata.X, which holds non-integer values (log-normalised or scaled data?); "
             "sums of those are not counts. Pass layer= naming the raw counts (e.g. layer='counts') for pseudobulk "
@@ -764,49 +411,42 @@ def aggregate_metacells(
             GpucWarning,
             stacklevel=2,
         )
-    bk = backend_of(mat)  # the sums run where the matrix lives; only the metacells x genes result comes back
     table: pd.DataFrame = info["metacells"]
     if not isinstance(table, pd.DataFrame) and hasattr(table, "to_memory"):
         table = table.to_memory()  # anndata.experimental.read_lazy gives uns tables as xarray-backed Dataset2D
+
+    # ---- plan: the metacells x cells membership (ones, or the assignment weights when soft) --------------------------
     if soft:
         wkey = _keys.metacell_weights(key)
         # (n, k), a result (host unless moved); a lazily read one is small (k entries per cell at most): loaded
-        w = sp.csr_matrix(to_host(load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]")))
-        agg = sp.csr_matrix(w.T)  # (k, n)
-        names = list(table.index)
-        keep = np.asarray(agg.sum(axis=1)).ravel() > 0
-        agg = agg[keep]
-        names = [nm for nm, kp in zip(names, keep, strict=True) if kp]
+        agg, names = soft_membership(load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]"), list(table.index))
     else:
-        lab = adata.obs[key]
-        names = [str(c) for c in lab.cat.categories]
-        codes = lab.cat.codes.to_numpy()
-        ok = codes >= 0
-        agg = sp.csr_matrix((np.ones(int(ok.sum())), (codes[ok], np.flatnonzero(ok))), shape=(len(names), adata.n_obs))
-    if is_dask_array(mat):
-        # lazily read: each row chunk times its cells' columns of agg, the dense partials added by dask's tree
-        # reduction (the matrix is never whole in one process); sparse chunks give a CSR result, as in memory
-        sums = grouped_sum(agg, mat)
-        if is_sparse(mat._meta):
-            sums = sp.csr_matrix(sums)
-    else:
-        agg_d = bk.asarray(agg)
-        sums = to_host(agg_d @ (mat if mat.dtype == np.float64 else mat.astype(np.float64)))  # float64, as scipy
-        if sp.issparse(sums):
-            sums = sp.csr_matrix(sums)
-        else:
-            sums = np.asarray(sums)
+        agg, names = hard_membership(adata.obs[key])
+
+    # ---- one engine call: the sums, where the matrix lives (chunk by chunk when lazy) --------------------------------
+    sums = summed(agg, mat)
+
+    # ---- write: a new AnnData ------------------------------------------------------------------------------------
     size = np.asarray(agg.sum(axis=1)).ravel()
     obs = pd.DataFrame({"size": size if soft else size.astype(np.int64)}, index=pd.Index(names, name=None))
     if "group" in table and (table["group"] != "").any():
         obs["group"] = pd.Categorical(table.loc[names, "group"].to_numpy())
     if celltype_key is not None:
         majority, frac = purity_from_membership(agg, adata.obs[celltype_key])
-        ct = adata.obs[celltype_key].astype("category")
-        obs[celltype_key] = pd.Categorical(majority, categories=ct.cat.categories)
+        obs[celltype_key] = pd.Categorical(
+            majority, categories=adata.obs[celltype_key].astype("category").cat.categories
+        )
         obs[f"{celltype_key}_purity"] = frac
     out = AnnData(X=sums, obs=obs, var=adata.var.copy())
-    denom = np.where(size > 0, size, 1.0)[:, None]
+    for name, mean in member_means(agg, _cell_embeddings(adata), size).items():
+        out.obsm[name] = mean
+    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft, "celltype_key": celltype_key}
+    return out
+
+
+def _cell_embeddings(adata: AnnData) -> dict[str, Any]:
+    """The dense 2-D numeric ``obsm`` arrays named ``X_*`` that metacells average, except NMF usages."""
+    out = {}
     for name, emb in adata.obsm.items():
         if not name.startswith("X_") or is_sparse(getattr(emb, "_meta", emb)) or isinstance(emb, pd.DataFrame):
             continue
@@ -814,17 +454,12 @@ def aggregate_metacells(
             # the cells' NMF usages belong to their uns entry, which the metacells do not get: averaged here they
             # would sit where consensus_nmf on the metacells writes, without a result describing them
             continue
-        if emb.ndim != 2 or not np.issubdtype(np.dtype(emb.dtype), np.number):
-            continue
-        if is_dask_array(emb):  # read_lazy: obsm is lazy too; summed chunk by chunk like the counts
-            out.obsm[name] = grouped_sum(agg, emb) / denom
-            continue
-        eb = backend_of(emb)
-        out.obsm[name] = np.asarray(to_host(eb.asarray(agg) @ emb)) / denom
-    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft, "celltype_key": celltype_key}
+        if emb.ndim == 2 and np.issubdtype(np.dtype(emb.dtype), np.number):
+            out[name] = emb
     return out
 
 
+@doc_params()
 def metacell_quality(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -857,9 +492,7 @@ def metacell_quality(
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
-    n_jobs
-        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it.
+    {n_jobs}
     key_added
         ``uns`` key of the table; default ``key + "_quality"``.
     inplace
@@ -877,6 +510,7 @@ def metacell_quality(
     ``separation`` (higher is better), and ``<celltype_key>``, ``<celltype_key>_purity``. Otherwise ``None`` (or
     the modified copy with ``copy=True``), having written the table to ``adata.uns[key_added]``.
     """
+    # ---- validate --------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
     use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
     x = _embedding(adata, use_rep)
@@ -898,23 +532,24 @@ def metacell_quality(
             "is not a metacell quality table. Pass another key_added, or delete it first if it may go."
         )
         raise ValueError(msg)
+
+    # ---- plan: the device, each cell's metacell and the metacells' order ----------------------------------------------
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
+
+    # ---- one engine call ---------------------------------------------------------------------------------------------
     with interruptible("metacell_quality"):
-        dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
-        df = pd.DataFrame(index=pd.Index(order, name="metacell"))
-        df["size"] = pd.Series(labels).value_counts().reindex(order).to_numpy()
-        df["compactness"] = compactness(dc, labels, order).to_numpy()
-        df["separation"] = separation(dc, labels, order, nth_neighbor=nth_neighbor).to_numpy()
-    if celltype_key is not None:
-        pur = purity(labels, adata.obs[celltype_key], order, celltype_key)
-        df[celltype_key] = pur[celltype_key].to_numpy()
-        df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
+        df = quality_table(
+            backend, x, labels, order, nth_neighbor=nth_neighbor, n_jobs=n_jobs,
+            celltypes=None if celltype_key is None else adata.obs[celltype_key], celltype_key=celltype_key,
+        )  # fmt: skip
     logg.info(
         f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, "
         f"separation median {np.nanmedian(df['separation']):.3g}"
     )
+
+    # ---- write -------------------------------------------------------------------------------------------------------
     if not inplace:
         return df
     adata = adata.copy() if copy else adata
