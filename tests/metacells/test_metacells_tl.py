@@ -196,3 +196,52 @@ def test_hard_labels_argmax_equals_scipys(seed):
     if seed % 7 == 0:
         m.data[::3] = 0.0  # stored zeros
     np.testing.assert_array_equal(_row_argmax(m), np.asarray(m.argmax(axis=1)).ravel())
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and records what is written to it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+    def lines(self) -> list[str]:
+        return [line.strip() for line in self.text.replace("\r", "\n").split("\n") if line.strip()]
+
+
+@pytest.mark.parametrize("verbosity", [1, 0])
+def test_progress_shows_iterations_and_the_rss_criterion_and_is_silent_at_verbosity_0(pbmc68k, monkeypatch, verbosity):
+    import sys
+
+    import scanpy as sc
+
+    monkeypatch.setattr(gpuc.settings, "progress", True)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    before, sc.settings.verbosity = sc.settings.verbosity, verbosity
+    try:
+        gpuc.tl.metacells(pbmc68k, 9, device="cpu", max_iter=50, min_iter=10, convergence_epsilon=1e-3)
+    finally:
+        sc.settings.verbosity = before
+    info = pbmc68k.uns["metacell"]
+    assert info["converged"]
+    if verbosity == 0:
+        assert terminal.text == ""
+        return
+    # iterations used against the limit (not a bar filling to max_iter), the solver's criterion against its tolerance
+    rss = info["rss"]
+    change = abs(rss[-2] - rss[-1]) / rss[0]
+    last = [line for line in terminal.lines() if line.startswith("metacells:")][-1]
+    assert last.startswith(f"metacells: {info['n_iter']} it (limit 50), RSS change {change:.2g} (tol 0.001 reached) [")
+    assert "%" not in last and "|" not in last
+    assert all(len(line) <= 100 for line in terminal.lines())
