@@ -129,8 +129,8 @@ def plan_groups(
         plan.append(GroupPlan(g, idx, n_g))
     if too_small:
         hint = (
-            f"n_metacells must be >= 2 and <= the number of distinct cells, and a group needs >= n_neighbors={n_neighbors} cells "
-            f"(the default is round(n_cells / {CELLS_PER_METACELL}))."
+            "n_metacells must be >= 2 and <= the number of distinct cells, and a group needs >= "
+            f"n_neighbors={n_neighbors} cells (the default is round(n_cells / {CELLS_PER_METACELL}))."
         )
         if groupby is not None:
             hint += f" Pass n_metacells={{group: n}} or drop these groups from adata.obs[{groupby!r}]."
@@ -214,7 +214,10 @@ def archetype_positions(arche: Any, obs_names: pd.Index, k: int) -> np.ndarray:
         msg = "initial_archetypes must be a 1-D list of cell positions, obs names, or a boolean mask over the cells."
         raise TypeError(msg)
     if arr.size != k or np.unique(arr).size != arr.size or arr.min() < 0 or arr.max() >= n_obs:
-        msg = f"initial_archetypes must be {k} distinct cells (n_metacells), got {arr.size} entries ({np.unique(arr).size} distinct)."
+        msg = (
+            f"initial_archetypes must be {k} distinct cells (n_metacells), got {arr.size} entries "
+            f"({np.unique(arr).size} distinct)."
+        )
         raise ValueError(msg)
     return arr.astype(np.int64)
 
@@ -233,6 +236,7 @@ def check_plan_memory(backend: Backend, plan: list[GroupPlan], *, n_neighbors: i
     check_memory(
         backend,
         need,
-        f"metacells on {p.positions.size} cells with n_metacells={p.k}{'' if p.group is None else f' (group {str(p.group)!r})'}",
+        f"metacells on {p.positions.size} cells with n_metacells={p.k}"
+        + ("" if p.group is None else f" (group {str(p.group)!r})"),
         "Use fewer metacells, or split the cells with groupby= (e.g. by sample).",
     )

@@ -141,9 +141,8 @@ def metacells(
         in this process); ``"default"`` or a ``distributed.Client``: one Dask task per group (see
         :func:`gpuc._dask.map_units`). Results are identical wherever they run.
     {random_state}
-        ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the
-        global RNG after ``np.random.seed(seed)``, so the default settings reproduce such a SEACells run when the kNN
-        agree.
+        ``np.random.RandomState(seed)`` is consumed exactly as SEACells consumes the global RNG after
+        ``np.random.seed(seed)``, so the default settings reproduce such a SEACells run when the kNN agree.
     key_added
         Prefix of every key written (see Returns). Entries under these names that an earlier :func:`metacells` did
         not write (e.g. ``key_added="leiden"`` over a Leiden column) are never replaced: the call is refused.
@@ -185,7 +184,7 @@ def metacells(
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
-    # ---- validate: every argument and input, before anything is computed or written --------------------------------
+    # ---- validate: every argument and input, before anything is computed or written ----------------------------------
     check_adata(adata)
     x = _embedding(adata, use_rep)
     n_neighbors, n_waypoint_eigs, max_iter, min_iter, fw_iters, convergence_epsilon = _loop_controls(
@@ -223,13 +222,14 @@ def metacells(
     backend = get_backend(device, x, tool="metacells", work=max(p.positions.size for p in plan))
     check_plan_memory(backend, plan, n_neighbors=n_neighbors, fw_iters=fw_iters)
 
-    # ---- one engine call: each group a unit, fitted here one after the other or as Dask tasks on the client ---------
+    # ---- one engine call: each group a unit, fitted here one after the other or as Dask tasks on the client ----------
     start = logg.info(f"computing metacells on {use_rep!r} ({backend.name})")
     t_all = time.perf_counter()
     options = {
         "n_neighbors": n_neighbors, "n_waypoint_eigs": n_waypoint_eigs, "graph": graph, "max_iter": max_iter,
         "min_iter": min_iter, "convergence_epsilon": convergence_epsilon, "fw_iters": fw_iters,
-        "random_state": random_state, "init": init, "initial_archetypes_": init_arch, "a0": a0, "knn_method": knn_method,
+        "random_state": random_state, "init": init, "initial_archetypes_": init_arch, "a0": a0,
+        "knn_method": knn_method,
     }  # fmt: skip
     with interruptible("metacells"):
         res = fit_groups(
@@ -246,7 +246,7 @@ def metacells(
     }  # fmt: skip
     uns = {"params": params, "device": backend.name, "metacells": res.table, "seconds": time.perf_counter() - t_all}
 
-    # ---- write: everything computed and checked ------------------------------------------------------------------
+    # ---- write: everything computed and checked ----------------------------------------------------------------------
     adata = adata.copy() if copy else adata
     _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
     adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
@@ -396,7 +396,7 @@ def aggregate_metacells(
     ``uns['metacell_source']``
         The arguments of the call (key, layer, soft, celltype_key): ``aggregate_metacells(adata, **source)`` redoes it.
     """
-    # ---- validate --------------------------------------------------------------------------------------------------
+    # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
     check_bool("soft", soft)
     mat = get_matrix(adata, layer=layer)
@@ -426,7 +426,7 @@ def aggregate_metacells(
     # ---- one engine call: the sums, where the matrix lives (chunk by chunk when lazy) --------------------------------
     sums = summed(agg, mat)
 
-    # ---- write: a new AnnData ------------------------------------------------------------------------------------
+    # ---- write: a new AnnData ----------------------------------------------------------------------------------------
     size = np.asarray(agg.sum(axis=1)).ravel()
     obs = pd.DataFrame({"size": size if soft else size.astype(np.int64)}, index=pd.Index(names, name=None))
     if "group" in table and (table["group"] != "").any():
@@ -510,7 +510,7 @@ def metacell_quality(
     ``separation`` (higher is better), and ``<celltype_key>``, ``<celltype_key>_purity``. Otherwise ``None`` (or
     the modified copy with ``copy=True``), having written the table to ``adata.uns[key_added]``.
     """
-    # ---- validate --------------------------------------------------------------------------------------------------
+    # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
     use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
     x = _embedding(adata, use_rep)
@@ -533,7 +533,7 @@ def metacell_quality(
         )
         raise ValueError(msg)
 
-    # ---- plan: the device, each cell's metacell and the metacells' order ----------------------------------------------
+    # ---- plan: the device, each cell's metacell and the metacells' order ---------------------------------------------
     backend = get_backend(device, x)
     labels = np.asarray(adata.obs[key].astype(str))
     order = [str(c) for c in adata.obs[key].cat.categories]
