@@ -166,7 +166,7 @@ def test_settings_client_default_and_errors(clients, same):
 
 def _fail_on_group(group_size: int):
     """Inside a worker: make every metacell fit of ``group_size`` cells raise (stands for a bug or a bad group)."""
-    import gpuc.tl._metacells as tlm
+    import gpuc.metacells._groups as tlm
 
     real = tlm.run_metacells
 
@@ -181,7 +181,7 @@ def _fail_on_group(group_size: int):
 
 
 def _restore():
-    import gpuc.tl._metacells as tlm
+    import gpuc.metacells._groups as tlm
 
     tlm.run_metacells = getattr(tlm, "_real_run_metacells", tlm.run_metacells)
 

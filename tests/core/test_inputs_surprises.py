@@ -152,11 +152,11 @@ def _interrupt_as_a_kernel_does(*args, **kwargs):
     ("target", "make", "call"),
     [
         ("gpuc.tl._deseq.map_units", _bulk, lambda a: gpuc.tl.deseq(a, "~c", device="cpu")),
-        ("gpuc.tl._metacells.map_units", _cells, lambda a: gpuc.tl.metacells(a, **_MC)),
+        ("gpuc.metacells._groups.map_units", _cells, lambda a: gpuc.tl.metacells(a, **_MC)),
         ("gpuc.tl._nmf.run_k", None, lambda a: gpuc.tl.consensus_nmf(a, 3, **_NMF)),
         ("gpuc.tl._nmf.run_ks", None, lambda a: gpuc.tl.nmf_k_sweep(a, [2, 3], **_NMF)),
         ("gpuc.tl._nmf.consensus_of_pool", "nmf", lambda a: gpuc.tl.nmf_refine(a, 2.0)),
-        ("gpuc.tl._metacells.diffusion_space", "mc", lambda a: gpuc.tl.metacell_quality(a, device="cpu")),
+        ("gpuc.metacells._quality.diffusion_space", "mc", lambda a: gpuc.tl.metacell_quality(a, device="cpu")),
         ("gpuc.deseq._vst.variance_stabilize", _bulk, lambda a: gpuc.tl.vst(a, device="cpu")),
     ],
 )
