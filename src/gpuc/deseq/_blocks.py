@@ -59,7 +59,7 @@ MIN_DISP = 1e-8
 
 def default_block_genes(n_samples: int, block_bytes: float = BLOCK_BYTES) -> int:
     """Genes per block so that a block's working memory is about ``block_bytes``: ~14 float64 genes x samples arrays
-    and ~100 float64 values per gene (the estimate of :func:`gpuc.tl._deseq.deseq_peak_bytes`).
+    and ~100 float64 values per gene (the estimate of :func:`gpuc.deseq._run.deseq_peak_bytes`).
     """
     return max(1, int(block_bytes // ((14.0 * n_samples + 100.0) * 8.0)))
 

@@ -203,9 +203,31 @@ def solved_at_once(backend: Backend, n_samples: int, n_jobs: int | None) -> int 
     return resolve_n_jobs(n_jobs) * max(128, BLOCK_ENTRIES // max(n_samples, 1))
 
 
+def blocked_peak_bytes(
+    n_samples: int, n_genes: int, n_coefs: int = 2, *, block_genes: int, solved: int | None = None
+) -> float:
+    """Estimated peak memory of one design fitted as gene blocks (:func:`gpuc.deseq._blocks.run_analysis_blocked`),
+    on a machine that both holds the whole fit and runs a block (in process, or a local cluster's worker beside it).
+
+    The whole fit: the genes x samples counts, the size factors' log-ratios and the gathered mu and Cook's distances
+    (4 float64 genes x samples arrays), per gene the coefficient covariances and their log2 copy (2 p x p arrays) and
+    ~100 values; one block: :func:`deseq_peak_bytes` of ``block_genes`` genes (``solved`` of them solved at once).
+
+    Checked against tracemalloc peaks of the in-process blocked fit (tests/deseq/test_deseq_run.py): the peak lies
+    between 0.35 and 1.1 times this estimate for 2 to 41 design columns, one or several blocks (the estimate without
+    the covariances was exceeded by a third at 41 columns in 4 blocks).
+    """
+    whole = 8.0 * n_genes * (4.0 * n_samples + 2.0 * n_coefs * n_coefs + 100.0)
+    return whole + deseq_peak_bytes(n_samples, min(block_genes, n_genes), n_coefs, block_genes=solved)
+
+
 def vst_peak_bytes(n_samples: int, n_genes: int) -> float:
     """Estimated peak memory of :func:`gpuc.tl.vst`: the dense float64 counts, their transpose, the genewise
-    dispersion fit's work arrays and the output (about 8 genes x samples arrays), plus per-gene values.
+    dispersion fit's work arrays and the output (about 8 genes x samples arrays), plus per-gene values. The design
+    does not enter: a blind fit is intercept-only, and ``blind=False`` uses a stored trend.
+
+    Checked against tracemalloc peaks of the CPU transformation (tests/deseq/test_deseq_run.py): the peak lies
+    between 0.35 and 1.1 times this estimate (about 0.5-0.75), blind or not.
     """
     return (8.0 * n_samples + 50.0) * 8.0 * n_genes
 
@@ -216,15 +238,14 @@ def check_deseq_memory(
     """Refuse, before any fit, a plan whose estimated peak exceeds the device's free memory
     (:class:`~gpuc.InsufficientMemoryError`, saying how to reduce it). The estimate counts the design's width: per
     gene p x p covariances and IRLS systems next to the samples-wide arrays. With gene blocks on a cluster
-    (``blocked``) this process keeps the counts, the per-sample-and-gene outputs (mu, Cook's distances) and the size
-    factors' log-ratios (about four genes x samples float64 arrays) next to one block's fit.
+    (``blocked``) this process keeps the whole fit's arrays next to one block's fit (:func:`blocked_peak_bytes`).
     """
     width = plan.width
     n_fit = max(int(u.mask.sum()) for u in plan.units)
     at_once = solved_at_once(backend, n_fit, n_jobs)
     if blocked:
         block = default_block_genes(n_samples)
-        need = 4.0 * 8.0 * n_samples * n_genes + deseq_peak_bytes(n_samples, block, width, block_genes=at_once)
+        need = blocked_peak_bytes(n_samples, n_genes, width, block_genes=block, solved=at_once)
     else:
         need = deseq_peak_bytes(n_fit, n_genes, width, block_genes=at_once)
     check_memory(
