@@ -232,14 +232,21 @@ def vst_peak_bytes(n_samples: int, n_genes: int) -> float:
     return (8.0 * n_samples + 50.0) * 8.0 * n_genes
 
 
+def runs_as_gene_blocks(plan: DeseqPlan, client: Any) -> bool:
+    """Whether :func:`run_deseq_plan` fits ``plan`` as gene blocks: one design (no groups) on a Dask cluster."""
+    return client is not None and not plan.grouped
+
+
 def check_deseq_memory(
-    backend: Backend, plan: DeseqPlan, n_samples: int, n_genes: int, *, blocked: bool, n_jobs: int | None
+    backend: Backend, plan: DeseqPlan, n_samples: int, n_genes: int, *, client: Any, n_jobs: int | None
 ) -> None:
     """Refuse, before any fit, a plan whose estimated peak exceeds the device's free memory
     (:class:`~gpuc.InsufficientMemoryError`, saying how to reduce it). The estimate counts the design's width: per
     gene p x p covariances and IRLS systems next to the samples-wide arrays. With gene blocks on a cluster
-    (``blocked``) this process keeps the whole fit's arrays next to one block's fit (:func:`blocked_peak_bytes`).
+    (:func:`runs_as_gene_blocks`) this process keeps the whole fit's arrays next to one block's fit
+    (:func:`blocked_peak_bytes`).
     """
+    blocked = runs_as_gene_blocks(plan, client)
     width = plan.width
     n_fit = max(int(u.mask.sum()) for u in plan.units)
     at_once = solved_at_once(backend, n_fit, n_jobs)
@@ -300,7 +307,7 @@ def run_deseq_plan(
     converge are reported as warnings, each group named.
     """
     options = {"gene_names": gene_names, **plan.options}
-    if client is not None and not plan.grouped:
+    if runs_as_gene_blocks(plan, client):
         fit = run_analysis_blocked(
             backend, counts, plan.units[0].plan, client=client, size_factors=plan.size_factors, **options, n_jobs=n_jobs
         )

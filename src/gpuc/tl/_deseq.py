@@ -209,6 +209,7 @@ def deseq(
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
+    # the call's arguments, in signature order, as uns[key]["params"] will store them once checked
     call = {k: v for k, v in locals().items() if k not in ("adata", "client", "key_added", "copy")}
     check_adata(adata)
     check_key_added(key_added)
@@ -232,8 +233,7 @@ def deseq(
         adata.obs, counts, params["design"], contrast, reduced=params["reduced"], group_of=group_of,
         groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
     )  # fmt: skip
-    blocked = dask_client is not None and groupby is None  # one design on a cluster: gene blocks as tasks
-    check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, blocked=blocked, n_jobs=n_jobs)
+    check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, client=dask_client, n_jobs=n_jobs)
 
     # ---- one engine call
     start = logg.info(
