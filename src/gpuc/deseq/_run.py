@@ -19,7 +19,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from gpuc._backend import Backend, backend_of, is_sparse, to_host
-from gpuc._dask import is_dask_array
+from gpuc._dask import is_dask_array, map_units
 from gpuc._errors import ConvergenceWarning, GpucWarning
 from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks
 from gpuc._validate import check_memory
@@ -296,12 +296,12 @@ def run_deseq_plan(
     gene_names: pd.Index,
     client: Any,
     n_jobs: int | None,
-    run_units: Callable[..., list],
+    run_units: Callable[..., list] = map_units,
 ) -> list[GroupResult]:
     """Fit and test every unit of ``plan`` on samples x genes ``counts``.
 
-    The groups are independent units run by ``run_units`` (:func:`gpuc._dask.map_units`: here one after the other,
-    or as Dask tasks on ``client``). One design on a cluster runs as gene blocks
+    The groups are independent units run by ``run_units`` (:func:`gpuc._dask.map_units`, which the adapter passes
+    as its own reference: here one after the other, or as Dask tasks on ``client``). One design on a cluster runs as gene blocks
     (:func:`gpuc.deseq._blocks.run_analysis_blocked`: the per-gene steps as tasks, the global steps here). Afterwards
     R's notes of each fit (fallbacks, simulated prior variance), the skipped groups and the genes whose GLM did not
     converge are reported as warnings, each group named.
