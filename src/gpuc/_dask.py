@@ -242,6 +242,7 @@ def map_units(
     n_jobs: int | None = None,
     what: str = "gpuc",
     replay_warnings: bool = True,
+    stacklevel: int = 2,
     costs: Sequence[float] | None = None,
     scatter_args: bool = False,
 ) -> list[Any]:
@@ -266,6 +267,9 @@ def map_units(
         The tool, for error messages.
     replay_warnings
         Re-emit each unit's warnings here (in the order of the units), prefixed by its label.
+    stacklevel
+        Where the replayed warnings point, counted from the caller of :func:`map_units` as :func:`warnings.warn`
+        counts (2: the caller's caller, e.g. the user's call of a tool that calls :func:`map_units` itself).
     costs
         Estimated relative cost of each unit: on a cluster the costliest start first (Dask task priorities), so a
         long unit does not end up alone at the tail. The order of the results is not affected.
@@ -301,5 +305,5 @@ def map_units(
     if replay_warnings:
         for (label, _), res in zip(units, out, strict=True):
             for category, message in res.warnings:
-                warnings.warn(f"{label}: {message}" if label else message, category, stacklevel=3)
+                warnings.warn(f"{label}: {message}" if label else message, category, stacklevel=stacklevel + 1)
     return [r.value for r in out]

@@ -326,7 +326,9 @@ def run_deseq_plan(
             )
             for u in plan.units
         ]
-        fitted = run_units(fit_unit, units, client=client, shared={"options": options}, n_jobs=n_jobs, what="deseq")
+        fitted = run_units(
+            fit_unit, units, client=client, shared={"options": options}, n_jobs=n_jobs, what="deseq", stacklevel=3
+        )
     out = [GroupResult(u.group, u.mask, res) for u, res in zip(plan.units, fitted, strict=True)]
     for r in out:
         for m in r.analysis.fit.messages:
