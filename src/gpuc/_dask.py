@@ -174,21 +174,30 @@ def _run_on_cluster(
     n_jobs: int | None,
     what: str,
     costs: Sequence[float] | None,
+    scatter_args: bool = False,
 ) -> list[UnitResult]:
-    """The units as Dask tasks, their shared data scattered to every worker; units lost with a worker are
-    resubmitted from this process (data scattered again), the others' results kept.
+    """The units as Dask tasks, their shared data scattered to every worker (and with ``scatter_args`` each unit's
+    arguments to one worker); units lost with a worker are resubmitted from this process (data scattered again), the
+    others' results kept.
     """
     priority = [0.0] * len(units) if costs is None else [float(c) for c in costs]
     results: list[UnitResult | None] = [None] * len(units)
     for attempt in range(MAX_RESUBMITS + 1):
         pending = [i for i, r in enumerate(results) if r is None]
         futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
+        # a unit's own data as one scattered object (the task resolves it to its argument tuple), scattered afresh on
+        # every attempt from this process's copy: the copy on a dead worker is gone with it
+        args = (
+            dict(zip(pending, client.scatter([units[i][1] for i in pending], hash=False), strict=True))
+            if scatter_args and pending
+            else {i: units[i][1] for i in pending}
+        )
         token = uuid.uuid4().hex[:8]  # keys name the unit in the dashboard; the token keeps two calls apart
         futures = {
             i: client.submit(
                 _run_unit,
                 fn,
-                units[i][1],
+                args[i],
                 futures_shared,
                 n_jobs,
                 pure=False,
@@ -210,7 +219,8 @@ def _run_on_cluster(
                     msg = f"{what} failed on {label or 'its only unit'}: {type(err).__name__}: {err}"
                     raise DaskTaskError(msg) from err
         finally:
-            client.cancel(list(futures.values()) + list(futures_shared.values()))
+            scattered = list(args.values()) if scatter_args else []
+            client.cancel(list(futures.values()) + list(futures_shared.values()) + scattered)
         if not lost:
             break
         names = ", ".join(units[i][0] or "its only unit" for i in lost)
@@ -232,7 +242,9 @@ def map_units(
     n_jobs: int | None = None,
     what: str = "gpuc",
     replay_warnings: bool = True,
+    stacklevel: int = 2,
     costs: Sequence[float] | None = None,
+    scatter_args: bool = False,
 ) -> list[Any]:
     """``[fn(*args, **shared, n_jobs=...) for (label, args) in units]``, as Dask tasks when ``client`` is a client.
 
@@ -255,9 +267,16 @@ def map_units(
         The tool, for error messages.
     replay_warnings
         Re-emit each unit's warnings here (in the order of the units), prefixed by its label.
+    stacklevel
+        Where the replayed warnings point, counted from the caller of :func:`map_units` as :func:`warnings.warn`
+        counts (2: the caller's caller, e.g. the user's call of a tool that calls :func:`map_units` itself).
     costs
         Estimated relative cost of each unit: on a cluster the costliest start first (Dask task priorities), so a
         long unit does not end up alone at the tail. The order of the results is not affected.
+    scatter_args
+        On a cluster, scatter each unit's arguments to a worker before its task is submitted (large per-unit data,
+        e.g. a block of counts, travel once to one worker instead of through the scheduler inside the task), and
+        scatter them again from this process when the unit is resubmitted after its worker died.
 
     Returns
     -------
@@ -282,9 +301,9 @@ def map_units(
                     err.add_note(f"{what} failed on {label}.")
                 raise
     else:
-        out = _run_on_cluster(fn, units, client, shared, n_jobs, what, costs)
+        out = _run_on_cluster(fn, units, client, shared, n_jobs, what, costs, scatter_args)
     if replay_warnings:
         for (label, _), res in zip(units, out, strict=True):
             for category, message in res.warnings:
-                warnings.warn(f"{label}: {message}" if label else message, category, stacklevel=3)
+                warnings.warn(f"{label}: {message}" if label else message, category, stacklevel=stacklevel + 1)
     return [r.value for r in out]

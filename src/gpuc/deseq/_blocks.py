@@ -20,7 +20,8 @@ pooled steps on the client and everything else on blocks of genes (:func:`gpuc._
 Each unit calls the same functions as :func:`gpuc.deseq._pipeline.run_deseq` on its genes, and every per-gene
 result depends only on the gene's counts and the global values, so the result is the same as one in-process fit.
 Step 4 recomputes the dispersion mu of step 2 (deterministic, cheaper than shipping a genes x samples matrix back and
-forth); on a cluster the counts of each block are scattered once and used by both of its units.
+forth). On a cluster each unit's block of counts is scattered with it by :func:`gpuc._dask.map_units`, and scattered
+again from here when its worker dies, so a killed worker costs a rerun of its units, not the call.
 """
 
 from __future__ import annotations
@@ -35,12 +36,11 @@ from gpuc._backend import Backend, is_sparse, to_host
 from gpuc._dask import map_units, resolve_client
 from gpuc._utils import threaded
 from gpuc.deseq._analysis import Analysis, AnalysisPlan, tabulate
-from gpuc.deseq._cooks import cooks_cutoff
 from gpuc.deseq._dispersion import DispersionFunction
 from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
-    DeseqFit,
     _fit_dispersions,
+    assemble_fit,
     check_design,
     check_reduced,
     compute_size_factors,
@@ -59,7 +59,7 @@ MIN_DISP = 1e-8
 
 def default_block_genes(n_samples: int, block_bytes: float = BLOCK_BYTES) -> int:
     """Genes per block so that a block's working memory is about ``block_bytes``: ~14 float64 genes x samples arrays
-    and ~100 float64 values per gene (the estimate of :func:`gpuc.tl._deseq.deseq_peak_bytes`).
+    and ~100 float64 values per gene (the estimate of :func:`gpuc.deseq._run.deseq_peak_bytes`).
     """
     return max(1, int(block_bytes // ((14.0 * n_samples + 100.0) * 8.0)))
 
@@ -334,70 +334,48 @@ def run_analysis_blocked(
     else:
         sf, sf_type = np.asarray(size_factors, dtype=np.float64), "given"
 
-    data: list[Any] = [y_all[lo:hi] for lo, hi in spans]
-    if dask_client is not None:  # each block's counts travel once, for both of its units
-        data = dask_client.scatter(data, hash=False)
+    # on a cluster map_units scatters each block's counts to a worker with its unit (again from here if that worker
+    # dies); the design and size factors go to every worker once
+    data = [y_all[lo:hi] for lo, hi in spans]
     shared = {"backend": bk, "size_factors": sf, "design": x}
-    try:
-        # ---- 2. genewise dispersions (units)
-        gws = map_units(
-            genewise_block,
-            [(lab, (d, lo)) for lab, d, (lo, _) in zip(labels, data, spans, strict=True)],
-            client=dask_client,
-            shared=shared,
-            n_jobs=n_jobs,
-            what="deseq",
-        )
+    run = {"client": dask_client, "n_jobs": n_jobs, "what": "deseq", "scatter_args": True}
 
-        # ---- 3. trend and prior (here), on the genes with a count in gene order
-        trend, fitted, var_log_disp, prior_var, pv_method = dispersion_prior(
-            np.concatenate([g["base_mean"] for g in gws]),
-            np.concatenate([g["gw"] for g in gws]),
-            n,
-            p,
-            fit_type=fit_type,
-            min_disp=MIN_DISP,
-            messages=messages,
-            random_state=random_state,
-        )
-        edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
+    # ---- 2. genewise dispersions (units)
+    units = [(lab, (d, lo)) for lab, d, (lo, _) in zip(labels, data, spans, strict=True)]
+    gws = map_units(genewise_block, units, shared=shared, **run)
 
-        # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
-        globals_ = BlockGlobals(trend, prior_var, var_log_disp, refit_cooks, min_replicates, max_iter, reduced)
-        genewise = [{k: g[k] for k in ("gw", "gw_conv", "state")} for g in gws]
-        parts = map_units(
-            fit_block,
-            [
-                (lab, (d, lo, gw, fitted[edges[i] : edges[i + 1]]))
-                for i, (lab, d, (lo, _), gw) in enumerate(zip(labels, data, spans, genewise, strict=True))
-            ],
-            client=dask_client,
-            shared={**shared, "globals_": globals_},
-            n_jobs=n_jobs,
-            what="deseq",
-        )
-    finally:
-        if dask_client is not None:
-            dask_client.cancel(data)
+    # ---- 3. trend and prior (here), on the genes with a count in gene order
+    prior = dispersion_prior(
+        np.concatenate([g["base_mean"] for g in gws]),
+        np.concatenate([g["gw"] for g in gws]),
+        n,
+        p,
+        fit_type=fit_type,
+        min_disp=MIN_DISP,
+        messages=messages,
+        random_state=random_state,
+    )
+    edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
 
-    cat = lambda key: np.concatenate([q[key] for q in parts])  # noqa: E731
-    fit = DeseqFit(
+    # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
+    globals_ = BlockGlobals(
+        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced
+    )
+    units = [
+        (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]]))
+        for i, (lab, d, (lo, _), g) in enumerate(zip(labels, data, spans, gws, strict=True))
+    ]
+    parts = map_units(fit_block, units, shared={**shared, "globals_": globals_}, **run)
+    cat = lambda key: None if parts[0][key] is None else np.concatenate([q[key] for q in parts])  # noqa: E731
+    fields = {k: cat(k) for k in ("beta", "cov", "mu", "cooks", "lrt_stat", "lrt_pvalue")}
+    fields["genes"] = {k: np.concatenate([q["genes"][k] for q in parts]) for k in parts[0]["genes"]}
+    fit = assemble_fit(
+        fields,
         size_factors=sf,
-        genes={k: np.concatenate([q["genes"][k] for q in parts]) for k in parts[0]["genes"]},
-        beta=cat("beta"),
-        cov=cat("cov"),
-        mu=cat("mu"),
-        cooks=cat("cooks"),
         counts=y_all,
         design=x,
-        trend=trend,
-        var_log_disp=var_log_disp,
-        prior_var=prior_var,
-        prior_var_method=pv_method,
-        cooks_cutoff=cooks_cutoff(n, p),
+        prior=prior,
         size_factor_type=sf_type,
-        lrt_stat=None if reduced is None else cat("lrt_stat"),
-        lrt_pvalue=None if reduced is None else cat("lrt_pvalue"),
         lrt_df=lrt_df,
         messages=messages,
     )

@@ -380,17 +380,20 @@ def _fit_log_alpha(
     def pm(i: Any) -> Any:
         return None if pm_all is None else pm_all[i]
 
-    args = (la, y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state)
+    problem = NewtonProblem(
+        y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, lo=lo, hi=hi, maxit=maxit, tol=tol,
+        r_flat_start=r_flat_start, init_state=init_state,
+    )  # fmt: skip
     from gpuc.deseq._kernels import gpu_kernels, newton_kernel
 
     kern = None if bk.is_gpu else newton_kernel()
     gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
     if kern is not None:
-        la, f, g, h, iters, conv, r_state = _newton_compiled(kern, *args)
+        la, f, g, h, iters, conv, r_state = _newton_compiled(kern, la, problem)
     elif gk is not None:
-        la, f, g, h, iters, conv, r_state = _newton_gpu(bk, gk, *args)
+        la, f, g, h, iters, conv, r_state = _newton_gpu(bk, gk, la, problem)
     else:
-        la, f, g, h, iters, conv, r_state = _newton(bk, *args)
+        la, f, g, h, iters, conv, r_state = _newton(bk, la, problem)
     state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
@@ -417,24 +420,59 @@ def _fit_log_alpha(
     return DispFit(alpha, iters, conv, state)
 
 
-def _newton_compiled(
-    kern: Any,
-    la: np.ndarray,
-    y: Any,
-    mu: Any,
-    xx: Any,
-    p: int,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    lo: float,
-    hi: float,
-    maxit: int,
-    tol: float,
-    r_flat_start: bool,
-    init_state: tuple | None,
-) -> tuple:
+@dataclass(frozen=True)
+class NewtonProblem:
+    """The log-alpha problem of every gene that the three Newton solvers (:func:`_newton_compiled` on the CPU,
+    :func:`_newton_gpu`, the array code :func:`_newton`) take besides the starting iterate; each solver unpacks it in
+    one place (:meth:`fields`) and passes the scalars on to its kernel.
+
+    Attributes
+    ----------
+    y, mu
+        Genes x samples counts and (floored) means of the negative-binomial likelihood.
+    xx
+        Outer products of the design rows (:func:`gpuc.deseq._glm.outer_rows`), for the Cox-Reid term.
+    p
+        Design columns.
+    cr
+        Add the Cox-Reid adjustment (``-0.5 log det(X' W X)``).
+    prior_mean, prior_var
+        Per-gene mean and the variance of the log-normal prior on alpha (MAP fit); ``None`` for the genewise MLE.
+    lo, hi
+        Bounds of log alpha.
+    maxit, tol
+        Newton iterations at most, and the relative change of the log posterior at which a gene has converged.
+    r_flat_start
+        Also return R's first line-search step quantities (genewise fit, see :func:`_fit_log_alpha`).
+    init_state
+        ``(log alpha, f, g, h)`` of an earlier fit to warm-start from (MAP after genewise), or ``None``.
+    """
+
+    y: Any
+    mu: Any
+    xx: Any
+    p: int
+    cr: bool = True
+    prior_mean: Any = None
+    prior_var: float | None = None
+    lo: float = -math.inf
+    hi: float = math.inf
+    maxit: int = 100
+    tol: float = 1e-8
+    r_flat_start: bool = False
+    init_state: tuple | None = None
+
+    def fields(self) -> tuple:
+        """Every field, in the order of the kernels' arguments after the iterate."""
+        return (
+            self.y, self.mu, self.xx, self.p, self.cr, self.prior_mean, self.prior_var, self.lo, self.hi, self.maxit,
+            self.tol, self.r_flat_start, self.init_state,
+        )  # fmt: skip
+
+
+def _newton_compiled(kern: Any, la: np.ndarray, problem: NewtonProblem) -> tuple:
     """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_cpu.newton_log_alpha``)."""
+    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
     G = y.shape[0]
     c = np.ascontiguousarray
     has_prior = prior_mean is not None
@@ -467,27 +505,11 @@ def _newton_compiled(
     return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
 
 
-def _newton_gpu(
-    bk: Backend,
-    gk: Any,
-    la: Any,
-    y: Any,
-    mu: Any,
-    xx: Any,
-    p: int,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    lo: float,
-    hi: float,
-    maxit: int,
-    tol: float,
-    r_flat_start: bool,
-    init_state: tuple | None,
-) -> tuple:
+def _newton_gpu(bk: Backend, gk: Any, la: Any, problem: NewtonProblem) -> tuple:
     """:func:`_newton` on the GPU as one kernel launch, one thread per gene (``_kernels_gpu.newton_log_alpha``, the
     CPU kernel's loop); returns what :func:`_newton` returns, on the device.
     """
+    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
     xp = bk.xp
     G = y.shape[0]
     f64 = xp.float64
@@ -523,28 +545,13 @@ def _newton_gpu(
     return out[0], out[1], out[2], out[3], out[4].astype(xp.int64), out[5] > 0, r_state
 
 
-def _newton(
-    bk: Backend,
-    la: Any,
-    y: Any,
-    mu: Any,
-    xx: Any,
-    p: int,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    lo: float,
-    hi: float,
-    maxit: int,
-    tol: float,
-    r_flat_start: bool,
-    init_state: tuple | None,
-) -> tuple:
+def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
     """The safeguarded Newton iterations of :func:`_fit_log_alpha` for all genes at once (array code, any device).
 
     Returns the iterate, its log posterior, gradient and Hessian, the iterations, convergence, and R's first-step
     quantities ``(start, f0, target, f1, stuck)`` with ``r_flat_start`` (else None).
     """
+    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
     xp = bk.xp
     G = y.shape[0]
     pm_all = prior_mean

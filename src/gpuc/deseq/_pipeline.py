@@ -54,6 +54,20 @@ class DeseqFit:
     messages: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class DispersionPrior:
+    """The global dispersion steps of :func:`dispersion_prior`: the trend, its values at the genes' means (genes with a
+    count, in gene order), the variance of log dispersions around it, and the prior variance with its method
+    (``"moments"`` or ``"simulation"``).
+    """
+
+    trend: DispersionFunction
+    fitted: np.ndarray
+    var_log_disp: float
+    prior_var: float
+    method: str
+
+
 POSCOUNTS_NOTE = "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
 
 
@@ -205,7 +219,7 @@ def run_deseq(
     gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
         bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
     )
-    trend, fitted_h, var_log_disp, prior_var, pv_method = dispersion_prior(
+    prior = dispersion_prior(
         np.asarray(bk.to_host(base_mean)),
         np.asarray(bk.to_host(gw)),
         n,
@@ -229,10 +243,10 @@ def run_deseq(
         gw_conv=gw_conv,
         mu_disp=mu_disp,
         gw_state=gw_state,
-        fitted=bk.asarray(fitted_h),
-        trend=trend,
-        prior_var=prior_var,
-        var_log_disp=var_log_disp,
+        fitted=bk.asarray(prior.fitted),
+        trend=prior.trend,
+        prior_var=prior.prior_var,
+        var_log_disp=prior.var_log_disp,
         refit_cooks=refit_cooks,
         min_replicates=min_replicates,
         min_mu=min_mu,
@@ -241,24 +255,53 @@ def run_deseq(
         reduced=reduced,
         max_iter=max_iter,
     )
-    out = gene_fields(bk, parts, nonzero, G)
-    return DeseqFit(
+    return assemble_fit(
+        gene_fields(bk, parts, nonzero, G),
         size_factors=np.asarray(bk.to_host(sf)),
-        genes=out["genes"],
-        beta=out["beta"],
-        cov=out["cov"],
-        mu=out["mu"],
-        cooks=out["cooks"],
         counts=np.asarray(bk.to_host(y_all)),
         design=x,
-        trend=trend,
-        var_log_disp=var_log_disp,
-        prior_var=prior_var,
-        prior_var_method=pv_method,
-        cooks_cutoff=cooks_cutoff(n, p),
+        prior=prior,
         size_factor_type=sf_type,
-        lrt_stat=out["lrt_stat"],
-        lrt_pvalue=out["lrt_pvalue"],
+        lrt_df=lrt_df,
+        messages=messages,
+    )
+
+
+def assemble_fit(
+    fields: dict[str, Any],
+    *,
+    size_factors: np.ndarray,
+    counts: np.ndarray,
+    design: np.ndarray,
+    prior: DispersionPrior,
+    size_factor_type: str,
+    lrt_df: int | None,
+    messages: list[str],
+) -> DeseqFit:
+    """The :class:`DeseqFit` of a finished fit (the one place it is built, in process and from gene blocks).
+
+    ``fields`` are the host arrays over all genes of :func:`gene_fields` (``genes``, ``beta``, ``cov``, ``mu``,
+    ``cooks``, ``lrt_stat``, ``lrt_pvalue``); ``counts`` are the genes x samples counts fitted, ``prior`` the global
+    dispersion steps (:func:`dispersion_prior`).
+    """
+    n, p = design.shape
+    return DeseqFit(
+        size_factors=size_factors,
+        genes=fields["genes"],
+        beta=fields["beta"],
+        cov=fields["cov"],
+        mu=fields["mu"],
+        cooks=fields["cooks"],
+        counts=counts,
+        design=design,
+        trend=prior.trend,
+        var_log_disp=prior.var_log_disp,
+        prior_var=prior.prior_var,
+        prior_var_method=prior.method,
+        cooks_cutoff=cooks_cutoff(n, p),
+        size_factor_type=size_factor_type,
+        lrt_stat=fields["lrt_stat"],
+        lrt_pvalue=fields["lrt_pvalue"],
         lrt_df=lrt_df,
         messages=messages,
     )
@@ -296,7 +339,7 @@ def dispersion_prior(
     min_disp: float,
     messages: list[str],
     random_state: int = 2,
-) -> tuple[DispersionFunction, np.ndarray, float, float, str]:
+) -> DispersionPrior:
     """The global dispersion steps, on host vectors over the genes with a count (in gene order): the trend, its
     values at ``means``, the variance of log dispersions around it and the prior variance (with its method;
     ``random_state`` seeds its simulation, used with 3 or fewer residual degrees of freedom).
@@ -313,7 +356,7 @@ def dispersion_prior(
         messages.append(
             f"residual degrees of freedom n - p = {n - p} <= 3: the dispersion prior variance was matched by simulation (as R), giving {prior_var:.3g}."
         )
-    return trend, fitted, var_log_disp, prior_var, pv_method
+    return DispersionPrior(trend, fitted, var_log_disp, prior_var, pv_method)
 
 
 def fit_genes(

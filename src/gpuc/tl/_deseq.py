@@ -7,15 +7,15 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Device, backend_of, get_backend, is_sparse, to_host
+from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
-from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
-from gpuc._lazy import CountFlags, count_checks, grouped_sum_and_count_checks, load
+from gpuc._docs import doc_params
+from gpuc._errors import GpucWarning, interruptible
+from gpuc._lazy import load
 from gpuc._validate import (
     SeedLike,
     align_to_obs,
@@ -32,41 +32,27 @@ from gpuc._validate import (
     group_labels,
     resolve_random_state,
 )
-from gpuc.deseq._analysis import Analysis, contrast_names, plan_analysis, run_analysis, split_contrasts
-from gpuc.deseq._blocks import default_block_genes, run_analysis_blocked
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# validation helpers
-# --------------------------------------------------------------------------------------------------------------------
-def _check_counts(x: Any, what: str) -> None:
-    """Raise unless ``x`` holds finite, non-negative whole numbers and every sample has a positive total."""
-    data = x.data if is_sparse(x) else x
-    xp = backend_of(data).xp
-    data = xp.asarray(data)
-    if data.dtype.kind not in "iufb":
-        msg = f"{what} must be numeric counts, got dtype {data.dtype}."
-        raise TypeError(msg)
-    if data.dtype.kind == "f":
-        if not bool(xp.isfinite(data).all()):
-            msg = f"{what} contains NaN or infinite values; DESeq2 needs raw integer counts."
-            raise ValueError(msg)
-        if bool((data != xp.round(data)).any()):
-            msg = f"{what} contains non-integer values; DESeq2 needs raw integer counts (not normalised or log values). Pass layer= naming the raw counts."
-            raise ValueError(msg)
-    if bool((data < 0).any()):
-        msg = f"{what} contains negative values; DESeq2 needs raw non-negative counts."
-        raise ValueError(msg)
-    totals = np.asarray(to_host(x.sum(axis=1))).ravel()
-    if (totals == 0).any():
-        idx = np.nonzero(totals == 0)[0][:10].tolist()
-        msg = f"{what}: {int((totals == 0).sum())} sample(s) have zero total count (rows {idx}); remove them before running DESeq2."
-        raise ValueError(msg)
+from gpuc.deseq._analysis import Analysis, contrast_names, split_contrasts
+from gpuc.deseq._run import (
+    DeseqPlan,
+    GroupResult,
+    VstPlan,
+    check_counts,
+    check_deseq_memory,
+    check_raw_counts,
+    plan_deseq,
+    profile_sums,
+    run_deseq_plan,
+    run_vst,
+    vst_peak_bytes,
+)
+from gpuc.deseq._run import deseq_peak_bytes as deseq_peak_bytes  # the memory model, where tests look it up
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # deseq
 # --------------------------------------------------------------------------------------------------------------------
+@doc_params()
 def deseq(
     adata: AnnData,
     design: str | pd.DataFrame = "~condition",
@@ -164,11 +150,8 @@ def deseq(
         Seed of R's simulation of the dispersion prior variance, used only when the design leaves 3 or fewer residual
         degrees of freedom (samples minus coefficients); other fits draw no random numbers. The simulation is seeded
         with ``random_state + 2`` (2 is the seed R DESeq2 sets there), so the default 0 gives earlier gpuc results.
-    device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
-    n_jobs
-        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
+    {device}
+    {n_jobs}
     client
         Where the fits run: ``None`` follows :attr:`gpuc.settings.client` (default: in this process);
         ``"default"`` or a ``distributed.Client``: with ``groupby``, one Dask task per group (see
@@ -181,8 +164,7 @@ def deseq(
     key_added
         Prefix of every key written. Entries under these names that an earlier :func:`deseq` did not write (the
         data, another package's output) are never replaced: the call is refused.
-    copy
-        Work on a copy and return it.
+    {copy}
 
     Returns
     -------
@@ -227,48 +209,16 @@ def deseq(
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
     """
+    # the call's arguments, in signature order, as uns[key]["params"] will store them once checked
+    call = {k: v for k, v in locals().items() if k not in ("adata", "client", "key_added", "copy")}
     check_adata(adata)
     check_key_added(key_added)
-    check_choice("test", test, ("wald", "lrt"))
-    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
-    check_choice("lfc_shrink", lfc_shrink, (None, "normal", "apeglm"))
-    check_choice("alt_hypothesis", alt_hypothesis, ("greaterAbs", "lessAbs", "greater", "less"))
-    if isinstance(size_factors, str):
-        check_choice("size_factors", size_factors, ("ratio", "poscounts", "iterative"))
-    else:
-        size_factors = _given_size_factors(size_factors, adata)
-    for name, val in (
-        ("cooks_filter", cooks_filter),
-        ("independent_filter", independent_filter),
-        ("refit_cooks", refit_cooks),
-        ("copy", copy),
-    ):
-        check_bool(name, val)
+    check_bool("copy", copy)
     _keys.check_not_foreign(adata, _keys.deseq_outputs(key_added), key_added, "gpuc.tl.deseq", _keys.DESEQ_MARKER)
-    alpha = check_number("alpha", alpha, low=0, high=1, low_open=True, high_open=True)
-    lfc_threshold = check_number("lfc_threshold", lfc_threshold, low=0)
-    # a design (or reduced) DataFrame is matched to the samples by its index, never by row order
-    if isinstance(design, pd.DataFrame):
-        design = align_to_obs(design, adata, "design")
-    if isinstance(reduced, pd.DataFrame):
-        reduced = align_to_obs(reduced, adata, "reduced")
-    check_int("min_replicates", min_replicates, minimum=1)
-    random_state = resolve_random_state(random_state)
-    max_iter = check_int("max_iter", max_iter, minimum=1)
-    if test == "lrt" and reduced is None:
-        msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
-        raise ValueError(msg)
-    if test == "wald" and reduced is not None:
-        msg = "reduced= is only used with test='lrt'."
-        raise ValueError(msg)
-    if test == "lrt" and (lfc_threshold != 0 or alt_hypothesis != "greaterAbs"):
-        msg = "lfc_threshold and alt_hypothesis apply to the Wald test only."
-        raise ValueError(msg)
-    counts = get_matrix(adata, layer=layer)
+    params = _checked_params(adata, call)  # every option checked; labelled inputs aligned to obs_names
     where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
-    counts = load(counts, where)  # a lazily read (dask) matrix: DESeq2 needs every sample of a gene together
-    _check_counts(counts, where)
-    _hint_single_cells(counts, adata.n_obs)
+    counts = load(get_matrix(adata, layer=layer), where)  # a lazily read (dask) matrix: DESeq2 needs all samples
+    check_counts(counts, where)
     group_of = None
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
@@ -276,139 +226,94 @@ def deseq(
         group_of = group_labels(adata.obs[groupby], f"adata.obs[{groupby!r}]", what="sample(s)")
     backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     dask_client = resolve_client(client)
-    groups = [None] if group_of is None else [g for g in pd.unique(group_of) if g is not None]
-    planned: list[tuple[Any, np.ndarray, Any]] = []
-    skipped: dict[str, str] = {}
-    for g in groups:  # every group's design and counts are checked here, before any fit
-        mask = np.ones(adata.n_obs, dtype=bool) if g is None else (group_of == g)
-        try:
-            plan = plan_analysis(
-                adata.obs.loc[mask],
-                design if not isinstance(design, pd.DataFrame) else design.loc[mask],
-                contrast,
-                reduced=reduced if not isinstance(reduced, pd.DataFrame) else reduced.loc[mask],
-            )
-            if g is not None:
-                _check_counts(counts[np.flatnonzero(mask)], f"{where} (group {g!r})")
-        except ValueError as err:
-            if g is None:
-                raise
-            skipped[g] = str(err)
-            continue
-        planned.append((g, mask, plan))
-    # the estimate counts the design's width: per gene p x p covariances and IRLS systems next to the n-wide arrays
-    width = max((plan.design.matrix.shape[1] for _, _, plan in planned), default=1)
-    n_fit = max((int(mask.sum()) for _, mask, _ in planned), default=adata.n_obs)
-    if dask_client is not None and groupby is None:
-        # gene blocks on the workers; this process keeps the counts and the per-sample-and-gene outputs (mu, Cook's
-        # distances) and the size factors' log-ratios, about four genes x samples float64 arrays
-        need = 4.0 * 8.0 * adata.n_obs * adata.n_vars + deseq_peak_bytes(
-            adata.n_obs, default_block_genes(adata.n_obs), width, block_genes=_solved_at_once(backend, n_fit, n_jobs)
-        )
-    else:
-        need = deseq_peak_bytes(n_fit, adata.n_vars, width, block_genes=_solved_at_once(backend, n_fit, n_jobs))
-    check_memory(
-        backend,
-        need,
-        f"DESeq2 on {n_fit} samples x {adata.n_vars} genes",
-        f"The design has {width} columns (each gene keeps {width} x {width} covariances and IRLS systems). "
-        + (
-            "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group), or fit it as "
-            "gene blocks on a Dask cluster (client=..., see the 'Beyond one machine' docs)."
-            if dask_client is None and groupby is None
-            else "Drop genes with low counts first (e.g. keep genes with >= 10 counts in the smallest group)."
-        ),
-    )
-    options = {
-        "gene_names": adata.var_names, "fit_type": fit_type, "refit_cooks": refit_cooks,
-        "min_replicates": min_replicates, "max_iter": max_iter, "alpha": alpha, "cooks_filter": cooks_filter,
-        "independent_filter": independent_filter, "lfc_threshold": lfc_threshold, "alt_hypothesis": alt_hypothesis,
-        "lfc_shrink": lfc_shrink, "random_state": random_state + 2,
-    }  # fmt: skip
+
+    # ---- plan: every group's design, contrasts and counts checked, and the memory, before any fit
+    options = {k: params[k] for k in _FIT_OPTIONS} | {"random_state": params["random_state"] + 2}
+    plan = plan_deseq(
+        adata.obs, counts, params["design"], contrast, reduced=params["reduced"], group_of=group_of,
+        groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
+    )  # fmt: skip
+    check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, client=dask_client, n_jobs=n_jobs)
+
+    # ---- one engine call
     start = logg.info(
         f"DESeq2: {adata.n_obs} samples x {adata.n_vars} genes"
-        + ("" if groupby is None else f", {len(planned)} groups of {groupby!r}")
+        + ("" if groupby is None else f", {len(plan.units)} groups of {groupby!r}")
         + f" ({runs_on(backend, dask_client)})"
     )
-    units = [
-        (
-            "" if g is None else f"group {g!r}",
-            (
-                backend,
-                counts if g is None else counts[np.flatnonzero(mask)],
-                plan,
-                size_factors if isinstance(size_factors, str) else np.asarray(size_factors)[mask],
-            ),
-        )
-        for g, mask, plan in planned
-    ]
     with interruptible("deseq"):
-        if dask_client is not None and groupby is None:
-            # one design: the per-gene steps as gene-block tasks, the global steps here between them
-            fitted = [
-                run_analysis_blocked(
-                    backend,
-                    counts,
-                    planned[0][2],
-                    client=dask_client,
-                    size_factors=size_factors,
-                    **options,
-                    n_jobs=n_jobs,
-                )
-            ]
-        else:
-            # the groups are independent units: fitted here one after the other, or as Dask tasks on the client
-            fitted = map_units(
-                _fit_analysis, units, client=dask_client, shared={"options": options}, n_jobs=n_jobs, what="deseq"
-            )
-    analyses: list[tuple[Any, np.ndarray, Analysis]] = []
-    for (g, mask, _), res in zip(planned, fitted, strict=True):
-        for m in res.fit.messages:
-            warnings.warn(m if g is None else f"group {g!r}: {m}", GpucWarning, stacklevel=2)
-        analyses.append((g, mask, res))
+        fitted = run_deseq_plan(
+            backend, counts, plan, gene_names=adata.var_names, client=dask_client, n_jobs=n_jobs, run_units=map_units
+        )
     logg.info("    finished", time=start)
-
-    if groupby is not None:
-        if not analyses:
-            msg = f"no group of {groupby!r} could be tested: " + "; ".join(skipped.values())
-            raise ValueError(msg)
-        for g, why in skipped.items():
-            warnings.warn(f"group {g!r} skipped: {why}", GpucWarning, stacklevel=2)
-    _warn_not_converged(analyses, max_iter)
 
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
-    key = key_added
-    params = {
-        "design": design,
-        "contrast": _replayable_contrast(contrast, planned[0][2] if planned else None),
-        "layer": layer,
-        "size_factors": size_factors if isinstance(size_factors, str) else np.asarray(size_factors),
-        "fit_type": fit_type,
-        "test": test,
-        "reduced": reduced,
-        "alpha": float(alpha),
-        "cooks_filter": bool(cooks_filter),
-        "independent_filter": bool(independent_filter),
-        "refit_cooks": bool(refit_cooks),
-        "lfc_shrink": lfc_shrink,
-        "lfc_threshold": float(lfc_threshold),
-        "alt_hypothesis": alt_hypothesis,
-        "min_replicates": int(min_replicates),
-        "max_iter": int(max_iter),
-        "groupby": groupby,
-        "random_state": random_state,
-        "device": device,
-        "n_jobs": n_jobs,
-    }
+    params["contrast"] = _replayable_contrast(contrast, plan.first)
+    _write_deseq(adata, fitted, plan, params, key_added, backend.name)
+    return adata if copy else None
+
+
+# the options of every analysis, as the engine names them (gpuc.deseq._analysis.run_analysis)
+_FIT_OPTIONS = (
+    "fit_type", "refit_cooks", "min_replicates", "max_iter", "alpha", "cooks_filter", "independent_filter",
+    "lfc_threshold", "alt_hypothesis", "lfc_shrink",
+)  # fmt: skip
+
+
+def _checked_params(adata: AnnData, call: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a :func:`deseq` call, each checked, as ``uns[key]["params"]`` stores them (the contrast is
+    made replayable after planning): numbers as Python numbers, the seed resolved, a design or reduced DataFrame and
+    given size factors aligned to ``obs_names`` by label.
+    """
+    p = dict(call)
+    check_choice("test", p["test"], ("wald", "lrt"))
+    check_choice("fit_type", p["fit_type"], ("parametric", "local", "mean"))
+    check_choice("lfc_shrink", p["lfc_shrink"], (None, "normal", "apeglm"))
+    check_choice("alt_hypothesis", p["alt_hypothesis"], ("greaterAbs", "lessAbs", "greater", "less"))
+    if isinstance(p["size_factors"], str):
+        check_choice("size_factors", p["size_factors"], ("ratio", "poscounts", "iterative"))
+    else:
+        p["size_factors"] = _given_size_factors(p["size_factors"], adata)
+    for name in ("cooks_filter", "independent_filter", "refit_cooks"):
+        p[name] = check_bool(name, p[name])
+    p["alpha"] = check_number("alpha", p["alpha"], low=0, high=1, low_open=True, high_open=True)
+    p["lfc_threshold"] = check_number("lfc_threshold", p["lfc_threshold"], low=0)
+    # a design (or reduced) DataFrame is matched to the samples by its index, never by row order
+    for name in ("design", "reduced"):
+        if isinstance(p[name], pd.DataFrame):
+            p[name] = align_to_obs(p[name], adata, name)
+    p["min_replicates"] = check_int("min_replicates", p["min_replicates"], minimum=1)
+    p["random_state"] = resolve_random_state(p["random_state"])
+    p["max_iter"] = check_int("max_iter", p["max_iter"], minimum=1)
+    test, reduced = p["test"], p["reduced"]
+    if test == "lrt" and reduced is None:
+        msg = "test='lrt' needs reduced= (e.g. reduced='~1' or '~batch')."
+        raise ValueError(msg)
+    if test == "wald" and reduced is not None:
+        msg = "reduced= is only used with test='lrt'."
+        raise ValueError(msg)
+    if test == "lrt" and (p["lfc_threshold"] != 0 or p["alt_hypothesis"] != "greaterAbs"):
+        msg = "lfc_threshold and alt_hypothesis apply to the Wald test only."
+        raise ValueError(msg)
+    p["alpha"], p["lfc_threshold"] = float(p["alpha"]), float(p["lfc_threshold"])
+    return p
+
+
+def _write_deseq(
+    adata: AnnData, fitted: list[GroupResult], plan: DeseqPlan, params: dict, key: str, device: str
+) -> None:
+    """Write the results of :func:`deseq` (see its Returns section), after removing every earlier output under
+    ``key``.
+    """
     _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
-    for _, mask, res in analyses:
-        sf_col[mask] = res.fit.size_factors
+    for r in fitted:
+        sf_col[r.mask] = r.analysis.fit.size_factors
     adata.obs[_keys.deseq_size_factors(key)] = sf_col
-    uns: dict[str, Any] = {"params": params, "device": backend.name}
-    if groupby is None:
-        res = analyses[0][2]
+    uns: dict[str, Any] = {"params": params, "device": device}
+    if not plan.grouped:
+        res = fitted[0].analysis
         fit = res.fit
         for f in _keys.DESEQ_GENE_FIELDS:
             adata.var[_keys.deseq_var(key, f)] = fit.genes[f]
@@ -418,46 +323,16 @@ def deseq(
         uns.update(_analysis_uns(res))
     else:
         uns["groups"] = {}
-        for g, mask, res in analyses:
-            entry = _analysis_uns(res)
-            entry["genes"] = pd.DataFrame({f: res.fit.genes[f] for f in _keys.DESEQ_GENE_FIELDS}, index=adata.var_names)
-            entry["n_samples"] = int(mask.sum())
-            entry["group"] = g
-            uns["groups"][_keys.encode_name(g)] = entry
-        if skipped:
-            uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in skipped.items()}
+        for r in fitted:
+            entry = _analysis_uns(r.analysis)
+            genes = r.analysis.fit.genes
+            entry["genes"] = pd.DataFrame({f: genes[f] for f in _keys.DESEQ_GENE_FIELDS}, index=adata.var_names)
+            entry["n_samples"] = int(r.mask.sum())
+            entry["group"] = r.group
+            uns["groups"][_keys.encode_name(r.group)] = entry
+        if plan.skipped:
+            uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in plan.skipped.items()}
     adata.uns[key] = uns
-    return adata if copy else None
-
-
-def _fit_analysis(
-    backend: Any, counts: Any, plan: Any, size_factors: Any, *, options: dict, n_jobs: int | None
-) -> Analysis:
-    """One DESeq2 analysis (a unit of :func:`gpuc._dask.map_units`: in this process or a Dask task)."""
-    return run_analysis(backend, counts, plan, size_factors=size_factors, **options, n_jobs=n_jobs)
-
-
-# a samples x genes matrix with this many rows and a median total count below SC_MEDIAN_TOTAL looks like single cells
-SC_MIN_SAMPLES = 200
-SC_MEDIAN_TOTAL = 10_000
-
-
-def _hint_single_cells(counts: Any, n_obs: int) -> None:
-    """Warn when the samples look like single cells (many rows, small totals): DESeq2 on cells takes every cell as a
-    replicate, so p-values are far too small; the counts should be summed per sample first.
-    """
-    if n_obs < SC_MIN_SAMPLES:
-        return
-    totals = np.asarray(to_host(counts.sum(axis=1)), dtype=np.float64).ravel()
-    median = float(np.median(totals))
-    if median < SC_MEDIAN_TOTAL:
-        msg = (
-            f"the {n_obs} samples look like single cells (median total count {median:.0f}); DESeq2 takes every row "
-            "as an independent replicate, so on cells its p-values are far too small. Sum the cells of each "
-            "biological sample first: pb = gpuc.tl.pseudobulk(adata, sample_key=..., groupby=...), then "
-            "gpuc.tl.deseq(pb, ...)."
-        )
-        warnings.warn(msg, GpucWarning, stacklevel=3)
 
 
 def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
@@ -505,62 +380,6 @@ def _replayable_contrast(contrast: Any, plan: Any) -> Any:
     if names is None:
         names = [str(i) for i in range(len(parts))]
     return {name: one(c) for name, c in zip(names, parts, strict=True)}
-
-
-def deseq_peak_bytes(n_samples: int, n_genes: int, n_coefs: int = 2, *, block_genes: int | None = None) -> float:
-    """Estimated peak memory of one DESeq2 fit with ``n_coefs`` design columns, beyond the input counts.
-
-    Per gene: about 14 float64 samples-long arrays (counts, normalised counts, means, IRLS weights and work arrays,
-    Cook's distances), 1.5 p x p arrays on average (the IRLS systems, the coefficient covariances and their log2 copy
-    written to ``varm`` are not all alive at once) and ~100 values (per-gene fields). Per gene being solved at once:
-    two samples x p arrays (the weighted design of the IRLS step and its product); ``block_genes`` genes are solved
-    at once (the CPU engine's gene blocks, all threads together), every gene on a GPU (``None``).
-
-    Checked against tracemalloc peaks of the CPU fit (tests/core/test_inputs_memory.py): the peak lies between
-    0.35 and 1.1 times this estimate for 2 to 55 design columns (about 0.5-0.75 at 41 columns, where the estimate
-    without the design's width was a quarter to a half of the peak).
-    """
-    solved = n_genes if block_genes is None else min(n_genes, block_genes)
-    per_gene = 14.0 * n_samples + 1.5 * n_coefs * n_coefs + 100.0
-    return 8.0 * n_genes * per_gene + 16.0 * n_samples * n_coefs * solved
-
-
-def _solved_at_once(backend: Any, n_samples: int, n_jobs: int | None) -> int | None:
-    """Genes whose IRLS systems are alive at once: every gene on a GPU; on the CPU one gene block (about 2**16
-    entries, at least 128 genes, as :func:`gpuc.deseq._threads.gene_blocks`) per thread.
-    """
-    if backend.is_gpu:
-        return None
-    from gpuc._utils import resolve_n_jobs
-    from gpuc.deseq._threads import BLOCK_ENTRIES
-
-    return resolve_n_jobs(n_jobs) * max(128, BLOCK_ENTRIES // max(n_samples, 1))
-
-
-def vst_peak_bytes(n_samples: int, n_genes: int) -> float:
-    """Estimated peak memory of :func:`vst`: the dense float64 counts, their transpose, the genewise dispersion fit's
-    work arrays and the output (about 8 genes x samples arrays), plus per-gene values.
-    """
-    return (8.0 * n_samples + 50.0) * 8.0 * n_genes
-
-
-def _warn_not_converged(analyses: list, max_iter: int) -> None:
-    """One :class:`ConvergenceWarning` for the genes whose GLM did not converge (all groups together)."""
-    parts = []
-    for g, _, res in analyses:
-        fit = res.fit
-        n_bad = int(
-            (~np.asarray(fit.genes["betaConv"], dtype=bool) & ~np.asarray(fit.genes["allZero"], dtype=bool)).sum()
-        )
-        if n_bad:
-            parts.append(f"{n_bad}" + ("" if g is None else f" in group {g!r}"))
-    if parts:
-        msg = (
-            f"{', '.join(parts)} gene(s) did not converge in beta (IRLS with max_iter={max_iter}, then the bounded "
-            "refit; flagged False in betaConv). Their fold changes may be unreliable: pass a larger max_iter, and "
-            "check the counts are raw integers, not scaled or normalised values."
-        )
-        warnings.warn(msg, ConvergenceWarning, stacklevel=3)
 
 
 def _analysis_uns(res: Analysis) -> dict:
@@ -625,7 +444,7 @@ def pseudobulk(
     what = f"adata.layers[{layer!r}]" if layer else "adata.X"
     lazy = is_dask_array(x)  # lazily read counts are checked and summed chunk by chunk, in one pass over the data
     if not lazy:
-        _check_counts_nonneg(x, what)
+        check_raw_counts(x, what)
     keys = [sample_key] if groupby is None else [sample_key, groupby]
     for k in keys:  # 1 and "1" (or NaN and "nan") would be summed into one profile: refused, naming them
         check_printable_labels(adata.obs[k], f"adata.obs[{k!r}]")
@@ -633,24 +452,18 @@ def pseudobulk(
     n_missing = int((~present).sum())
     if not present.any():
         if lazy:
-            _check_counts_nonneg(x, what)  # bad counts are reported first, as in memory
+            check_raw_counts(x, what)  # bad counts are reported first, as in memory
         msg = f"every cell has a missing {' or '.join(map(repr, keys))} in adata.obs; nothing to sum."
         raise ValueError(msg)
     cells = np.flatnonzero(present)
     sample = adata.obs[sample_key].astype(str).to_numpy()[cells]
     labels = sample if groupby is None else sample + "\x1f" + adata.obs[groupby].astype(str).to_numpy()[cells]
     codes, uniq = pd.factorize(labels, sort=True)
-    # the sums run where the counts are (CPU or GPU), in float64 (exact for counts up to 2**53); only the
-    # profiles x genes result comes to the host
-    ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(len(uniq), adata.n_obs))
+    # one engine call: a sparse indicator times the counts, where the counts are; a lazy matrix chunk by chunk,
+    # checked in the same pass (never loaded whole)
+    summed, flags = profile_sums(x, codes, cells, len(uniq))
     if lazy:
-        # a dask array: each row chunk is checked and multiplied by its cells' indicator columns; dask's tree
-        # reduction adds the partials (never the whole matrix in one process)
-        summed, flags = grouped_sum_and_count_checks(ind, x)
-        _check_counts_nonneg(x, what, flags)
-    else:
-        summed = to_host(backend_of(x).asarray(ind) @ (x if x.dtype == np.float64 else x.astype(np.float64)))
-        summed = summed.toarray() if sp.issparse(summed) else np.asarray(summed)
+        check_raw_counts(x, what, flags)
     if n_missing:
         warnings.warn(
             f"{n_missing} cell(s) with a missing {' or '.join(map(repr, keys))} were left out of the pseudobulk.",
@@ -729,36 +542,10 @@ def _profile_names(keys: Any) -> list[str]:
     return [repr(tuple(p)) for p in parts]  # every separator occurs in the labels: a tuple's repr is one-to-one
 
 
-def _check_counts_nonneg(x: Any, what: str, flags: CountFlags | None = None) -> None:
-    """Raise unless ``x`` holds finite, non-negative whole numbers (the counts :func:`pseudobulk` sums).
-
-    A dask array is checked chunk by chunk (:func:`gpuc._lazy.count_checks`) unless its ``flags`` are given, e.g.
-    from the pass that also computed the sums.
-    """
-    if flags is None and is_dask_array(x):
-        flags = count_checks(x)
-    if flags is not None:
-        if flags.non_integer:
-            msg = f"{what} must hold raw integer counts (found non-integer or non-finite values); pass layer= naming the raw counts."
-            raise ValueError(msg)
-        if flags.negative:
-            msg = f"{what} contains negative values; pseudobulk needs raw counts."
-            raise ValueError(msg)
-        return
-    data = x.data if is_sparse(x) else x
-    xp = backend_of(data).xp
-    data = xp.asarray(data)  # on the device where the counts live; only the verdicts come back
-    if data.dtype.kind == "f" and (not bool(xp.isfinite(data).all()) or bool((data != xp.round(data)).any())):
-        msg = f"{what} must hold raw integer counts (found non-integer or non-finite values); pass layer= naming the raw counts."
-        raise ValueError(msg)
-    if bool((data < 0).any()):
-        msg = f"{what} contains negative values; pseudobulk needs raw counts."
-        raise ValueError(msg)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # vst
 # --------------------------------------------------------------------------------------------------------------------
+@doc_params()
 def vst(
     adata: AnnData,
     *,
@@ -787,16 +574,12 @@ def vst(
         Trend type for a blind fit.
     key
         ``key_added`` of the :func:`deseq` run used when ``blind=False``.
-    device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
-    n_jobs
-        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it.
+    {device}
+    {n_jobs}
     key_added
         Name of the layer written. It may not name the counts read (``layer``) nor a layer that an earlier
         :func:`vst` under this key did not write (raw counts, another tool's output): that is refused.
-    copy
-        Work on a copy and return it.
+    {copy}
 
     Returns
     -------
@@ -813,9 +596,6 @@ def vst(
     InsufficientMemoryError
         Before anything is computed, when the estimated peak memory exceeds the device's free memory.
     """
-    from gpuc.deseq._dispersion import DispersionFunction
-    from gpuc.deseq._vst import variance_stabilize
-
     check_adata(adata)
     check_key_added(key_added)
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
@@ -828,10 +608,12 @@ def vst(
         )
         raise ValueError(msg)
     _keys.check_not_foreign(adata, _keys.vst_outputs(key_added), key_added, "gpuc.tl.vst", _keys.VST_MARKER)
-    counts = get_matrix(adata, layer=layer)
-    counts = load(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")  # dask: all samples of a gene at once
-    _check_counts(counts, f"adata.layers[{layer!r}]" if layer else "adata.X")
-    sf = trend = None
+    where = f"adata.layers[{layer!r}]" if layer else "adata.X"
+    counts = load(get_matrix(adata, layer=layer), where)  # dask: all samples of a gene at once
+    check_counts(counts, where)
+
+    # ---- plan: a blind fit, or the size factors and trend of an earlier deseq run
+    plan = VstPlan(fit_type=fit_type)
     if not blind:
         check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first or use blind=True.")
         check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
@@ -839,7 +621,7 @@ def vst(
             msg = "blind=False is not available after a groupby DESeq2 run."
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
-        trend = DispersionFunction.from_dict(adata.uns[key]["trend"])
+        plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=adata.uns[key]["trend"])
     backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     check_memory(
         backend,
@@ -847,12 +629,14 @@ def vst(
         f"the VST of {adata.n_obs} samples x {adata.n_vars} genes",
         "Drop genes with low counts first, or transform subsets of genes separately.",
     )
+
+    # ---- one engine call
     with interruptible("vst"):
-        out, trend, note = variance_stabilize(
-            backend, counts, size_factors=sf, trend=trend, fit_type=fit_type, n_jobs=n_jobs
-        )
+        out, trend, note = run_vst(backend, counts, plan, n_jobs=n_jobs)
     if note:
         warnings.warn(note, GpucWarning, stacklevel=2)
+
+    # ---- write
     adata = adata.copy() if copy else adata
     _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
     adata.layers[key_added] = out
@@ -864,5 +648,5 @@ def vst(
         "device": device,
         "n_jobs": n_jobs,
     }
-    adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend.to_dict()}
+    adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend}
     return adata if copy else None
