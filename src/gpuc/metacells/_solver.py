@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuc._backend import Backend
+from gpuc._backend import Backend, fused_kernels_usable
 from gpuc._errors import ConvergenceWarning
 from gpuc._utils import numba_kernels, serial_blas
 
@@ -147,11 +147,12 @@ START_BLOCK = 1 << 22
 
 
 def _gpu_kernels(backend: Backend, work: int = 0) -> Any:
-    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda importable; on a device other
+    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda able to compile kernels in this
+    process, :func:`gpuc._backend.fused_kernels_usable`; on a device other
     than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator and for at most
     :data:`SIMULATOR_MAX_WORK` units of ``work``), else None: the GPU path then runs its array code.
     """
-    if not backend.is_gpu:
+    if not backend.is_gpu or not fused_kernels_usable():  # no GPU, or numba-cuda cannot compile here
         return None
     kern = _import_gpu_kernels()
     if kern is None or (backend.launcher is not None and not kern.SIMULATED):
