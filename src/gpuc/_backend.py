@@ -80,7 +80,8 @@ def gpu_available() -> bool:
 # --------------------------------------------------------------------------------------------------------------------
 class FusedKernelsWarning(GpucWarning):
     """numba-cuda is installed but cannot compile gpuc's fused GPU kernels here: the GPU path runs its CuPy array
-    code instead (the same results, more kernel launches)."""
+    code instead (the same results, more kernel launches).
+    """
 
 
 def _probe_kernel(x: Any) -> None:  # pragma: no cover - compiled by the probe
@@ -97,13 +98,15 @@ def _probe_cuda_compiler() -> str | None:
     try:
         import numba
         from numba import cuda
-    except Exception as err:  # noqa: BLE001 - any failure means the same: no fused kernels
+    except Exception as err:  # whatever the failure, the answer is the same: no fused kernels
         return f"numba-cuda could not be imported ({type(err).__name__}: {err})"
     if numba.config.ENABLE_CUDASIM:
         return None
+    # for the device the kernels will run on (the same compiler as their first launch)
+    compile_ptx = getattr(cuda, "compile_ptx_for_current_device", None) or cuda.compile_ptx
     try:
-        cuda.compile_ptx(_probe_kernel, (numba.types.float64[::1],))
-    except Exception as err:  # noqa: BLE001
+        compile_ptx(_probe_kernel, (numba.types.float64[::1],))
+    except Exception as err:
         return f"numba-cuda cannot compile a kernel ({type(err).__name__}: {str(err).strip()})"
     return None
 

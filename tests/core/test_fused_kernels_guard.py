@@ -51,6 +51,7 @@ def test_a_compiler_that_imports_but_cannot_compile_turns_the_kernels_off_with_o
 
     monkeypatch.setattr(numba.config, "ENABLE_CUDASIM", 0)
     monkeypatch.setattr(cuda, "compile_ptx", compile_ptx, raising=False)
+    monkeypatch.setattr(cuda, "compile_ptx_for_current_device", compile_ptx, raising=False)
     with pytest.warns(FusedKernelsWarning) as rec:
         ok, msg = fused_kernels_status()
     assert not ok
