@@ -17,7 +17,8 @@ iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.met
 the same floating-point operations, so CPU and array code give identical picks (tests check both). On the GPU they
 run in numba-cuda kernels (:mod:`gpuc.metacells._kernels_gpu`, driven by :class:`_DeviceFit`) with the same
 operations again: a few launches per Frank-Wolfe step and two reads (B's size, the RSS) per outer iteration; the
-large products stay with CuPy. Without numba-cuda the GPU runs the array code.
+large products stay with CuPy; the fit holds two dense (k, n) work arrays (:class:`_DeviceFit`). Without numba-cuda,
+or where it cannot compile (:func:`gpuc._backend.fused_kernels_usable`), the GPU runs the array code.
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ def update_b(
       columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
       ``gpuc.settings.numba`` is False. This is the GPU code: there two numba-cuda kernels per step (every cell's
-      gradient, then every column's argmin over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
+      ``K B R``, then every column's argmin of the gradient over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
