@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib
 import math
+import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
@@ -23,6 +24,7 @@ import scipy.sparse.linalg
 import scipy.special
 
 from gpuc._device import DEVICES, Device
+from gpuc._errors import GpucWarning
 from gpuc._settings import settings
 from gpuc._utils import current_n_jobs, threadpool_controller
 
@@ -71,6 +73,86 @@ def gpu_status() -> tuple[bool, str]:
 def gpu_available() -> bool:
     """Whether a CUDA device can be used through cupy."""
     return gpu_status()[0]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the fused GPU kernels (numba-cuda): usable in this process?
+# --------------------------------------------------------------------------------------------------------------------
+class FusedKernelsWarning(GpucWarning):
+    """numba-cuda is installed but cannot compile gpuc's fused GPU kernels here: the GPU path runs its CuPy array
+    code instead (the same results, more kernel launches).
+    """
+
+
+def _probe_kernel(x: Any) -> None:  # pragma: no cover - compiled by the probe
+    x[0] = x[0] * 2.0 + 1.0
+
+
+def _probe_cuda_compiler() -> str | None:
+    """``None`` when numba-cuda can compile a kernel in this process, else why not.
+
+    Importing ``numba.cuda`` is not enough: numba-cuda loads its compiler's modules on the first compilation, and
+    those can fail against a newer numpy (numba-cuda 0.30 with numpy 2.5: ``np.row_stack`` is gone) or without the
+    CUDA compiler libraries (libNVVM). Under the CUDA simulator nothing is compiled.
+    """
+    try:
+        import numba
+        from numba import cuda
+    except Exception as err:  # whatever the failure, the answer is the same: no fused kernels
+        return f"numba-cuda could not be imported ({type(err).__name__}: {err})"
+    if numba.config.ENABLE_CUDASIM:
+        return None
+    # for the device the kernels will run on (the same compiler as their first launch)
+    compile_ptx = getattr(cuda, "compile_ptx_for_current_device", None) or cuda.compile_ptx
+    try:
+        compile_ptx(_probe_kernel, (numba.types.float64[::1],))
+    except Exception as err:
+        return f"numba-cuda cannot compile a kernel ({type(err).__name__}: {str(err).strip()})"
+    return None
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    out = []
+    for dist in ("numba-cuda", "numba", "numpy"):
+        try:
+            out.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{dist} not installed")
+    return ", ".join(out)
+
+
+@functools.cache
+def fused_kernels_status() -> tuple[bool, str]:
+    """Whether gpuc's fused GPU kernels (numba-cuda) can be built in this process, and why not.
+
+    Probed once per process (a tiny kernel is compiled; nothing runs) and cached. When they cannot, a
+    :class:`FusedKernelsWarning` names the versions and what to install, once; the engines (metacells, NMF, DESeq2)
+    then run their CuPy array code, which gives the same results with more launches. The engines ask
+    :func:`fused_kernels_usable` before they choose the kernels.
+    """
+    reason = _probe_cuda_compiler()
+    if reason is None:
+        return True, "numba-cuda compiles kernels"
+    if "has no attribute" in reason and "numpy" in reason:
+        fix = (
+            "install a numba-cuda release that supports this numpy (pip install -U numba-cuda) or a numpy that "
+            "this numba-cuda supports (for numba-cuda 0.30: pip install 'numpy<2.5')"
+        )
+    else:
+        fix = f"install numba-cuda with the CUDA compiler libraries (libNVVM, NVRTC) of your CUDA version: {GPU_EXTRA_HINT}"
+    msg = (
+        f"gpuc's fused GPU kernels are off in this process: {reason} [{_versions()}]. The GPU path runs its CuPy "
+        f"array code instead (same results, slower: many more kernel launches). To use the kernels, {fix}."
+    )
+    warnings.warn(msg, FusedKernelsWarning, stacklevel=2)
+    return False, msg
+
+
+def fused_kernels_usable() -> bool:
+    """Whether the GPU engines may use their numba-cuda kernels (see :func:`fused_kernels_status`)."""
+    return fused_kernels_status()[0]
 
 
 # Array types of other device namespaces that behave as CuPy's (the stand-in GPU of gpuc._testing.standin, which

@@ -103,3 +103,19 @@ def test_blocked_knn_ties_go_to_the_lower_index(standin_gpu):
     d, i = knn_blocked(standin_gpu.xp, standin_gpu.asarray(x), 12, queries=standin_gpu.asarray(q), block_size=16)
     np.testing.assert_array_equal(to_host(i), want)
     np.testing.assert_array_equal(to_host(d), np.sqrt(np.take_along_axis(d2, want, axis=1)))
+
+
+def test_device_memory_counts_live_buffers_once_and_keeps_the_peak():
+    from gpuc._testing.standin import device_memory, standin_backend
+
+    xp = standin_backend().xp
+    with device_memory() as mem:
+        a = xp.zeros((100, 10))  # 8,000 bytes
+        view = a[:50].T  # a view: no new buffer
+        b = a + 1.0  # 8,000 more
+        del b  # freed: back to 8,000
+        s = standin_backend().sparse.csr_matrix(xp.ones((4, 4)))  # data, indices, indptr of 16 entries
+        del view
+    assert mem.peak == 16_000
+    assert mem.at_exit == 8_000 + 16 * 8 + s.indices.nbytes + s.indptr.nbytes  # a and s (its dense source is freed)
+    del a

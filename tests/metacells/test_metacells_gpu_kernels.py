@@ -140,16 +140,37 @@ def test_column_argmin_takes_the_first_of_tied_minima(gpu):
     kmat = sp.random(n, n, density=0.1, random_state=1, format="csr")
     kg = gpu.asarray(kmat)
     k_args = (kg.indptr, kg.indices, kg.data)
-    kd = gpu.xp.zeros((k, n))
-    picks = gpu.xp.zeros((2, k), dtype=gpu.xp.int64)
-    gpu.launch(kern.fw_b_cols, k, kern.COL_THREADS, gpu.xp.asarray(g), picks, 0, kd, *k_args, True)
+    xp = gpu.xp
+    cap = 4
+    slots = (xp.zeros((cap, n), dtype=xp.int32), xp.zeros((cap, n)), xp.zeros(n, dtype=xp.int32))
+    picks = xp.zeros((2, k), dtype=xp.int64)
+    y, s = xp.asarray(g + 0.5), xp.full((k, n), 0.5)  # the gradient y - s is g, formed in the kernel
+    gpu.launch(kern.fw_b_cols, k, kern.COL_THREADS, y, s, picks, 0, *slots, *k_args, True)
     np.testing.assert_array_equal(picks.get()[0], [5, 17, 0])
-    np.testing.assert_array_equal(kd.get(), kmat[[5, 17, 0]].toarray())  # row j: row picks[0, j] of K
+    # every cell c got (j, K[picks[0, j], c]) for the columns j whose pick has c in its row of K, in any order
+    slot_m, slot_v, cnt = (a.get() for a in slots)
+    want = kmat[[5, 17, 0]].toarray()  # row j: row picks[0, j] of K
+    np.testing.assert_array_equal(cnt, (want != 0).sum(axis=0))
+    for c in range(n):
+        got = dict(zip(slot_m[: cnt[c], c].tolist(), slot_v[: cnt[c], c].tolist(), strict=True))
+        assert got == {j: want[j, c] for j in range(k) if want[j, c] != 0}
     g2 = np.full((k, n), 1.0)
     g2[:, 9] = 0.5
-    gpu.launch(kern.fw_b_cols, k, kern.COL_THREADS, gpu.xp.asarray(g2), picks, 1, kd, *k_args, False)
+    slots[2][...] = 0
+    gpu.launch(kern.fw_b_cols, k, kern.COL_THREADS, xp.asarray(g2), xp.zeros((k, n)), picks, 1, *slots, *k_args, False)
     np.testing.assert_array_equal(picks.get()[1], [9, 9, 9])
-    assert not kd.get().any()  # cleared when no next step follows
+    assert not slots[2].get().any()  # nothing handed on when no next step follows
+
+
+@pytest.mark.parametrize("n_slots", [0, 1])
+def test_cells_with_more_neighbouring_picks_than_slots_pick_as_the_cpu(gpu, small, monkeypatch, n_slots):
+    """With no slot (every cell that has neighbouring picks looks them up in K^T) or one (most such cells fit, the
+    others look up), the B-steps sum the same terms in the same order: the CPU's iterates and RSS."""
+    from gpuc.metacells import _kernels_gpu as kern
+
+    mmat, _, arche = small
+    monkeypatch.setattr(kern, "SLOTS", n_slots)
+    _assert_same_fit(*_fit_both(gpu, mmat, arche, "uniform", fw_iters=6), gpu)
 
 
 @pytest.mark.parametrize(("n_rows", "n_steps"), [(4, 9), (30, 9), (500, 12)])
@@ -219,10 +240,14 @@ import json
 from numba import cuda, types as T
 import gpuc.metacells._kernels_gpu as kg
 f8_2, i8_2, f8_1, i8_1, i4_1 = T.float64[:, ::1], T.int64[:, ::1], T.float64[::1], T.int64[::1], T.int32[::1]
+i4_2 = T.int32[:, ::1]
 sigs = {
     "fw_a_cells": (f8_2, i4_1, i4_1, f8_1, i8_2, f8_2, i8_1, f8_1, T.int64, f8_2, f8_2, i8_2),
-    "fw_b_rows": (f8_2, f8_2, f8_2, f8_2, f8_2, T.float64, T.boolean),
-    "fw_b_cols": (f8_2, i8_2, T.int64, f8_2, i4_1, i4_1, f8_1, T.boolean),
+    "fw_b_rows": (i4_2, f8_2, i4_1, i4_1, i4_1, f8_1, i8_2, T.int64, f8_2, f8_2, T.float64, T.boolean),
+    "fw_b_cols": (f8_2, f8_2, i8_2, T.int64, i4_2, f8_2, i4_1, i4_1, i4_1, f8_1, T.boolean),
+    "fw_kb_r": (i4_1, i4_1, f8_1, f8_2, f8_2),
+    "fw_s_rows": (i4_1, i4_1, f8_1, i8_2, f8_2, i8_1, f8_2),
+    "fw_kba_values": (i4_1, i4_1, f8_1, i8_2, f8_2, i8_1, f8_2),
     "fw_columns": (i8_2, i8_2, f8_2, i8_1, f8_2, T.boolean),
     "compact_columns": (i8_2, f8_2, i4_1, i4_1, f8_1),
 }
@@ -253,5 +278,14 @@ def test_kernels_compile_for_a_device_without_fused_multiply_adds():
         pytest.skip(f"the CUDA compiler cannot run here: {out.stderr.strip().splitlines()[-1]}")
     assert out.returncode == 0, out.stderr
     fmas = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(fmas) == {"fw_a_cells", "fw_b_rows", "fw_b_cols", "fw_columns", "compact_columns"}
+    assert set(fmas) == {
+        "fw_a_cells",
+        "fw_b_rows",
+        "fw_b_cols",
+        "fw_kb_r",
+        "fw_s_rows",
+        "fw_kba_values",
+        "fw_columns",
+        "compact_columns",
+    }
     assert not any(fmas.values()), fmas

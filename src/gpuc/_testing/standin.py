@@ -29,6 +29,7 @@ import collections
 import contextlib
 import functools
 import types
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -134,6 +135,68 @@ def counting() -> Iterator[CountSnapshot]:
         snap.ops, snap.reads, snap.by_name = Counts.ops, Counts.reads, Counts.by_name
         Counts.ops, Counts.reads = saved[0] + snap.ops, saved[1] + snap.reads
         Counts.by_name = saved[2] + snap.by_name
+
+
+class Memory:
+    """Bytes held by the live arrays of the stand-in device, as CuPy's memory pool counts its used bytes.
+
+    While :func:`device_memory` is active, every buffer behind a :class:`DeviceArray` (a view counts its base once)
+    and the arrays of a :class:`DeviceSparse` (data, indices, index pointers) are counted from the moment they are
+    wrapped until they are freed, and the peak is kept. Temporaries that numpy or scipy allocate and free inside one
+    call are not seen (CuPy's kernels use few such; cuSPARSE's work buffers are similar), so a measured peak is a
+    lower bound of what the same calls hold on a GPU, up to those.
+    """
+
+    active: ClassVar[bool] = False
+    current: ClassVar[int] = 0
+    peak: ClassVar[int] = 0
+    _live: ClassVar[dict[int, int]] = {}
+
+    @classmethod
+    def track(cls, a: Any) -> None:
+        """Count the buffer behind the numpy array ``a`` (once, until it is freed)."""
+        if not cls.active or not isinstance(a, np.ndarray):
+            return
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        key = id(root)
+        if key in cls._live:
+            return
+        size = int(root.nbytes)
+        cls._live[key] = size
+        cls.current += size
+        cls.peak = max(cls.peak, cls.current)
+        weakref.finalize(root, cls._release, key)
+
+    @classmethod
+    def _release(cls, key: int) -> None:
+        cls.current -= cls._live.pop(key, 0)
+
+
+@dataclass
+class MemorySnapshot:
+    """Device bytes measured inside one :func:`device_memory` block (``peak`` filled in when the block ends)."""
+
+    peak: int = 0
+    at_exit: int = 0
+
+
+@contextlib.contextmanager
+def device_memory() -> Iterator[MemorySnapshot]:
+    """Measure the peak bytes held by stand-in device arrays created inside the block (see :class:`Memory`).
+
+    Arrays created before the block are not counted: upload the inputs inside it.
+    """
+    Memory.active, Memory.current, Memory.peak = True, 0, 0
+    Memory._live.clear()
+    snap = MemorySnapshot()
+    try:
+        yield snap
+    finally:
+        snap.peak, snap.at_exit = Memory.peak, Memory.current
+        Memory.active = False
+        Memory._live.clear()
 
 
 # CuPy functions / methods that return views or uninitialised memory: no kernel launch, not counted as operations
@@ -259,6 +322,8 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
 
     def __init__(self, a: np.ndarray) -> None:
         self._a = a
+        if Memory.active:
+            Memory.track(a)
 
     # ---- refusals of implicit host conversion
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
@@ -408,6 +473,9 @@ class DeviceSparse(_SparseBase):
                 a.format, sp.csr_matrix
             )(a)
         self._a = a
+        if Memory.active:
+            for name in ("data", "indices", "indptr", "row", "col"):
+                Memory.track(getattr(a, name, None))
 
     def __setattr__(self, name: str, value: Any) -> None:
         # cupyx lets code assign a matrix's data / indices / indptr (e.g. ``m.data *= x`` writes back): pass it through

@@ -34,24 +34,33 @@ class MetacellResult:
 def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int = 50, gpu: bool = False) -> float:
     """Estimated peak memory of :func:`run_metacells` on ``n`` cells and ``k`` metacells.
 
-    Dense parts: the random A0 (k x n float64, when used); on the GPU the fused kernels' five n x k float64 work
-    arrays, two n x k product outputs and each Frank-Wolfe step's picks and values; on the CPU the dense B-update's
-    gradient, kernel products and work array (three n x k float64 arrays while n k <= ``DENSE_GRADIENT_MAX``). Sparse parts
-    (12 bytes per stored entry): the kernel and its square (~``4 * n_neighbors`` entries per cell after the union
-    symmetrisation), A and B (at most ``fw_iters`` entries per column) and the restricted gradient's pattern
-    ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries per cell); on the CPU's dense-gradient path,
-    a chunk-bucketed copy of the kernel's square; on the CPU, the slots of the compiled ``K B`` (16 bytes per n x k
-    entry while they fit ``DIRECT_SLOTS_MAX``).
+    Dense parts: the random A0 (k x n float64, when used); on the GPU the fused kernels' two (k, n) float64 work
+    arrays (16 bytes per cell x metacell), the iterates' picks, rows and weights and the RSS's products (32 bytes per
+    cell and Frank-Wolfe step), each cell's slots for the B-steps (388 bytes) and four k x k products; on the CPU the
+    dense B-update's gradient, kernel products and work array (three n x k float64 arrays while n k <=
+    ``DENSE_GRADIENT_MAX``). Sparse parts (12 bytes per stored entry): the kernel and its square (~``4 *
+    n_neighbors`` entries per cell after the union symmetrisation), A and B (at most ``fw_iters`` entries per
+    column) and the restricted gradient's pattern ``K A^T`` (at most ``min(k, 2 * n_neighbors * fw_iters)`` entries
+    per cell); on the GPU the kernel (``2 * n_neighbors`` entries per cell), its square and a sorted copy of it
+    (``12 * n_neighbors`` each: 6-9 times ``n_neighbors`` measured at 300-700 cells, growing with n) and ``K B``
+    (``2 * n_neighbors``); on the CPU's dense-gradient path, a chunk-bucketed copy of the kernel's square; on the CPU, the slots of
+    the compiled ``K B`` (16 bytes per n x k entry while they fit ``DIRECT_SLOTS_MAX``). 200,000 cells x 2,667
+    metacells on the GPU: about 10.4 GB (8.5 GB of it the two work arrays). The kNN and kernel-building stages
+    before the fit hold blocks of at most 256 MB (three at a time on the GPU) besides ``M``: below the fit's
+    footprint at large n, above it at a few hundred cells.
     """
     nk = float(n) * float(k)
     dense_gradient = gpu or nk <= DENSE_GRADIENT_MAX
     dense = 8.0 * nk if nk <= DENSE_A0_MAX else 0.0
-    if gpu:  # the GPU kernels' five (k, n) / (n, k) work arrays, two product outputs, each step's picks and values
-        dense += 56.0 * nk + 24.0 * fw_iters * (n + k)
+    if gpu:  # the GPU kernels' two (k, n) work arrays, per-cell iterates, slots and RSS products, k x k products
+        dense += 16.0 * nk + (32.0 * fw_iters + 388.0) * n + 24.0 * fw_iters * k + 32.0 * float(k) * k
     else:
         dense += (24.0 * nk if dense_gradient else 0.0) + (0.0 if nk > DIRECT_SLOTS_MAX else 16.0 * nk)
-    per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + (0 if gpu else min(k, 2 * n_neighbors * fw_iters))
-    per_cell += 2 * n_neighbors if dense_gradient and not gpu else 0
+    if gpu:  # M, K = M M^T and its sorted transpose (K's rows hold ~6-12 n_neighbors entries), K B, A and B
+        per_cell = 28 * n_neighbors + 2 * min(fw_iters, k)
+    else:
+        per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + min(k, 2 * n_neighbors * fw_iters)
+        per_cell += 2 * n_neighbors if dense_gradient else 0
     return dense + 12.0 * n * per_cell
 
 

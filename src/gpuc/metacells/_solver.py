@@ -17,7 +17,8 @@ iteration. On the CPU the inner loops run in fused numba kernels (:mod:`gpuc.met
 the same floating-point operations, so CPU and array code give identical picks (tests check both). On the GPU they
 run in numba-cuda kernels (:mod:`gpuc.metacells._kernels_gpu`, driven by :class:`_DeviceFit`) with the same
 operations again: a few launches per Frank-Wolfe step and two reads (B's size, the RSS) per outer iteration; the
-large products stay with CuPy. Without numba-cuda the GPU runs the array code.
+large products stay with CuPy; the fit holds two dense (k, n) work arrays (:class:`_DeviceFit`). Without numba-cuda,
+or where it cannot compile (:func:`gpuc._backend.fused_kernels_usable`), the GPU runs the array code.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuc._backend import Backend
+from gpuc._backend import Backend, fused_kernels_usable
 from gpuc._errors import ConvergenceWarning
 from gpuc._utils import numba_kernels, serial_blas
 
@@ -142,13 +143,17 @@ def _import_gpu_kernels() -> Any:
 # end-to-end runs stay fast; the kernels are tested on small fits
 SIMULATOR_MAX_WORK = 50_000
 
+# cells x archetypes per block of the GPU's product Q A0 for a sparse start (a (block, k) temporary)
+START_BLOCK = 1 << 22
+
 
 def _gpu_kernels(backend: Backend, work: int = 0) -> Any:
-    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda importable; on a device other
+    """The numba-cuda kernels when the GPU path uses them (a GPU backend, numba-cuda able to compile kernels in this
+    process, :func:`gpuc._backend.fused_kernels_usable`; on a device other
     than CuPy's, such as the stand-in of :mod:`gpuc._testing.standin`, only under the CUDA simulator and for at most
     :data:`SIMULATOR_MAX_WORK` units of ``work``), else None: the GPU path then runs its array code.
     """
-    if not backend.is_gpu:
+    if not backend.is_gpu or not fused_kernels_usable():  # no GPU, or numba-cuda cannot compile here
         return None
     kern = _import_gpu_kernels()
     if kern is None or (backend.launcher is not None and not kern.SIMULATED):
@@ -375,7 +380,7 @@ def update_b(
       columns of the cells picked at each step, O(nnz(K[:, picks]) k + n k) per step, fused with the column
       argmin in one pass over row blocks of ``block`` cells; on the CPU in one numba kernel unless
       ``gpuc.settings.numba`` is False. This is the GPU code: there two numba-cuda kernels per step (every cell's
-      gradient, then every column's argmin over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
+      ``K B R``, then every column's argmin of the gradient over all cells, see :mod:`gpuc.metacells._kernels_gpu`).
 
     ``"auto"`` picks "restricted" when the numba kernels are used and n k > ``DENSE_GRADIENT_MAX`` (large n: k
     grows with n while the kernel neighbourhoods, hence S's rows, do not), else "dense". ``r`` (and ``s_mat`` for the
@@ -399,11 +404,10 @@ def update_b(
     gk = _gpu_kernels(backend, n * k * n_steps)
     if gk is not None:  # two launches per step, no read
         dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
-        dev.at[...] = _dense(a.T, xp)
         if r is None or s_mat is None:
-            r = dev.gram()
+            r = dev.set_a(a)
         else:
-            dev.s_t[...] = s_mat.T
+            dev.w2[...] = s_mat.T
         dev.update_b(kernel_times(backend, kmat, b_prev) if kb is None else kb, r)
         return dev.b_result()
     if r is None or s_mat is None:
@@ -503,12 +507,18 @@ class _DeviceFit:
     back to the host per outer iteration, B's number of entries (to size its arrays, just before CuPy's sparse
     product with it, which waits for the device anyway) and the RSS.
 
-    Per outer iteration: one launch for the A-update's T steps of all cells, two for the iterate A (dense ``A^T``
-    for ``R = A A^T``, ``S = K A^T`` and the RSS), two per B-step (the gradient of every cell, then every column's
-    argmin over all cells, which also swaps the column of the gathered ``K[:, picks]``), a few for the sparse B,
-    and the large products with CuPy (``K B``, ``B^T K B``, ``A A^T``, ``K A^T``, ``K B R``). The iterates' picks,
-    distinct rows and weights stay on the device; A becomes a sparse matrix once, at the end. The picks are those
-    of the CPU kernels (same operations in the same order, ties to the lowest index).
+    Per outer iteration: one launch for the A-update's T steps of all cells, two for the iterate A (its entries and a
+    dense ``A^T`` for ``R = A A^T``), one for ``S = K A^T`` from A's entries, one for ``K B R``, two per B-step (every
+    cell's ``K B R``, then every column's argmin of the gradient over all cells, which also hands the next step the
+    kernel entries of its picks), a few for the sparse B, two for ``tr(K B A)``, and the large products with CuPy
+    (``K B``, ``B^T K B``, ``A A^T``). The iterates' picks, distinct rows and weights stay on the device; A becomes a
+    sparse matrix once, at the end. The picks are those of the CPU kernels (same operations in the same order, ties to
+    the lowest index).
+
+    Memory: two dense (k, n) float64 work arrays, whose roles change through the iteration (the A-update's ``Q a`` and
+    ``K B`` rows; then dense ``A^T`` and ``S^T``; then ``K B R`` and ``S^T``), plus per-cell arrays of T or
+    ``SLOTS`` entries and a sorted copy of K's transpose; no product makes a dense (n, k) temporary
+    (:func:`gpuc.metacells.metacells_peak_bytes` counts it).
     """
 
     def __init__(self, backend: Backend, kern: Any, kmat: Any, m_sq: float, k: int, n_steps: int) -> None:
@@ -516,13 +526,9 @@ class _DeviceFit:
         self.backend, self.kern, self.kmat, self.m_sq = backend, kern, kmat, m_sq
         n = kmat.shape[0]
         self.n, self.k, self.n_steps = n, k, n_steps
-        # per-cell work arrays, (k, n): the A-update's Q a and K B rows, reused by the B-update as K B R and the
-        # gradient; S^T; the gathered kernel columns K[:, picks]^T (zero between B-updates); dense A^T
-        self.qa = xp.empty((k, n))
-        self.p = xp.empty((k, n))
-        self.s_t = xp.empty((k, n))
-        self.kd = xp.zeros((k, n))
-        self.at = xp.empty((n, k))
+        # the two dense work arrays, (k, n) each (see the class docstring for their roles)
+        self.w1 = xp.empty((k, n))
+        self.w2 = xp.empty((k, n))
         self.a_picks = xp.empty((n_steps, n), dtype=xp.int64)
         self.a_idx = xp.empty((n_steps, n), dtype=xp.int64)
         self.a_vals = xp.empty((n_steps, n))
@@ -531,67 +537,93 @@ class _DeviceFit:
         self.b_idx = xp.empty((n_steps, k), dtype=xp.int64)
         self.b_vals = xp.empty((n_steps, k))
         self.b_cnt = xp.zeros(k, dtype=xp.int64)
+        # per cell, the archetypes whose last B-pick is a kernel neighbour, with that kernel entry (fw_b_cols appends,
+        # fw_b_rows reads and resets the count); a cell with more than SLOTS looks them up in K^T instead
+        self.slot_m = xp.empty((kern.SLOTS, n), dtype=xp.int32)
+        self.slot_v = xp.empty((kern.SLOTS, n))
+        self.slot_cnt = xp.zeros(n, dtype=xp.int32)
+        self._kt: Any = None
         self.no_dense = xp.empty((1, 1))
 
     def _launch(self, kernel: Any, n_threads: int, *args: Any) -> None:
         self.backend.launch(kernel, self.kern.blocks_for(n_threads), self.kern.THREADS, *args)
+
+    def _kernel_t(self) -> Any:
+        """K^T as CSR with sorted indices (its rows are K's columns), built on first use."""
+        if self._kt is None:
+            kt = self.backend.sparse.csr_matrix(self.kmat.T)
+            kt.sort_indices()
+            self._kt = kt
+        return self._kt
+
+    @property
+    def at(self) -> Any:
+        """Dense ``A^T`` (n, k): the first work array, written by :meth:`update_a`, valid until :meth:`gram`."""
+        return self.w1.reshape(self.n, self.k)
 
     def update_a(self, q: Any, kb: Any, start: Any) -> None:
         """All T steps of the A-update (``start``: ``"uniform"``, a dense (k, n) A0, a sparse (k, n) A0, or None for
         the previous A), then the iterate A: its entries and the dense ``A^T``.
         """
         xp, sparse, kern = self.backend.xp, self.backend.sparse, self.kern
+        qa, p = self.w1, self.w2
         mode, qa0 = 2, self.no_dense[0]
         if isinstance(start, str):  # uniform: Q A0 is the same for every cell
             mode, qa0 = 1, q.sum(axis=1) / self.k
         elif start is not None:
             mode = 0
-            if sparse.issparse(start):  # Q A0 in the order of A0's stored entries per cell
-                self.qa[...] = (sparse.csr_matrix(start.T) @ q).T
+            if sparse.issparse(start):  # Q A0 in the order of A0's stored entries per cell, in blocks of cells
+                st = sparse.csr_matrix(start.T)
+                step = max(1, START_BLOCK // max(self.k, 1))
+                for s0 in range(0, self.n, step):
+                    qa[:, s0 : s0 + step] = (st[s0 : s0 + step] @ q).T
             else:
-                xp.matmul(q, start, out=self.qa)
+                xp.matmul(q, start, out=qa)
         self._launch(
-            kern.fw_a_cells,
-            self.n,
-            q,
-            kb.indptr,
-            kb.indices,
-            kb.data,
-            self.a_idx,
-            self.a_vals,
-            self.a_cnt,
-            qa0,
-            mode,
-            self.qa,
-            self.p,
-            self.a_picks,
-        )
-        self.at.fill(0.0)
-        self._launch(kern.fw_columns, self.n, self.a_picks, self.a_idx, self.a_vals, self.a_cnt, self.at, True)
+            kern.fw_a_cells, self.n, q, kb.indptr, kb.indices, kb.data, self.a_idx, self.a_vals, self.a_cnt, qa0, mode,
+            qa, p, self.a_picks,
+        )  # fmt: skip
+        at = self.at  # Q a and the K B rows are spent: the first work array takes the dense A^T
+        at.fill(0.0)
+        self._launch(kern.fw_columns, self.n, self.a_picks, self.a_idx, self.a_vals, self.a_cnt, at, True)
 
     def gram(self, *, with_s: bool = True) -> Any:
-        """``R = A A^T`` (dense k x k) and, ``with_s``, ``S^T = (K A^T)^T`` into its work array, from the dense
-        ``A^T`` (the products of the CPU's dense-gradient path).
+        """``R = A A^T`` (dense k x k) from the dense ``A^T`` and, ``with_s``, ``S^T = (K A^T)^T`` into the second work
+        array from A's entries (the products of the CPU's dense-gradient path).
         """
         r = self.backend.xp.ascontiguousarray(self.at.T @ self.at)
         if with_s:
-            self.s_t[...] = (self.kmat @ self.at).T
+            kmat = self.kmat
+            args = (kmat.indptr, kmat.indices, kmat.data, self.a_idx, self.a_vals, self.a_cnt, self.w2)
+            self._launch(self.kern.fw_s_rows, self.n, *args)
+        return r
+
+    def set_a(self, a: Any) -> Any:
+        """Take a given sparse A (k, n) for a B-update on its own (:func:`update_b`): dense ``A^T``, ``S^T`` and R."""
+        xp = self.backend.xp
+        self.at[...] = _dense(a.T, xp)
+        r = self.backend.xp.ascontiguousarray(self.at.T @ self.at)
+        self.w2[...] = (self.kmat @ self.at).T
         return r
 
     def update_b(self, kb: Any, r: Any) -> Any:
-        """All T steps of the B-update from ``kb = K B_prev``; returns B as a CSC matrix."""
-        xp, kern, kmat = self.backend.xp, self.kern, self.kmat
-        y, g = self.qa, self.p
-        y[...] = (kb @ r).T  # K B_prev R
-        xp.subtract(y, self.s_t, out=g)
+        """All T steps of the B-update from ``kb = K B_prev``; returns B as a CSC matrix. ``S^T`` is in the second work
+        array; the first (dense ``A^T`` until now) takes ``K B R``.
+        """
+        kern, kmat = self.kern, self.kmat
+        y, s_t = self.w1, self.w2
+        self._launch(kern.fw_kb_r, self.n, kb.indptr, kb.indices, kb.data, r, y)  # K B_prev R
+        kt = self._kernel_t()
         k_args = (kmat.indptr, kmat.indices, kmat.data)
+        slots = (self.slot_m, self.slot_v, self.slot_cnt)
         cols = (self.k, kern.COL_THREADS)
         last = self.n_steps - 1
-        self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, 0, self.kd, *k_args, last > 0)
+        self.backend.launch(kern.fw_b_cols, *cols, y, s_t, self.b_picks, 0, *slots, *k_args, last > 0)
         for t in range(1, self.n_steps):
             # t = 1: K B R becomes K E R exactly (the first step has g = 1); then y += g (z - y), g = 2 / (t + 1)
-            self._launch(kern.fw_b_rows, self.n, self.kd, r, y, self.s_t, g, 2.0 / (t + 1.0), t == 1)
-            self.backend.launch(kern.fw_b_cols, *cols, g, self.b_picks, t, self.kd, *k_args, t < last)
+            kt_args = (kt.indptr, kt.indices, kt.data)
+            self._launch(kern.fw_b_rows, self.n, *slots, *kt_args, self.b_picks, t, r, y, 2.0 / (t + 1.0), t == 1)
+            self.backend.launch(kern.fw_b_cols, *cols, y, s_t, self.b_picks, t, *slots, *k_args, t < last)
         return self._b_matrix()
 
     def _b_matrix(self) -> Any:
@@ -601,9 +633,15 @@ class _DeviceFit:
         return self._compact(self.b_idx, self.b_vals, self.b_cnt, (self.n, self.k))
 
     def rss(self, kb: Any, q: Any, r: Any) -> float:
-        """The reduced RSS from ``kb = K B``, ``q = B^T K B`` and ``r = A A^T``: one synchronising read."""
-        val = self.m_sq - 2.0 * kb.multiply(self.at).sum() + (q * r).sum()
+        """The reduced RSS from ``kb = K B``, ``q = B^T K B``, ``r = A A^T`` and A's entries: one synchronising read."""
+        xp = self.backend.xp
+        vals = xp.empty((self.n, self.n_steps))
+        self._launch(self.kern.fw_kba_values, self.n, kb.indptr, kb.indices, kb.data, *self._a_entries(), vals)
+        val = self.m_sq - 2.0 * vals.sum() + (q * r).sum()
         return math.sqrt(max(float(val), 0.0))
+
+    def _a_entries(self) -> tuple[Any, Any, Any]:
+        return self.a_idx, self.a_vals, self.a_cnt
 
     def _compact(self, idx: Any, vals: Any, cnt: Any, shape: tuple[int, int]) -> Any:
         """The columns of :func:`~gpuc.metacells._kernels_gpu.fw_columns` as a CSC matrix: one read (its size)."""
