@@ -686,11 +686,12 @@ def _fit_groups_host(
             e = _iterate_fused(xp, fused, op, st, layout, plain, check, sched)
         else:
             e = _iterate_array(xp, op, st, layout, plain, check, sched)
-        report.iteration()
         if not check:
+            report.iteration()
             continue
         done, change = runs.check(active, np.asarray(backend.to_host(e), dtype=np.float64), it, op.norm2, sched.tol)
-        report.change(change)
+        report.change(change)  # shown with the iteration, so a bar's last state says whether tol was reached
+        report.iteration()
         if it == sched.max_iter:
             done[:] = True
         if not done.any():
@@ -880,8 +881,8 @@ def _fit_groups_gpu(
     last = np.full(n_runs, np.nan)  # each run's loss at the previous read
     for it in range(1, sched.max_iter + 1):
         _gpu_iteration(backend, kern, op, layout, dev, it, sched)
-        report.iteration()
         if not (it % read_every == 0 or it == sched.max_iter):
+            report.iteration()
             continue
         s = np.asarray(backend.to_host(dev.state))  # the one read of the window
         runs.losses[active] = s[:, 3]
@@ -889,6 +890,7 @@ def _fit_groups_gpu(
         runs.converged[active] = s[:, 1] != 0
         change = np.abs(s[:, 3] - last[active]) / max(op.norm2, 1.0)
         report.change(float(np.nanmax(change)) if np.isfinite(change).any() else None)
+        report.iteration()
         last[active] = s[:, 3]
         done = s[:, 0] == 0
         if it == sched.max_iter:
