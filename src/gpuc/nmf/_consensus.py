@@ -18,10 +18,10 @@ from sklearn.cluster import KMeans  # at import, as the other libraries of the p
 from sklearn.metrics import silhouette_samples
 
 from gpuc._backend import Backend, get_backend, to_host
-from gpuc._dask import map_units
+from gpuc._dask import map_units, n_workers
 from gpuc._utils import SMALL_BLAS_FLOPS, serial_blas, threaded
 from gpuc.nmf._hals import HalsOptions, HalsResult, Operator, nnls_refit
-from gpuc.nmf._run import fit_ranks
+from gpuc.nmf._run import fit_on_cluster, fit_ranks, fit_restarts, restart_chunks
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
@@ -584,6 +584,56 @@ def sweep_rows(
         n_jobs=n_jobs,
         what="nmf_k_sweep",
         costs=list(ks),
+    )
+
+
+def _fit_and_row_unit(
+    backend: Backend,
+    k: int,
+    runs: range,
+    *,
+    op: Operator,
+    random_state: int,
+    options: dict,
+    rule: dict,
+    n_jobs: int | None,
+) -> dict:
+    """One Dask unit of a k sweep whose rank is not split: its restarts, then its row, on the same worker."""
+    fits = fit_restarts(backend, k, runs, op=op, random_state=random_state, options=options, n_jobs=n_jobs)
+    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **rule, n_jobs=n_jobs))
+
+
+def sweep_on_cluster(
+    client: Any,
+    backend: Backend,
+    op: Operator,
+    ks: Sequence[int],
+    n_runs: int,
+    random_state: int,
+    options: HalsOptions,
+    rule: ConsensusOptions,
+    *,
+    n_jobs: int | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of a k sweep on a Dask cluster: one task per rank that fits its restarts and computes its row there,
+    so the data are scattered once and only the rows come back (no round trip of the factors through this
+    process). When a rank is split into several units (:func:`gpuc.nmf._run.restart_chunks`: fewer workers than
+    ranks' worth of work), the restarts run first and the rows as one task per rank after them. The rows equal
+    the in-process sweep's.
+    """
+    ks = [int(k) for k in ks]
+    chunks = restart_chunks(op, ks, n_runs, n_workers(client))
+    if len(chunks) > len(ks):
+        fits = fit_on_cluster(client, backend, op, ks, n_runs, random_state, options, "nmf_k_sweep", n_jobs)
+        return sweep_rows(backend, op, ks, [fits[k] for k in ks], rule, client=client, n_jobs=n_jobs)
+    return map_units(
+        _fit_and_row_unit,
+        [(f"k={k}", (backend, k, r)) for k, r in chunks],
+        client=client,
+        shared={"op": op, "random_state": random_state, "options": options.kwargs(), "rule": rule.kwargs()},
+        n_jobs=n_jobs,
+        what="nmf_k_sweep",
+        costs=[k * len(r) for k, r in chunks],
     )
 
 

@@ -50,6 +50,7 @@ from gpuc.nmf._consensus import (
     run_ks,
     stored_pool,
     suggest_k,
+    sweep_on_cluster,
     sweep_rows,
 )
 from gpuc.nmf._docs import FRAGMENTS
@@ -318,15 +319,16 @@ def nmf_k_sweep(
         f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
     )
     t0 = time.perf_counter()
-    rows: list[dict] = []
     with interruptible("nmf_k_sweep"):
-        for batch in plan.batches:  # ranks fitted together, one batch after the other (one on a cluster)
-            with _hals_bar(hals, batch, dask_client) as bar:
-                fits = run_ks(
-                    be, op, batch, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs
-                )
-            logg.debug(f"    HALS k={batch}: {max(int(f.n_iter.max()) for f in fits)} iterations")
-            rows += sweep_rows(be, op, batch, fits, rule, client=dask_client, n_jobs=n_jobs)
+        if dask_client is not None:  # one task per rank: its restarts and its row on one worker
+            rows = sweep_on_cluster(dask_client, be, op, ks, n_runs, random_state, hals, rule, n_jobs=n_jobs)
+        else:
+            rows = []
+            for batch in plan.batches:  # ranks fitted together, one batch after the other
+                with _hals_bar(hals, batch, None) as bar:
+                    fits = run_ks(be, op, batch, n_runs, random_state, hals, progress=bar, n_jobs=n_jobs)
+                logg.debug(f"    HALS k={batch}: {max(int(f.n_iter.max()) for f in fits)} iterations")
+                rows += sweep_rows(be, op, batch, fits, rule, n_jobs=n_jobs)
     table = pd.DataFrame(rows)
     _warn_sweep(table, n_runs, hals)
 
