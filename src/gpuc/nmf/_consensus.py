@@ -493,12 +493,11 @@ def consensus_peak_bytes(k: int, n_runs: int, shape: tuple[int, int], target: Ta
     clustered dimension ``d``: about five float64 ``(P, d)`` arrays (the pool in the working precision and in float64,
     the unit rows and their temporary, the kept rows k-means clusters) and a dozen float64 ``(P, P)`` matrices
     (similarities, distances and their temporaries, the live and kept blocks, the partition, the silhouette's
-    copies and work), plus 1 MiB of k-means and silhouette bookkeeping that does not grow with the pool. Checked
-    against ``tracemalloc`` peaks in ``tests/nmf/test_nmf_memory.py``.
+    copies and work). Checked against ``tracemalloc`` peaks in ``tests/nmf/test_nmf_memory.py``.
     """
     pool = float(n_runs) * k
     dim = shape[1] if target == "spectra" else shape[0]
-    return 48.0 * pool * dim + 96.0 * pool * pool + float(1 << 20)
+    return 48.0 * pool * dim + 96.0 * pool * pool
 
 
 @threaded
