@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import anndata
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ import scipy.sparse as sp
 from anndata import AnnData
 
 import gpuc
+from gpuc._errors import GpucWarning
 from gpuc.nmf._consensus import suggest_k
 
 # ---- the planted-programme simulation (documented on the benchmarks page) ------------------------------------------
@@ -111,8 +113,8 @@ def test_getter_refuses_a_sweep_whose_every_consensus_failed() -> None:
     # the engine's rule falls back to the first k; the getter says there is nothing to suggest instead
     ad = _sweep_adata([np.nan, np.nan, np.nan], [1.0, 0.8, 0.6])
     assert ad.uns["nmf_k_sweep"]["suggested_k"] == 2
-    with pytest.raises(ValueError, match=r"failed for every k .*density_threshold=2\.0"):
-        gpuc.get.nmf_suggest_k(ad)
+    with pytest.warns(GpucWarning, match=r"failed for every k .*density_threshold=2\.0"):
+        assert gpuc.get.nmf_suggest_k(ad) is None
     fig = gpuc.pl.nmf_k_sweep(ad, show=False)  # drawn, with nothing marked
     assert "no k suggested" in fig._suptitle.get_text()
     plt.close(fig)
@@ -171,3 +173,16 @@ def test_refine_key_added_copy_and_errors(program_factory, same) -> None:
     with pytest.raises(ValueError, match="changed"):
         gpuc.tl.nmf_refine(bad, 0.3)
     same(ad, snapshot)
+
+
+def test_sweep_whose_every_consensus_failed_stores_no_suggestion(program_factory, tmp_path) -> None:
+    # nothing to suggest: suggested_k is None (not the sweep's first k), and it survives write_h5ad as None
+    ad = program_factory(60, 30, 3, seed=2)
+    with pytest.warns(GpucWarning, match="consensus failed for k=\\[2, 3\\]"):
+        gpuc.tl.nmf_k_sweep(ad, [2, 3], n_runs=3, layer="counts", density_threshold=0.0, random_state=0)
+    assert ad.uns["nmf_k_sweep"]["table"]["consensus_failed"].all()
+    assert ad.uns["nmf_k_sweep"]["suggested_k"] is None
+    with pytest.warns(GpucWarning, match="no k can be suggested"):
+        assert gpuc.get.nmf_suggest_k(ad) is None
+    ad.write_h5ad(tmp_path / "sweep.h5ad")
+    assert anndata.read_h5ad(tmp_path / "sweep.h5ad").uns["nmf_k_sweep"]["suggested_k"] is None

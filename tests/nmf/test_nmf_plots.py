@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import gpuc
+from gpuc._errors import GpucWarning
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +207,8 @@ def test_k_sweep_legends_clear_the_marked_k(fitted, mark_k):
 
 
 def test_k_sweep_when_every_consensus_failed(fitted):
-    with pytest.raises(ValueError, match="failed for every k"):
-        gpuc.get.nmf_suggest_k(fitted, key="failed_sweep")
+    with pytest.warns(GpucWarning, match="failed for every k"):
+        assert gpuc.get.nmf_suggest_k(fitted, key="failed_sweep") is None
     fig = gpuc.pl.nmf_k_sweep(fitted, key="failed_sweep", show=False)
     assert "no k suggested" in fig._suptitle.get_text()
     assert not [ln for a in fig.axes for ln in a.lines if ln.get_linestyle() == "--" and len(set(ln.get_xdata())) == 1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -12,6 +13,7 @@ from anndata import AnnData
 from gpuc import _keys
 from gpuc._backend import backend_of, is_sparse, to_host
 from gpuc._dask import is_dask_array
+from gpuc._errors import GpucWarning
 from gpuc._lazy import load
 from gpuc._validate import check_adata, check_int, check_key, get_matrix
 from gpuc.get._checks import tool_output
@@ -226,7 +228,7 @@ def nmf_suggest_k(
     tol: float = SUGGEST_TOL,
     min_gain: float = SUGGEST_MIN_GAIN,
     error: Literal["median_error", "best_error"] = "median_error",
-) -> int:
+) -> int | None:
     """The number of programmes a :func:`gpuc.tl.nmf_k_sweep` points to: a stable k at which the error still falls.
 
     cNMF and bixverse leave k to reading the stability / error plot; the judgement their documentation describes is
@@ -261,14 +263,14 @@ def nmf_suggest_k(
 
     Returns
     -------
-    The suggested k, an int. With the default options it equals ``adata.uns[key]['suggested_k']``.
+    The suggested k, an int; with the default options it equals ``adata.uns[key]['suggested_k']``. ``None`` when the
+    consensus failed for every k of the sweep (all stabilities NaN): there is nothing to suggest, and a k returned
+    anyway would look like an answer (``uns[key]['suggested_k']`` is then ``None`` too).
 
-    Raises
-    ------
-    ValueError
-        When the consensus failed for every k of the sweep (all stabilities NaN): there is nothing to suggest, and
-        a k returned anyway would look like an answer. (``uns[key]['suggested_k']`` then holds the sweep's first k;
-        do not use it.)
+    Warns
+    -----
+    GpucWarning
+        When it returns ``None``, saying why and how to rerun the sweep.
     """
     u = tool_output(adata, key, "nmf_k_sweep")
     for name, value in (("tol", tol), ("min_gain", min_gain)):
@@ -285,5 +287,6 @@ def nmf_suggest_k(
             "components passed the density filter, so no k can be suggested. Rerun gpuc.tl.nmf_k_sweep with "
             "density_threshold=2.0 (keeps every component)."
         )
-        raise ValueError(msg)
+        warnings.warn(msg, GpucWarning, stacklevel=2)
+        return None
     return suggest_k(t["k"], t["stability"], t[error], tol=float(tol), min_gain=float(min_gain))

@@ -7,6 +7,7 @@ pairwise distance exactly, as one ``(P, P)`` matrix product); only the NNLS refi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,12 +18,17 @@ from sklearn.cluster import KMeans  # at import, as the other libraries of the p
 from sklearn.metrics import silhouette_samples
 
 from gpuc._backend import Backend, get_backend, to_host
+from gpuc._dask import map_units, n_workers
 from gpuc._utils import SMALL_BLAS_FLOPS, serial_blas, threaded
-from gpuc.nmf._hals import TOL, UPDATE_ORDER, WARMUP, HalsResult, Operator, fit_hals_groups, nnls_refit
+from gpuc.nmf._hals import HalsOptions, HalsResult, Operator, nnls_refit
+from gpuc.nmf._run import fit_on_cluster, fit_ranks, fit_restarts, restart_chunks
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
 Normalization = Literal["sum", "l2"]
+METRICS = ("cosine", "euclidean")
+TARGETS = ("spectra", "usage")
+NORMALIZATIONS = ("sum", "l2")
 
 COLLAPSED_NORM = 1e-12
 MAX_STORED_POOL = 2000  # pooled-component distance matrices up to 2000 x 2000 (16 MB) are returned for plots
@@ -78,6 +84,68 @@ class ConsensusResult:
     table: dict[str, np.ndarray]
     params: dict[str, Any] = field(default_factory=dict)
     distances: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ConsensusOptions:
+    """How pooled restarts become a consensus (the tools' consensus options, passed as one object to the engine).
+
+    Attributes
+    ----------
+    target
+        Cluster the runs' ``"spectra"`` (gene space) or ``"usage"`` columns (cell space).
+    metric
+        Distance for the local density and the silhouette: ``"cosine"`` or ``"euclidean"``.
+    density_threshold
+        Keep pooled components whose local density is ``<`` this (2.0 keeps all).
+    normalization
+        Consensus rows rescaled to ``"sum"`` 1 (cNMF) or unit ``"l2"`` norm (bixverse).
+    neighborhood
+        Fraction of the runs used as neighbours for the local density.
+    kmeans_n_init
+        k-means restarts.
+    random_state
+        Seed of the k-means.
+    """
+
+    target: Target = "spectra"
+    metric: Metric = "cosine"
+    density_threshold: float = 0.5
+    normalization: Normalization = "sum"
+    neighborhood: float = 0.3
+    kmeans_n_init: int = 10
+    random_state: int = 0
+
+    def checked(self) -> ConsensusOptions:
+        """The options, checked with the tools' messages; thresholds as floats, the seed as an int
+        (:func:`gpuc._validate.resolve_random_state`: a generator is drawn from once).
+        """
+        from gpuc._validate import check_choice, check_int, check_number, resolve_random_state
+
+        check_choice("metric", self.metric, METRICS)
+        check_choice("target", self.target, TARGETS)
+        check_choice("normalization", self.normalization, NORMALIZATIONS)
+        threshold = check_number(
+            "density_threshold", self.density_threshold, low=0, high=2, hint="2 turns the filter off."
+        )
+        neighborhood = check_number("neighborhood", self.neighborhood, low=0, high=1, low_open=True)
+        check_int("kmeans_n_init", self.kmeans_n_init, minimum=1)
+        return dataclasses.replace(
+            self,
+            density_threshold=float(threshold),
+            neighborhood=float(neighborhood),
+            random_state=resolve_random_state(self.random_state),
+        )
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as :func:`consensus`'s keywords."""
+        return dataclasses.asdict(self)
+
+    def of_pool(self) -> dict[str, Any]:
+        """The options as :func:`consensus_of_pool`'s keywords (the neighbourhood went into the density)."""
+        out = self.kwargs()
+        del out["neighborhood"]
+        return out
 
 
 def _one_openmp_thread() -> Any:
@@ -410,20 +478,26 @@ def sweep_batches(
 
 
 def fit_peak_bytes(k_cols: int, shape: tuple[int, int], itemsize: int) -> float:
-    """Estimated memory of a batch of HALS fits with ``k_cols = n_runs * sum(k)`` factor columns (see
-    :func:`sweep_batches`: about six ``(m + n) x k_cols`` factor arrays).
+    """Estimated peak memory of a batch of HALS fits with ``k_cols = n_runs * sum(k)`` factor columns.
+
+    About ten ``(m + n) x k_cols`` arrays in the working precision: the random starts (which become the outputs),
+    the flat current, extrapolated and new factors, the two data products and the extrapolation's temporaries
+    (the array code; the fused kernels need fewer). Checked against ``tracemalloc`` peaks in
+    ``tests/nmf/test_nmf_memory.py``.
     """
-    return 6.0 * (shape[0] + shape[1]) * itemsize * k_cols
+    return 10.0 * (shape[0] + shape[1]) * itemsize * k_cols
 
 
 def consensus_peak_bytes(k: int, n_runs: int, shape: tuple[int, int], target: Target = "spectra") -> float:
-    """Estimated peak memory of :func:`consensus` for one rank: the pooled components and their unit rows
-    (``n_runs * k`` rows of the clustered dimension, float64) and about four dense ``(n_runs * k)^2`` float64
-    matrices (similarities, distances, the live block and the silhouette's work).
+    """Estimated peak memory of :func:`consensus` for one rank, ``P = n_runs * k`` pooled components of the
+    clustered dimension ``d``: about five float64 ``(P, d)`` arrays (the pool in the working precision and in float64,
+    the unit rows and their temporary, the kept rows k-means clusters) and a dozen float64 ``(P, P)`` matrices
+    (similarities, distances and their temporaries, the live and kept blocks, the partition, the silhouette's
+    copies and work). Checked against ``tracemalloc`` peaks in ``tests/nmf/test_nmf_memory.py``.
     """
     pool = float(n_runs) * k
     dim = shape[1] if target == "spectra" else shape[0]
-    return 16.0 * pool * dim + 32.0 * pool * pool
+    return 48.0 * pool * dim + 96.0 * pool * pool
 
 
 @threaded
@@ -433,42 +507,33 @@ def run_ks(
     ks: Sequence[int],
     n_runs: int,
     random_state: int,
+    options: HalsOptions | None = None,
     *,
-    max_iter: int = 500,
-    tol: float = TOL,
-    eps: float = 1e-10,
-    extrapolate: bool = True,
-    warmup: int = WARMUP,
-    update_order: str = UPDATE_ORDER,
+    client: Any = None,
     progress: Any = None,
     n_jobs: int | None = None,
+    **schedule: Any,
 ) -> list[HalsResult]:
-    """All restarts of the ranks ``ks``, fitted in one batch (HALS options as in :func:`fit_hals_groups`).
+    """All restarts of the ranks ``ks``: in one batch in this process, or as Dask tasks with a ``client``.
 
-    Run ``i`` of rank ``k`` is seeded from ``(random_state, k, i)`` only, and every run's iterates are independent
-    of the others in the batch, so a k's result does not depend on which other ranks are fitted with it. ``n_jobs``:
-    CPU threads of the fused kernels (row chunks in parallel) and of BLAS (:func:`gpuc._utils.cpu_threads`).
+    ``options`` is the HALS schedule (:class:`~gpuc.nmf._hals.HalsOptions`; default its defaults), and keywords
+    ``schedule`` (``max_iter=``, ``tol=``, ...) replace its fields. Run ``i`` of rank ``k`` is seeded from
+    ``(random_state, k, i)`` only, and every run's iterates are independent of the others in the batch, so a k's
+    result does not depend on which other ranks are fitted with it, nor on where it runs
+    (:func:`gpuc.nmf._run.fit_ranks`). ``n_jobs``: CPU threads of the fused kernels (row chunks in parallel) and of
+    BLAS (:func:`gpuc._utils.cpu_threads`), per Dask unit on a cluster. ``progress``: as in :func:`fit_hals_groups`.
     """
-    from gpuc._utils import derive_seed
-
-    groups = [(int(k), [derive_seed(random_state, int(k), i) for i in range(n_runs)]) for k in ks]
-    return fit_hals_groups(
-        backend,
-        op,
-        groups,
-        max_iter=max_iter,
-        tol=tol,
-        eps=eps,
-        extrapolate=extrapolate,
-        warmup=warmup,
-        update_order=update_order,
-        progress=progress,
+    options = dataclasses.replace(options or HalsOptions(), **schedule)
+    return fit_ranks(
+        backend, op, ks, n_runs, random_state, options, client=client, progress=progress, n_jobs=n_jobs, what="nmf"
     )
 
 
-def run_k(backend: Backend, op: Operator, k: int, n_runs: int, random_state: int, **options: Any) -> HalsResult:
+def run_k(
+    backend: Backend, op: Operator, k: int, n_runs: int, random_state: int, *args: Any, **kwargs: Any
+) -> HalsResult:
     """All restarts of rank ``k`` (:func:`run_ks` with one rank)."""
-    return run_ks(backend, op, [k], n_runs, random_state, **options)[0]
+    return run_ks(backend, op, [k], n_runs, random_state, *args, **kwargs)[0]
 
 
 def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consensus_kwargs: Any) -> KSweepRow:
@@ -482,6 +547,92 @@ def sweep_row(backend: Backend, op: Operator, fits: HalsResult, k: int, **consen
         return KSweepRow(k, float("nan"), float(np.min(rel)), float(np.median(rel)), True, k * n_runs, 0, n_conv)
     return KSweepRow(
         k, res.stability, float(np.min(rel)), float(np.median(rel)), False, res.n_dropped, res.n_empty_clusters, n_conv
+    )
+
+
+def _sweep_row_unit(
+    backend: Backend, k: int, fits: HalsResult, *, op: Operator, options: dict, n_jobs: int | None
+) -> dict:
+    """The sweep row of one rank from its restarts (consensus without the refit), as a dict (a Dask unit)."""
+    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **options, n_jobs=n_jobs))
+
+
+def sweep_rows(
+    backend: Backend,
+    op: Operator,
+    ks: Sequence[int],
+    fits: Sequence[HalsResult],
+    options: ConsensusOptions,
+    *,
+    client: Any = None,
+    n_jobs: int | None = None,
+) -> list[dict[str, Any]]:
+    """The k sweep's rows (as dicts) of the ranks ``ks`` from their restarts ``fits``: in this process, or one Dask
+    task per rank with a ``client`` (the data scattered once per worker); the rows are the same.
+    """
+    if client is None:
+        return [
+            vars(sweep_row(backend, op, f, int(k), **options.kwargs(), n_jobs=n_jobs))
+            for k, f in zip(ks, fits, strict=True)
+        ]
+    return map_units(
+        _sweep_row_unit,
+        [(f"k={k}", (backend, int(k), f.moved(to_host))) for k, f in zip(ks, fits, strict=True)],
+        client=client,
+        shared={"op": op, "options": options.kwargs()},
+        n_jobs=n_jobs,
+        what="nmf_k_sweep",
+        costs=list(ks),
+    )
+
+
+def _fit_and_row_unit(
+    backend: Backend,
+    k: int,
+    runs: range,
+    *,
+    op: Operator,
+    random_state: int,
+    options: dict,
+    rule: dict,
+    n_jobs: int | None,
+) -> dict:
+    """One Dask unit of a k sweep whose rank is not split: its restarts, then its row, on the same worker."""
+    fits = fit_restarts(backend, k, runs, op=op, random_state=random_state, options=options, n_jobs=n_jobs)
+    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **rule, n_jobs=n_jobs))
+
+
+def sweep_on_cluster(
+    client: Any,
+    backend: Backend,
+    op: Operator,
+    ks: Sequence[int],
+    n_runs: int,
+    random_state: int,
+    options: HalsOptions,
+    rule: ConsensusOptions,
+    *,
+    n_jobs: int | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of a k sweep on a Dask cluster: one task per rank that fits its restarts and computes its row there,
+    so the data are scattered once and only the rows come back (no round trip of the factors through this
+    process). When a rank is split into several units (:func:`gpuc.nmf._run.restart_chunks`: fewer workers than
+    ranks' worth of work), the restarts run first and the rows as one task per rank after them. The rows equal
+    the in-process sweep's.
+    """
+    ks = [int(k) for k in ks]
+    chunks = restart_chunks(op, ks, n_runs, n_workers(client))
+    if len(chunks) > len(ks):
+        fits = fit_on_cluster(client, backend, op, ks, n_runs, random_state, options, "nmf_k_sweep", n_jobs)
+        return sweep_rows(backend, op, ks, [fits[k] for k in ks], rule, client=client, n_jobs=n_jobs)
+    return map_units(
+        _fit_and_row_unit,
+        [(f"k={k}", (backend, k, r)) for k, r in chunks],
+        client=client,
+        shared={"op": op, "random_state": random_state, "options": options.kwargs(), "rule": rule.kwargs()},
+        n_jobs=n_jobs,
+        what="nmf_k_sweep",
+        costs=[k * len(r) for k, r in chunks],
     )
 
 

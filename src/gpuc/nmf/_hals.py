@@ -17,6 +17,7 @@ Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a tim
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,49 @@ WARMUP = 5  # default plain-HALS iterations before the extrapolation starts; see
 TOL = 1e-6  # default relative loss change over TOL_WINDOW iterations; see fit_hals_groups
 BETA0 = 0.5  # initial extrapolation step (Ang & Gillis 2019)
 LANE_MERGE = 2.0  # see _Layout.kernel_args
+
+
+@dataclass(frozen=True)
+class HalsOptions:
+    """The HALS schedule the tools expose, passed as one object from :mod:`gpuc.tl` to the engine.
+
+    Attributes
+    ----------
+    max_iter
+        Iteration limit of every restart.
+    tol
+        A run stops when its loss changed by less than ``tol * max(||V||^2, 1)`` over the last ``TOL_WINDOW``
+        iterations (checked every 5).
+    extrapolate
+        Ang & Gillis extrapolation after ``warmup`` plain iterations (``False``: plain HALS throughout).
+    warmup
+        Plain HALS iterations before the extrapolation starts.
+    update_order
+        ``"usages"`` first (scikit-learn's ``cd``, cNMF) or ``"spectra"`` first (bixverse).
+    """
+
+    max_iter: int = 500
+    tol: float = TOL
+    extrapolate: bool = True
+    warmup: int = WARMUP
+    update_order: str = UPDATE_ORDER
+
+    def checked(self) -> HalsOptions:
+        """The options, checked with the tools' messages (a :class:`TypeError` or :class:`ValueError` naming the
+        parameter); ``tol`` as a float.
+        """
+        from gpuc._validate import check_bool, check_choice, check_int, check_number
+
+        check_bool("extrapolate", self.extrapolate)
+        check_int("warmup", self.warmup, minimum=0)
+        check_choice("update_order", self.update_order, UPDATE_ORDERS)
+        check_int("max_iter", self.max_iter, minimum=1)
+        tol = check_number("tol", self.tol, low=0, low_open=True)
+        return dataclasses.replace(self, tol=float(tol))
+
+    def kwargs(self) -> dict[str, Any]:
+        """The options as :func:`fit_hals_groups`'s keywords."""
+        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -423,12 +467,33 @@ def fit_hals_groups(
         Gauss-Seidel sweeps per data product (Gillis & Glineur 2012: the products cost far more than a sweep, so
         repeating the cheap sweep on the same product can pay off).
     progress
-        Optional callable taking the number of iterations just done (for progress bars).
+        Optional progress report: an object with ``update(n)`` (``n`` iterations just done) and, optionally,
+        ``criterion(value, tol)`` (at each loss check, the largest relative loss change over the last 10
+        iterations among the runs still in the batch), such as :func:`gpuc._utils.iteration_progress`'s bar; or a
+        callable taking ``n``.
 
     Returns
     -------
     One :class:`HalsResult` per group, in order.
     """
+    _check_schedule(groups, warmup, update_order)
+    runs = _Runs.of(groups, TOL_WINDOW, check_every)
+    # plain HALS is the extrapolated scheme with the step held at zero for the whole fit
+    sched = _Schedule(max_iter, tol, eps, check_every, int(warmup) if extrapolate else max_iter, inner_sweeps)
+    out_w, out_h = _random_starts(backend, op, groups)
+    layout = _Layout.of(runs.ks, runs.gid)
+    w = backend.xp.concatenate([x.reshape(op.shape[0], -1) for x in out_w], axis=1)
+    ht = backend.xp.concatenate([x.reshape(op.shape[1], -1) for x in out_h], axis=1)
+    if update_order == "usages":  # one usage half-step from the random spectra (sklearn 'cd' order: W first)
+        _first_usage_sweep(backend.xp, op, w, ht, layout, eps, inner_sweeps)
+    fused = _fused_kernels(backend, op, int(runs.ks.max()))
+    loop = _fit_groups_gpu if fused is not None and backend.is_gpu else _fit_groups_host
+    loop(backend, fused, op, layout, w, ht, out_w, out_h, runs, sched, _Report.of(progress, tol))
+    return runs.results(out_w, out_h, op.norm2)
+
+
+def _check_schedule(groups: Sequence[tuple[int, Sequence[Any]]], warmup: Any, update_order: str) -> None:
+    """The checks of :func:`fit_hals_groups`'s arguments (the tools check them with their own messages first)."""
     if update_order not in UPDATE_ORDERS:
         msg = f"update_order={update_order!r} must be one of {UPDATE_ORDERS}."
         raise ValueError(msg)
@@ -438,190 +503,267 @@ def fit_hals_groups(
     if len(groups) == 0 or any(len(seeds) == 0 for _, seeds in groups):
         msg = "fit_hals_groups needs at least one group and one seed per group."
         raise ValueError(msg)
-    xp = backend.xp
-    m, n = op.shape
-    dt = op.dtype
-    ks_run = np.concatenate([np.full(len(seeds), int(k), dtype=np.int64) for k, seeds in groups])
-    gid_run = np.concatenate([np.full(len(seeds), g, dtype=np.int64) for g, (_, seeds) in enumerate(groups)])
-    idx_run = np.concatenate([np.arange(len(seeds)) for _, seeds in groups])
-    n_runs = len(ks_run)
-    kmax = int(ks_run.max())
-    # plain HALS is the extrapolated scheme with the step held at zero for the whole fit
-    n_plain = int(warmup) if extrapolate else max_iter
-    # outputs, one (rows, R_g, k_g) pair per group; finished runs are written back into them
+
+
+@dataclass(frozen=True)
+class _Schedule:
+    """The iteration schedule of a fit (see :func:`fit_hals_groups`); ``n_plain`` iterations run unextrapolated."""
+
+    max_iter: int
+    tol: float
+    eps: float
+    check_every: int
+    n_plain: int
+    inner_sweeps: int
+
+
+@dataclass
+class _Runs:
+    """The runs of a fit, in group order, and what the fit reports per run (host arrays).
+
+    ``ks``, ``gid`` and ``idx``: each run's rank, group and place in its group; ``losses``, ``n_iter`` and
+    ``converged`` are filled as runs are checked; ``prev`` holds each run's losses at its last ``lag`` checks,
+    oldest first (the stopping rule compares with the loss ``TOL_WINDOW`` iterations earlier).
+    """
+
+    ks: np.ndarray
+    gid: np.ndarray
+    idx: np.ndarray
+    losses: np.ndarray
+    n_iter: np.ndarray
+    converged: np.ndarray
+    prev: np.ndarray
+
+    @classmethod
+    def of(cls, groups: Sequence[tuple[int, Sequence[Any]]], window: int, check_every: int) -> _Runs:
+        ks = np.concatenate([np.full(len(seeds), int(k), dtype=np.int64) for k, seeds in groups])
+        gid = np.concatenate([np.full(len(seeds), g, dtype=np.int64) for g, (_, seeds) in enumerate(groups)])
+        idx = np.concatenate([np.arange(len(seeds)) for _, seeds in groups])
+        n = len(ks)
+        lag = max(1, window // check_every)
+        return cls(
+            ks, gid, idx, np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool), np.full((n, lag), np.nan)
+        )
+
+    def check(self, active: np.ndarray, cur: np.ndarray, it: int, norm2: float, tol: float) -> tuple[Any, Any]:
+        """The stopping rule at a check of iteration ``it`` for the runs ``active`` with losses ``cur``: records the
+        losses and returns ``(done, criterion)``, the runs that met ``tol`` and the largest relative change among
+        the runs that have one (``None`` before the first comparison).
+        """
+        done = np.zeros(len(active), dtype=bool)
+        old = self.prev[active, 0]
+        has_prev = ~np.isnan(old)
+        change = np.abs(old[has_prev] - cur[has_prev]) / max(norm2, 1.0)
+        done[has_prev] = change < tol
+        self.prev[active, :-1] = self.prev[active, 1:]
+        self.prev[active, -1] = cur
+        self.losses[active] = cur
+        self.n_iter[active] = it
+        self.converged[active[done]] = True
+        return done, (float(change.max()) if change.size else None)
+
+    def results(self, out_w: list[Any], out_h: list[Any], norm2: float) -> list[HalsResult]:
+        """One :class:`HalsResult` per group from its output factors."""
+        out = []
+        for g in range(len(out_w)):
+            sel = self.gid == g
+            out.append(HalsResult(out_w[g], out_h[g], self.losses[sel], self.n_iter[sel], self.converged[sel], norm2))
+        return out
+
+
+@dataclass
+class _Report:
+    """Where a fit reports its progress: ``update(n)`` per iteration, ``criterion(value, tol)`` at checks."""
+
+    update: Any = None
+    criterion: Any = None
+    tol: float = TOL
+
+    @classmethod
+    def of(cls, progress: Any, tol: float) -> _Report:
+        if progress is None:
+            return cls()
+        if hasattr(progress, "update"):
+            return cls(progress.update, getattr(progress, "criterion", None), tol)
+        return cls(progress, None, tol)
+
+    def iteration(self) -> None:
+        if self.update is not None:
+            self.update(1)
+
+    def change(self, value: float | None) -> None:
+        if self.criterion is not None and value is not None:
+            self.criterion(value, self.tol)
+
+
+def _random_starts(backend: Backend, op: Operator, groups: Sequence[tuple[int, Sequence[Any]]]) -> tuple[list, list]:
+    """Each group's random starts on the device, ``(rows, R_g, k_g)``; finished runs are later written into them."""
     out_w, out_h = [], []
     for k, seeds in groups:
-        w0, h0 = random_init(seeds, m, n, int(k), op.mean, dt)
+        w0, h0 = random_init(seeds, op.shape[0], op.shape[1], int(k), op.mean, op.dtype)
         out_w.append(backend.asarray(w0))
         out_h.append(backend.asarray(h0))
-    losses = np.full(n_runs, np.nan)
-    n_iter = np.zeros(n_runs, dtype=np.int64)
-    converged = np.zeros(n_runs, dtype=bool)
-    active = np.arange(n_runs)
-    layout = _Layout.of(ks_run, gid_run)
-    col_run = xp.asarray(layout.col_run)  # (C,) on the device, for per-run steps of the generic path
-    # the stopping rule compares each run's loss with its loss TOL_WINDOW iterations earlier (lag checks back)
-    lag = max(1, TOL_WINDOW // check_every)
-    prev = np.full((n_runs, lag), np.nan)  # losses at the last `lag` checks, oldest first
-    w = xp.concatenate([x.reshape(m, -1) for x in out_w], axis=1)
-    ht = xp.concatenate([x.reshape(n, -1) for x in out_h], axis=1)
-    if update_order == "usages":  # one usage half-step from the random spectra (sklearn 'cd' order: W first)
-        c0 = _product(xp, op.dot, ht, layout, op.sparse)
-        d0 = [gram(xp, _block(ht, k, nr, c)) for k, _, nr, c in layout.blocks]
-        _sweep_blocks(xp, w, c0, d0, layout, eps, inner_sweeps)
-        del c0, d0
-    fused = _fused_kernels(backend, op, kmax)
-    if fused is not None and backend.is_gpu:
-        return _fit_groups_gpu(
-            backend,
-            fused,
-            op,
-            layout,
+    return out_w, out_h
+
+
+def _first_usage_sweep(xp: Any, op: Operator, w: Any, ht: Any, layout: _Layout, eps: float, inner: int) -> None:
+    """The usage half-step from the random spectra that scikit-learn's ``cd`` order starts with, in place."""
+    c0 = _product(xp, op.dot, ht, layout, op.sparse)
+    d0 = [gram(xp, _block(ht, k, nr, c)) for k, _, nr, c in layout.blocks]
+    _sweep_blocks(xp, w, c0, d0, layout, eps, inner)
+
+
+@dataclass
+class _HostState:
+    """The iterates of the host loop (flat ``(rows, C)`` factors) and the per-run extrapolation state.
+
+    Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from ``x_hat = x_new + beta (x_new -
+    x_old)``; ``beta`` grows by 1.05 while the error falls (capped by ``beta_bar``, which grows by 1.01 up to 1) and
+    is divided by 1.5, with the extrapolation dropped, when the error rises. During the plain iterations (warm-up,
+    or ``extrapolate=False``) the step is zero, so ``x_hat = x_new``. ``g_what`` (fused kernels only) is the Gram of
+    the current ``w_hat`` (float64, ``(R, kmax, kmax)``); ``col_run`` the active position of each column's run.
+    """
+
+    w: Any
+    ht: Any
+    w_hat: Any
+    h_hat: Any
+    beta: Any
+    beta_bar: Any
+    e_prev: Any
+    g_what: Any
+    col_run: Any
+
+    @classmethod
+    def start(cls, xp: Any, w: Any, ht: Any, layout: _Layout, dt: Any, kmax: int, fused: bool) -> _HostState:
+        n = len(layout.ks)
+        w_hat = w.copy()
+        return cls(
             w,
             ht,
-            out_w,
-            out_h,
-            ks_run,
-            gid_run,
-            idx_run,
-            max_iter=max_iter,
-            tol=tol,
-            eps=eps,
-            check_every=check_every,
-            n_plain=n_plain,
-            inner_sweeps=inner_sweeps,
-            progress=progress,
+            w_hat,
+            ht.copy(),
+            xp.full((n,), BETA0, dtype=dt),
+            xp.ones((n,), dtype=dt),
+            xp.full((n,), xp.inf, dtype=xp.float64),
+            _padded_grams(xp, w_hat, layout, kmax) if fused else None,
+            xp.asarray(layout.col_run),
         )
-    # Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from
-    # x_hat = x_new + beta (x_new - x_old); beta grows by 1.05 while the error falls (capped by beta_bar, which
-    # grows by 1.01 up to 1) and is divided by 1.5, with the extrapolation dropped, when the error rises. During the
-    # plain iterations (warm-up, or extrapolate=False) the step is zero, so x_hat = x_new.
-    w_hat, h_hat = w.copy(), ht.copy()
-    beta = xp.full((n_runs,), BETA0, dtype=dt)
-    beta_bar = xp.ones((n_runs,), dtype=dt)
-    e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
-    if fused is not None:
-        g_what = _padded_grams(xp, w_hat, layout, kmax)  # Gram of the current w_hat (float64, (R, kmax, kmax))
-    it = 0
-    for it in range(1, max_iter + 1):
-        ra = len(active)
-        check = it % check_every == 0 or it == max_iter
-        plain = it <= n_plain
+
+    def keep(self, xp: Any, layout: _Layout, keep_pos: np.ndarray) -> None:
+        """Drop the finished runs: keep the runs at active positions ``keep_pos``."""
+        (self.w, self.ht, self.w_hat, self.h_hat), (self.beta, self.beta_bar, self.e_prev) = _keep_runs(
+            xp, layout, keep_pos, (self.w, self.ht, self.w_hat, self.h_hat), (self.beta, self.beta_bar, self.e_prev)
+        )
+        if self.g_what is not None:
+            self.g_what = np.ascontiguousarray(self.g_what[keep_pos])
+
+
+def _fit_groups_host(
+    backend: Backend,
+    fused: Any,
+    op: Operator,
+    layout: _Layout,
+    w: Any,
+    ht: Any,
+    out_w: list[Any],
+    out_h: list[Any],
+    runs: _Runs,
+    sched: _Schedule,
+    report: _Report,
+) -> None:
+    """The iterations of :func:`fit_hals_groups` on the host (fused numba kernels when ``fused`` is given, else the
+    array code, which also runs on a GPU without the fused kernels); finished runs go into ``out_w``, ``out_h``.
+    """
+    xp = backend.xp
+    kmax = int(runs.ks.max())
+    st = _HostState.start(xp, w, ht, layout, op.dtype, kmax, fused is not None)
+    active = np.arange(len(runs.ks))
+    for it in range(1, sched.max_iter + 1):
+        check = it % sched.check_every == 0 or it == sched.max_iter
+        plain = it <= sched.n_plain
         if fused is not None:
-            vt, v = op.vt, op.v
-            b_use = np.zeros(ra, dtype=dt) if plain else beta
-            d64 = fused.spectra_half(
-                vt.indptr,
-                vt.indices,
-                vt.data,
-                w_hat,
-                g_what.astype(dt),
-                ht,
-                h_hat,
-                b_use,
-                not (check or plain),
-                eps,
-                *layout.kernel_args,
-                inner_sweeps,
-            )
-            cross, g_new, g_what = fused.usage_half(
-                v.indptr,
-                v.indices,
-                v.data,
-                h_hat,
-                d64.astype(dt),
-                w,
-                w_hat,
-                b_use,
-                eps,
-                *layout.kernel_args,
-                inner_sweeps,
-            )
-            e = op.norm2 - 2.0 * cross + _quad_terms(g_new, d64, layout)
-            if plain:
-                e_prev = e
-            else:
-                rise = e > e_prev
-                if rise.any():  # drop the extrapolation of the runs whose error rose
-                    cols = layout.columns(np.flatnonzero(rise))
-                    w_hat[:, cols] = w[:, cols]
-                    h_hat[:, cols] = ht[:, cols]
-                    g_what[rise] = g_new[rise]
-                beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
-            if check:
-                cur = np.asarray(e, dtype=np.float64)
+            e = _iterate_fused(xp, fused, op, st, layout, plain, check, sched)
         else:
-            at = _product(xp, op.tdot, w_hat, layout, op.sparse)
-            h_new = h_hat.copy()
-            _sweep_blocks(
-                xp,
-                h_new,
-                at,
-                [gram(xp, _block(w_hat, k, nr, c)) for k, _, nr, c in layout.blocks],
-                layout,
-                eps,
-                inner_sweeps,
-            )
-            # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
-            bt = xp.take(beta, col_run)[None, :]
-            h_hat = h_new if (check or plain) else h_new + bt * (h_new - ht)
-            ht = h_new
-            c = _product(xp, op.dot, h_hat, layout, op.sparse)
-            d = [gram(xp, _block(h_hat, k, nr, c0)) for k, _, nr, c0 in layout.blocks]
-            w_new = w_hat.copy()
-            _sweep_blocks(xp, w_new, c, d, layout, eps, inner_sweeps)
-            e = xp.concatenate(
-                [
-                    _run_losses(xp, op.norm2, _block(w_new, k, nr, c0), _block(c, k, nr, c0), db)
-                    for (k, _, nr, c0), db in zip(layout.blocks, d, strict=True)
-                ]
-            )
-            if plain:
-                w_hat = w_new
-                e_prev = e
-            else:
-                rise = e > e_prev
-                rc = xp.take(rise, col_run)[None, :]
-                w_hat = xp.where(rc, w_new, w_new + bt * (w_new - w))
-                h_hat = xp.where(rc, ht, h_hat)
-                beta, beta_bar, e_prev = _adapt_step(xp, rise, e, e_prev, beta, beta_bar)
-            w = w_new
-            if check:
-                cur = np.asarray(backend.to_host(e), dtype=np.float64)
-        if progress is not None:
-            progress(1)
+            e = _iterate_array(xp, op, st, layout, plain, check, sched)
         if not check:
+            report.iteration()
             continue
-        done = np.zeros(ra, dtype=bool)
-        old = prev[active, 0]
-        has_prev = ~np.isnan(old)
-        done[has_prev] = np.abs(old[has_prev] - cur[has_prev]) / max(op.norm2, 1.0) < tol
-        prev[active, :-1] = prev[active, 1:]
-        prev[active, -1] = cur
-        losses[active] = cur
-        n_iter[active] = it
-        converged[active[done]] = True
-        if it == max_iter:
+        done, change = runs.check(active, np.asarray(backend.to_host(e), dtype=np.float64), it, op.norm2, sched.tol)
+        report.change(change)  # shown with the iteration, so a bar's last state says whether tol was reached
+        report.iteration()
+        if it == sched.max_iter:
             done[:] = True
         if not done.any():
             continue
-        _write_finished(xp, layout, done, active, gid_run, idx_run, w, ht, out_w, out_h)
+        _write_finished(xp, layout, done, active, runs.gid, runs.idx, st.w, st.ht, out_w, out_h)
         keep_pos = np.flatnonzero(~done)
         active = active[keep_pos]
         if len(active) == 0:
             break
-        (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev) = _keep_runs(
-            xp, layout, keep_pos, (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev)
-        )
-        if fused is not None:
-            g_what = np.ascontiguousarray(g_what[keep_pos])
-        layout = _Layout.of(ks_run[active], gid_run[active])
-        col_run = xp.asarray(layout.col_run)
-    results = []
-    for g in range(len(groups)):
-        sel = gid_run == g
-        results.append(HalsResult(out_w[g], out_h[g], losses[sel], n_iter[sel], converged[sel], op.norm2))
-    return results
+        st.keep(xp, layout, keep_pos)
+        layout = _Layout.of(runs.ks[active], runs.gid[active])
+        st.col_run = xp.asarray(layout.col_run)
+
+
+def _iterate_fused(
+    xp: Any, fused: Any, op: Operator, st: _HostState, layout: _Layout, plain: bool, check: bool, sched: _Schedule
+) -> Any:
+    """One iteration with the fused CPU kernels (sparse ``V``), in place; returns the runs' losses (host)."""
+    dt = op.dtype
+    vt, v = op.vt, op.v
+    b_use = np.zeros(len(layout.ks), dtype=dt) if plain else st.beta
+    d64 = fused.spectra_half(vt.indptr, vt.indices, vt.data, st.w_hat, st.g_what.astype(dt), st.ht, st.h_hat, b_use,
+                             not (check or plain), sched.eps, *layout.kernel_args, sched.inner_sweeps)  # fmt: skip
+    cross, g_new, st.g_what = fused.usage_half(v.indptr, v.indices, v.data, st.h_hat, d64.astype(dt), st.w, st.w_hat,
+                                               b_use, sched.eps, *layout.kernel_args, sched.inner_sweeps)  # fmt: skip
+    e = op.norm2 - 2.0 * cross + _quad_terms(g_new, d64, layout)
+    if plain:
+        st.e_prev = e
+        return e
+    rise = e > st.e_prev
+    if rise.any():  # drop the extrapolation of the runs whose error rose
+        cols = layout.columns(np.flatnonzero(rise))
+        st.w_hat[:, cols] = st.w[:, cols]
+        st.h_hat[:, cols] = st.ht[:, cols]
+        st.g_what[rise] = g_new[rise]
+    st.beta, st.beta_bar, st.e_prev = _adapt_step(xp, rise, e, st.e_prev, st.beta, st.beta_bar)
+    return e
+
+
+def _iterate_array(
+    xp: Any, op: Operator, st: _HostState, layout: _Layout, plain: bool, check: bool, sched: _Schedule
+) -> Any:
+    """One iteration of the array code (any device), in place; returns the runs' losses (on the device)."""
+    at = _product(xp, op.tdot, st.w_hat, layout, op.sparse)
+    h_new = st.h_hat.copy()
+    g_w = [gram(xp, _block(st.w_hat, k, nr, c)) for k, _, nr, c in layout.blocks]
+    _sweep_blocks(xp, h_new, at, g_w, layout, sched.eps, sched.inner_sweeps)
+    # on check iterations the spectra are not extrapolated, so the loss below is that of (W, H) exactly
+    bt = xp.take(st.beta, st.col_run)[None, :]
+    st.h_hat = h_new if (check or plain) else h_new + bt * (h_new - st.ht)
+    st.ht = h_new
+    c = _product(xp, op.dot, st.h_hat, layout, op.sparse)
+    d = [gram(xp, _block(st.h_hat, k, nr, c0)) for k, _, nr, c0 in layout.blocks]
+    w_new = st.w_hat.copy()
+    _sweep_blocks(xp, w_new, c, d, layout, sched.eps, sched.inner_sweeps)
+    e = xp.concatenate(
+        [
+            _run_losses(xp, op.norm2, _block(w_new, k, nr, c0), _block(c, k, nr, c0), db)
+            for (k, _, nr, c0), db in zip(layout.blocks, d, strict=True)
+        ]
+    )
+    if plain:
+        st.w_hat = w_new
+        st.e_prev = e
+    else:
+        rise = e > st.e_prev
+        rc = xp.take(rise, st.col_run)[None, :]
+        st.w_hat = xp.where(rc, w_new, w_new + bt * (w_new - st.w))
+        st.h_hat = xp.where(rc, st.ht, st.h_hat)
+        st.beta, st.beta_bar, st.e_prev = _adapt_step(xp, rise, e, st.e_prev, st.beta, st.beta_bar)
+    st.w = w_new
+    return e
 
 
 def _keep_runs(
@@ -719,104 +861,150 @@ def _fit_groups_gpu(
     ht: Any,
     out_w: list[Any],
     out_h: list[Any],
-    ks_run: np.ndarray,
-    gid_run: np.ndarray,
-    idx_run: np.ndarray,
-    *,
-    max_iter: int,
-    tol: float,
-    eps: float,
-    check_every: int,
-    n_plain: int,
-    inner_sweeps: int,
-    progress: Any,
-) -> list[HalsResult]:
+    runs: _Runs,
+    sched: _Schedule,
+    report: _Report,
+) -> None:
     """The iterations of :func:`fit_hals_groups` on a GPU with the fused kernels of :mod:`gpuc.nmf._kernels_gpu`.
 
     Same schedule and rules as the CPU path (extrapolation, checks every ``check_every`` iterations, stopping rule),
     with the per-run step, losses and stop decisions kept on the device: an iteration is two products and six kernel
-    launches, and the host reads the run states once per ``TOL_WINDOW`` iterations (or ``check_every`` if larger).
-    A run that stops at a check is frozen on the device until that read, then leaves the batch.
+    launches (:func:`_gpu_iteration`), and the host reads the run states once per ``TOL_WINDOW`` iterations (or
+    ``check_every`` if larger). A run that stops at a check is frozen on the device until that read, then leaves the
+    batch. The convergence shown to ``report`` is each run's loss change between two reads.
     """
     xp = backend.xp
-    m, n = op.shape
-    dt = op.dtype
-    n_runs = len(ks_run)
-    kmax = int(ks_run.max())
-    lag = max(1, TOL_WINDOW // check_every)
-    read_every = max(TOL_WINDOW, check_every)
-    nch_w, nch_h = kern.n_chunks(m), kern.n_chunks(n)
-    launch = backend.launch
-    consts = kern.step_constants(xp, dt)
-    losses = np.full(n_runs, np.nan)
-    n_iter = np.zeros(n_runs, dtype=np.int64)
-    converged = np.zeros(n_runs, dtype=bool)
+    n_runs = len(runs.ks)
+    read_every = max(TOL_WINDOW, sched.check_every)
+    dev = _GpuState.start(xp, kern, op, layout, w, ht, runs, sched)
     active = np.arange(n_runs)
-    w_hat, h_hat = w.copy(), ht.copy()
-    beta = xp.full((n_runs,), BETA0, dtype=dt)
-    beta_bar = xp.ones((n_runs,), dtype=dt)
-    e_prev = xp.full((n_runs,), xp.inf, dtype=xp.float64)
-    hist = xp.full((n_runs, lag), xp.nan, dtype=xp.float64)  # losses at the last `lag` checks, oldest first
-    state = xp.asarray(np.tile(np.array([1.0, 0.0, 0.0, np.nan]), (n_runs, 1)))  # live, converged, n_iter, loss
-    g_what = _padded_grams(xp, w_hat, layout, kmax)  # Gram of the current w_hat, float64 and working precision
-    g_what_dt = g_what.astype(dt)
-    bt = _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt)
-    for it in range(1, max_iter + 1):
-        ra = len(active)
-        check = it % check_every == 0 or it == max_iter
-        plain = it <= n_plain
-        # spectra: h = sweep(h_hat; V^T w_hat, W^T W), extrapolated unless plain or a check; Gram of the new h_hat
-        at = _product(xp, op.tdot, w_hat, layout, op.sparse)
-        b, th = kern.grid(nch_h * ra)
-        launch(kern.half_step, b, th, at, g_what_dt, h_hat, ht, beta, int(not (check or plain)), 0, eps, bt.rk,
-               bt.roff, state, inner_sweeps, nch_h, bt.none4, bt.ph, bt.none2)  # fmt: skip
-        b, th = kern.grid(ra * kmax)
-        launch(kern.gram_finish, b, th, bt.ph, bt.none4, bt.rk, state, nch_h, bt.d64, bt.d_dt, bt.none3, bt.none3,
-               bt.none2)  # fmt: skip
-        # usages: w = sweep(w_hat; V h_hat^T, H H^T), extrapolated unless plain; Grams of w and w_hat, cross term
-        c = _product(xp, op.dot, h_hat, layout, op.sparse)
-        b, th = kern.grid(nch_w * ra)
-        launch(kern.half_step, b, th, c, bt.d_dt, w_hat, w, beta, int(not plain), 1, eps, bt.rk, bt.roff, state,
-               inner_sweeps, nch_w, bt.pw_new, bt.pw_hat, bt.pw_cross)  # fmt: skip
-        b, th = kern.grid(ra * kmax)
-        launch(kern.gram_finish, b, th, bt.pw_new, bt.pw_hat, bt.rk, state, nch_w, bt.g_new, bt.g_scratch,
-               bt.g_hat, bt.d64, bt.quad)  # fmt: skip
-        # loss, step rule, next Gram of w_hat and (on checks) the stopping rule, per run on the device
-        b, th = kern.grid(ra)
-        launch(kern.step, b, th, bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
-               max_iter, float(tol), consts, beta, beta_bar, e_prev, hist, state, bt.rise, bt.g_new, bt.g_hat,
-               g_what, g_what_dt)  # fmt: skip
-        if not plain:  # runs whose error rose drop their extrapolation
-            b, th = kern.grid(max(nch_w, nch_h) * ra)
-            launch(kern.restore, b, th, w, w_hat, ht, h_hat, bt.rk, bt.roff, bt.rise, nch_w, nch_h)
-        if progress is not None:
-            progress(1)
-        if not (it % read_every == 0 or it == max_iter):
+    last = np.full(n_runs, np.nan)  # each run's loss at the previous read
+    for it in range(1, sched.max_iter + 1):
+        _gpu_iteration(backend, kern, op, layout, dev, it, sched)
+        if not (it % read_every == 0 or it == sched.max_iter):
+            report.iteration()
             continue
-        st = np.asarray(backend.to_host(state))  # the one read of the window
-        losses[active] = st[:, 3]
-        n_iter[active] = st[:, 2].astype(np.int64)
-        converged[active] = st[:, 1] != 0
-        done = st[:, 0] == 0
-        if it == max_iter:
+        s = np.asarray(backend.to_host(dev.state))  # the one read of the window
+        runs.losses[active] = s[:, 3]
+        runs.n_iter[active] = s[:, 2].astype(np.int64)
+        runs.converged[active] = s[:, 1] != 0
+        change = np.abs(s[:, 3] - last[active]) / max(op.norm2, 1.0)
+        report.change(float(np.nanmax(change)) if np.isfinite(change).any() else None)
+        report.iteration()
+        last[active] = s[:, 3]
+        done = s[:, 0] == 0
+        if it == sched.max_iter:
             done[:] = True
         if not done.any():
             continue
-        _write_finished(xp, layout, done, active, gid_run, idx_run, w, ht, out_w, out_h)
+        _write_finished(xp, layout, done, active, runs.gid, runs.idx, dev.w, dev.ht, out_w, out_h)
         keep_pos = np.flatnonzero(~done)
         active = active[keep_pos]
         if len(active) == 0:
             break
-        (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev, hist, state, g_what, g_what_dt) = _keep_runs(
-            xp, layout, keep_pos, (w, ht, w_hat, h_hat), (beta, beta_bar, e_prev, hist, state, g_what, g_what_dt)
+        layout = dev.keep(xp, kern, op, layout, keep_pos, runs.ks[active], runs.gid[active])
+
+
+@dataclass
+class _GpuState:
+    """The device state of the fused GPU loop: the flat factors, the per-run step, loss history and run states
+    (``state`` rows: live, converged, n_iter, loss), the padded Grams of ``w_hat`` and the per-batch buffers.
+    """
+
+    w: Any
+    ht: Any
+    w_hat: Any
+    h_hat: Any
+    beta: Any
+    beta_bar: Any
+    e_prev: Any
+    hist: Any  # (R, lag) losses at the last `lag` checks, oldest first
+    state: Any
+    g_what: Any  # Gram of the current w_hat, float64 ...
+    g_what_dt: Any  # ... and in the working precision
+    bt: _GpuBatch
+    consts: Any
+    kmax: int
+    nch_w: int
+    nch_h: int
+
+    @classmethod
+    def start(
+        cls, xp: Any, kern: Any, op: Operator, layout: _Layout, w: Any, ht: Any, runs: _Runs, sched: _Schedule
+    ) -> _GpuState:
+        dt = op.dtype
+        n_runs = len(runs.ks)
+        kmax = int(runs.ks.max())
+        lag = max(1, TOL_WINDOW // sched.check_every)
+        nch_w, nch_h = kern.n_chunks(op.shape[0]), kern.n_chunks(op.shape[1])
+        w_hat = w.copy()
+        g_what = _padded_grams(xp, w_hat, layout, kmax)
+        return cls(
+            w,
+            ht,
+            w_hat,
+            ht.copy(),
+            xp.full((n_runs,), BETA0, dtype=dt),
+            xp.ones((n_runs,), dtype=dt),
+            xp.full((n_runs,), xp.inf, dtype=xp.float64),
+            xp.full((n_runs, lag), xp.nan, dtype=xp.float64),
+            xp.asarray(np.tile(np.array([1.0, 0.0, 0.0, np.nan]), (n_runs, 1))),
+            g_what,
+            g_what.astype(dt),
+            _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt),
+            kern.step_constants(xp, dt),
+            kmax,
+            nch_w,
+            nch_h,
         )
-        layout = _Layout.of(ks_run[active], gid_run[active])
-        bt = _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt)
-    results = []
-    for g in range(len(out_w)):
-        sel = gid_run == g
-        results.append(HalsResult(out_w[g], out_h[g], losses[sel], n_iter[sel], converged[sel], op.norm2))
-    return results
+
+    def keep(
+        self, xp: Any, kern: Any, op: Operator, layout: _Layout, keep_pos: np.ndarray, ks: np.ndarray, gids: np.ndarray
+    ) -> _Layout:
+        """Drop the finished runs (keep those at active positions ``keep_pos``); returns the new layout."""
+        per_run = (self.beta, self.beta_bar, self.e_prev, self.hist, self.state, self.g_what, self.g_what_dt)
+        (self.w, self.ht, self.w_hat, self.h_hat), per_run = _keep_runs(
+            xp, layout, keep_pos, (self.w, self.ht, self.w_hat, self.h_hat), per_run
+        )
+        self.beta, self.beta_bar, self.e_prev, self.hist, self.state, self.g_what, self.g_what_dt = per_run
+        layout = _Layout.of(ks, gids)
+        self.bt = _GpuBatch.of(xp, layout, self.kmax, self.nch_w, self.nch_h, op.dtype)
+        return layout
+
+
+def _gpu_iteration(
+    backend: Backend, kern: Any, op: Operator, layout: _Layout, s: _GpuState, it: int, sched: _Schedule
+) -> None:
+    """One iteration of the fused GPU loop: two products and five or six kernel launches, no host read."""
+    xp, launch, bt = backend.xp, backend.launch, s.bt
+    ra, kmax, nch_w, nch_h = len(layout.ks), s.kmax, s.nch_w, s.nch_h
+    check = it % sched.check_every == 0 or it == sched.max_iter
+    plain = it <= sched.n_plain
+    eps, inner = sched.eps, sched.inner_sweeps
+    # spectra: h = sweep(h_hat; V^T w_hat, W^T W), extrapolated unless plain or a check; Gram of the new h_hat
+    at = _product(xp, op.tdot, s.w_hat, layout, op.sparse)
+    b, th = kern.grid(nch_h * ra)
+    launch(kern.half_step, b, th, at, s.g_what_dt, s.h_hat, s.ht, s.beta, int(not (check or plain)), 0, eps, bt.rk,
+           bt.roff, s.state, inner, nch_h, bt.none4, bt.ph, bt.none2)  # fmt: skip
+    b, th = kern.grid(ra * kmax)
+    launch(kern.gram_finish, b, th, bt.ph, bt.none4, bt.rk, s.state, nch_h, bt.d64, bt.d_dt, bt.none3, bt.none3,
+           bt.none2)  # fmt: skip
+    # usages: w = sweep(w_hat; V h_hat^T, H H^T), extrapolated unless plain; Grams of w and w_hat, cross term
+    c = _product(xp, op.dot, s.h_hat, layout, op.sparse)
+    b, th = kern.grid(nch_w * ra)
+    launch(kern.half_step, b, th, c, bt.d_dt, s.w_hat, s.w, s.beta, int(not plain), 1, eps, bt.rk, bt.roff, s.state,
+           inner, nch_w, bt.pw_new, bt.pw_hat, bt.pw_cross)  # fmt: skip
+    b, th = kern.grid(ra * kmax)
+    launch(kern.gram_finish, b, th, bt.pw_new, bt.pw_hat, bt.rk, s.state, nch_w, bt.g_new, bt.g_scratch,
+           bt.g_hat, bt.d64, bt.quad)  # fmt: skip
+    # loss, step rule, next Gram of w_hat and (on checks) the stopping rule, per run on the device
+    b, th = kern.grid(ra)
+    launch(kern.step, b, th, bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
+           sched.max_iter, float(sched.tol), s.consts, s.beta, s.beta_bar, s.e_prev, s.hist, s.state, bt.rise,
+           bt.g_new, bt.g_hat, s.g_what, s.g_what_dt)  # fmt: skip
+    if not plain:  # runs whose error rose drop their extrapolation
+        b, th = kern.grid(max(nch_w, nch_h) * ra)
+        launch(kern.restore, b, th, s.w, s.w_hat, s.ht, s.h_hat, bt.rk, bt.roff, bt.rise, nch_w, nch_h)
 
 
 def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:

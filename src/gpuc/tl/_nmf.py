@@ -1,13 +1,20 @@
-"""``gpuc.tl.nmf_k_sweep`` and ``gpuc.tl.consensus_nmf``: AnnData adapters over :mod:`gpuc.nmf`."""
+"""``gpuc.tl.nmf_k_sweep``, ``gpuc.tl.consensus_nmf`` and ``gpuc.tl.nmf_refine``: AnnData adapters over
+:mod:`gpuc.nmf`.
+
+Each tool checks its arguments, extracts the factorised block (:func:`_prepare_block`), plans the fit
+(:func:`gpuc.nmf._plan.plan_fit`: device, precision, batches of ranks, memory), runs the engine (restarts in this
+process or on a Dask cluster, then their consensus) and writes the results.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
-import itertools
+import inspect
 import numbers
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -16,11 +23,12 @@ from anndata import AnnData
 from scanpy import logging as logg
 
 from gpuc import _keys
-from gpuc._backend import Backend, Device, backend_of, get_backend, is_sparse, to_host
-from gpuc._dask import map_units, n_workers, resolve_client, runs_on
+from gpuc._backend import Backend, Device, to_host
+from gpuc._dask import resolve_client, runs_on
+from gpuc._docs import doc_params
 from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
 from gpuc._lazy import load
-from gpuc._utils import derive_seed, progress
+from gpuc._utils import iteration_progress
 from gpuc._validate import (
     SeedLike,
     align_to_var,
@@ -30,35 +38,33 @@ from gpuc._validate import (
     check_int,
     check_key,
     check_key_added,
-    check_memory,
-    check_number,
     get_matrix,
-    resolve_random_state,
 )
 from gpuc.nmf._consensus import (
     ConsensusError,
+    ConsensusOptions,
+    ConsensusResult,
     consensus_of_pool,
-    consensus_peak_bytes,
-    fit_peak_bytes,
     pool_density,
     run_k,
     run_ks,
     stored_pool,
     suggest_k,
-    sweep_batches,
-    sweep_row,
+    sweep_on_cluster,
+    sweep_rows,
 )
-from gpuc.nmf._hals import TOL, UPDATE_ORDERS, WARMUP, HalsResult, Operator, fit_hals_groups
+from gpuc.nmf._docs import FRAGMENTS
+from gpuc.nmf._hals import TOL, WARMUP, HalsOptions, HalsResult, Operator
+from gpuc.nmf._plan import backend_and_op, check_rank, plan_fit
 from gpuc.nmf._prepare import PREPROCESSING, prepare_matrix
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
-_METRICS = ("cosine", "euclidean")
-_TARGETS = ("spectra", "usage")
-_NORMALIZATIONS = ("sum", "l2")
+
+_backend_and_op = backend_and_op  # the name benchmarks/bench_nmf.py imports
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# input checks and the factorised block
+# input checks, the factorised block, progress and the recorded call
 # --------------------------------------------------------------------------------------------------------------------
 def _gene_mask(adata: AnnData, mask_var: str | np.ndarray | None) -> np.ndarray:
     """Boolean mask of the genes to factorise: ``var[mask_var]``, a boolean array over genes, or all (``None``)."""
@@ -111,56 +117,35 @@ def _prepare_block(
     return prepare_matrix(block, preprocessing, gene_names=adata.var_names[mask], where=where), mask
 
 
-def _check_common(
-    n_runs: int,
-    density_threshold: float,
-    metric: str,
-    target: str,
-    normalization: str,
-    max_iter: int,
-    tol: float,
-    extrapolate: bool = True,
-    warmup: int = 0,
-    update_order: str = "usages",
-) -> None:
-    check_int("n_runs", n_runs, minimum=2)
-    if not isinstance(extrapolate, bool):
-        msg = f"extrapolate must be True or False, got {extrapolate!r}."
+def _check_k_range(k_range: Any) -> list[Any]:
+    """``k_range`` as a non-empty list (each rank is checked against the block's shape later)."""
+    if isinstance(k_range, numbers.Integral) and not isinstance(k_range, bool | np.bool_):
+        msg = (
+            f"k_range={k_range!r} is a single rank, not a range of ranks to compare. To sweep k = 2..{k_range}, pass "
+            f"k_range=range(2, {k_range} + 1); for this rank alone, pass k_range=[{k_range}]."
+        )
         raise TypeError(msg)
-    check_int("warmup", warmup, minimum=0)
-    check_choice("update_order", update_order, UPDATE_ORDERS)
-    check_choice("metric", metric, _METRICS)
-    check_choice("target", target, _TARGETS)
-    check_choice("normalization", normalization, _NORMALIZATIONS)
-    check_int("max_iter", max_iter, minimum=1)
-    check_number("density_threshold", density_threshold, low=0, high=2, hint="2 turns the filter off.")
-    check_number("tol", tol, low=0, low_open=True)
-
-
-def _check_k(k: Any, shape: tuple[int, int], name: str = "k") -> int:
-    k = check_int(name, k, minimum=2)
-    limit = min(shape)
-    if k >= limit:
-        msg = f"{name}={k} must be smaller than min(n_cells, n_genes) = min{tuple(shape)} = {limit}."
+    if isinstance(k_range, str) or not isinstance(k_range, Iterable):
+        msg = f"k_range must be an iterable of integers such as range(2, 13), got {k_range!r}."
+        raise TypeError(msg)
+    ks = list(k_range)
+    if len(ks) == 0:
+        msg = "k_range is empty."
         raise ValueError(msg)
-    return k
+    return ks
 
 
-def _check_nmf_memory(backend: Backend, op: Operator, batches: list[list[int]], n_runs: int, target: str) -> None:
-    """Refuse, before any fit, a sweep or consensus whose estimated peak exceeds the device's free memory."""
-    fit = max(fit_peak_bytes(n_runs * sum(b), op.shape, op.dtype.itemsize) for b in batches)
-    pool = max(consensus_peak_bytes(k, n_runs, op.shape, target) for b in batches for k in b)
-    ks = sorted(k for b in batches for k in b)
-    check_memory(
-        backend,
-        fit + pool,
-        f"NMF with k={ks[-1] if len(ks) == 1 else ks} and n_runs={n_runs} on {op.shape[0]} x {op.shape[1]}",
-        f"The restarts alone need {fit / 2**30:.1f} GiB and the consensus of {n_runs * ks[-1]} pooled components "
-        f"{pool / 2**30:.1f} GiB: use fewer runs (n_runs), a smaller k, or fewer genes (highly variable genes).",
-    )
+def _hals_bar(hals: HalsOptions, ks: list[int], client: Any) -> Any:
+    """The bar of one batch of restarts (iterations used and the loss change against ``tol``); none on a cluster,
+    where the restarts run elsewhere. Silent at verbosity 0 and outside a terminal or notebook.
+    """
+    if client is not None:
+        return contextlib.nullcontext()
+    ranks = f"k={ks[0]}" if len(ks) == 1 else f"k={ks[0]}..{ks[-1]}"
+    return iteration_progress(hals.max_iter, f"HALS {ranks}")
 
 
-def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: float) -> None:
+def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: float, stacklevel: int = 3) -> None:
     """One :class:`ConvergenceWarning` for the restarts that stopped at ``max_iter`` ({k: count})."""
     n_not = {k: v for k, v in n_not.items() if v}
     if not n_not:
@@ -171,102 +156,50 @@ def _warn_not_converged(n_not: dict[int, int], n_runs: int, max_iter: int, tol: 
         "Their factors are used as they are; pass a larger max_iter (or a larger tol), and check the data is "
         "non-negative and not scaled to extreme values (per-run flags in uns[key]['run_converged'] / 'n_converged')."
     )
-    warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+    warnings.warn(msg, ConvergenceWarning, stacklevel=stacklevel)
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# restarts and ranks as Dask tasks
-# --------------------------------------------------------------------------------------------------------------------
-def _restart_chunks(op: Operator, ks: list[int], n_runs: int, client: Any) -> list[tuple[int, range]]:
-    """The units of a distributed fit: ``(k, runs)`` pairs covering every restart of every rank.
+def _warn_sweep(table: pd.DataFrame, n_runs: int, hals: HalsOptions) -> None:
+    """The k sweep's warnings: failed consensus, empty k-means clusters, restarts that did not converge."""
+    if table["consensus_failed"].any():
+        msg = (
+            f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()}: too few components passed the "
+            "density filter; their stability is NaN. Raise density_threshold (2.0 keeps every component)."
+        )
+        warnings.warn(msg, GpucWarning, stacklevel=3)
+    if (table["n_empty_clusters"] > 0).any():
+        msg = f"the consensus k-means left empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}"
+        warnings.warn(msg, GpucWarning, stacklevel=3)
+    n_not = dict(zip(table["k"], n_runs - table["n_converged"], strict=True))
+    _warn_not_converged(n_not, n_runs, hals.max_iter, hals.tol, stacklevel=4)
 
-    On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so
-    restarts are grouped into units of at most about half a worker's share of the work (a run's cost grows with its
-    k), so that the units, started costliest first, balance the workers; a rank's runs stay together up to that size,
-    as they share the passes over the data (a split rank passes over it once per unit). Dense
-    products go through BLAS, which may round a column differently with the width of the product: there each rank
-    stays one unit, so the runs are bit-identical to the in-process fit.
+
+def _suggested_k(table: pd.DataFrame) -> int | None:
+    """``uns[key]['suggested_k']``: the engine's suggestion, or ``None`` when every consensus failed (there is
+    nothing to suggest; :func:`gpuc.get.nmf_suggest_k` then says so).
     """
-    if not op.sparse:
-        return [(k, range(n_runs)) for k in ks]
-    target = sum(k * n_runs for k in ks) / (2.0 * n_workers(client))  # work per unit, in run-ranks
-    out = []
-    for k in ks:
-        size = max(1, min(n_runs, round(target / k)))
-        n_units = -(-n_runs // size)
-        bounds = np.linspace(0, n_runs, n_units + 1).round().astype(int)  # even split of the k's runs
-        out += [(k, range(int(lo), int(hi))) for lo, hi in itertools.pairwise(bounds)]
-    return out
-
-
-def _fit_restarts(
-    backend: Backend, k: int, runs: range, *, op: Operator, random_state: int, options: dict, n_jobs: int | None
-) -> HalsResult:
-    """Restarts ``runs`` of rank ``k`` (seeds from ``(random_state, k, run)``), factors brought to the host."""
-    seeds = [derive_seed(random_state, k, i) for i in runs]
-    return fit_hals_groups(backend, op, [(k, seeds)], **options)[0].moved(to_host)
-
-
-def _join_restarts(parts: list[HalsResult]) -> HalsResult:
-    """One rank's restarts from its units, in run order."""
-    if len(parts) == 1:
-        return parts[0]
-    return HalsResult(
-        np.concatenate([p.usages for p in parts], axis=1),
-        np.concatenate([p.spectra_t for p in parts], axis=1),
-        np.concatenate([p.losses for p in parts]),
-        np.concatenate([p.n_iter for p in parts]),
-        np.concatenate([p.converged for p in parts]),
-        parts[0].norm2,
-    )
-
-
-def _fit_on_cluster(
-    client: Any,
-    backend: Backend,
-    op: Operator,
-    ks: list[int],
-    n_runs: int,
-    random_state: int,
-    options: dict,
-    n_jobs: int | None,
-    what: str,
-) -> dict[int, HalsResult]:
-    """Every restart of ranks ``ks`` as Dask tasks (the data scattered once per worker); ``{k: restarts}``."""
-    chunks = _restart_chunks(op, ks, n_runs, client)
-    units = [(f"k={k} runs {r.start}-{r.stop - 1}", (backend, k, r)) for k, r in chunks]
-    parts = map_units(
-        _fit_restarts,
-        units,
-        client=client,
-        shared={"op": op, "random_state": random_state, "options": options},
-        n_jobs=n_jobs,
-        what=what,
-        costs=[k * len(r) for k, r in chunks],
-    )
-    return {k: _join_restarts([p for (kk, _), p in zip(chunks, parts, strict=True) if kk == k]) for k in ks}
-
-
-def _sweep_row_unit(
-    backend: Backend, k: int, fits: HalsResult, *, op: Operator, options: dict, n_jobs: int | None
-) -> dict:
-    """The sweep row of one rank from its restarts (consensus without the refit), as a dict."""
-    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **options, n_jobs=n_jobs))
+    if not np.isfinite(table["stability"].to_numpy(dtype=np.float64)).any():
+        return None
+    return suggest_k(table["k"], table["stability"], table["median_error"])
 
 
 def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
     """``params["mask_var"]``: a column name or None as given; any other form (an array, a labelled Series) as the
     boolean array over ``var_names`` it selected, so a replay selects the same genes.
     """
-    return mask_var if mask_var is None or isinstance(mask_var, str) else mask.copy()
+    return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
 
 
-def _call_params(**call: Any) -> dict[str, Any]:
-    """``uns[key]["params"]`` of an NMF tool: its call as made, with arrays and dtypes in forms h5ad can store."""
-    out = dict(call)
-    mask_var = out["mask_var"]
-    if mask_var is not None and not isinstance(mask_var, str):
-        out["mask_var"] = np.asarray(mask_var)
+# arguments of a tool that say where or how to return, not what is computed: not recorded in params
+_NOT_RECORDED = ("adata", "client", "key_added", "copy")
+
+
+def _call_params(tool: Callable, call: dict[str, Any], **checked: Any) -> dict[str, Any]:
+    """``uns[key]["params"]`` of an NMF tool: every parameter of ``tool`` but :data:`_NOT_RECORDED`, valued as in
+    ``call`` (the tool's ``locals()``, holding the checked values) or ``checked``, in forms h5ad can store.
+    """
+    names = [p for p in inspect.signature(tool).parameters if p not in _NOT_RECORDED]
+    out = {name: checked[name] if name in checked else call[name] for name in names}
     out["dtype"] = None if out["dtype"] is None else str(np.dtype(out["dtype"]))
     for name in ("density_threshold", "neighborhood", "tol"):
         if name in out:
@@ -274,56 +207,10 @@ def _call_params(**call: Any) -> dict[str, Any]:
     return out
 
 
-# the largest |V|**2 * n_cells * n_genes (a bound on ||V||^2 and on the products HALS forms) each precision holds with
-# a margin of 1000 below its largest finite value
-_SAFE_SQUARES = {np.dtype(np.float32): float(np.finfo(np.float32).max) / 1e3, np.dtype(np.float64): 1e305}
-
-
-def _backend_and_op(block: Any, device: Device | None, dtype: Any) -> tuple[Backend, Operator]:
-    if dtype is not None and np.dtype(dtype) not in (np.float32, np.float64):
-        msg = f"dtype={dtype!r} is not supported; use 'float32' (default) or 'float64'."
-        raise ValueError(msg)
-    backend = get_backend(device, block, tool="nmf", work=float(block.shape[0]) * float(block.shape[1]))
-    dtype = _working_dtype(block, dtype)
-    return backend, Operator.build(backend, block, dtype=dtype)
-
-
-def _working_dtype(block: Any, dtype: Any) -> np.dtype | None:
-    """The precision of the fit: ``dtype``, or float64 when the default float32 would overflow on these values.
-
-    Values whose squares summed over the matrix exceed float32 (counts near 1e18) would turn errors and refits into
-    inf/NaN: by default the fit then runs in float64, with a warning; an explicit ``dtype="float32"`` is refused, and
-    so are values too large even for float64.
-    """
-    data = block.data if is_sparse(block) else block
-    top = float(backend_of(data).xp.abs(data).max()) if data.size else 0.0
-    bound = top * top * float(block.shape[0]) * float(block.shape[1])
-    if bound > _SAFE_SQUARES[np.dtype(np.float64)]:
-        msg = (
-            f"the factorised values reach {top:.3g}: their squares overflow even float64. Rescale the data (e.g. "
-            "normalise to counts per 10,000) before NMF."
-        )
-        raise ValueError(msg)
-    if bound <= _SAFE_SQUARES[np.dtype(np.float32)]:
-        return None if dtype is None else np.dtype(dtype)
-    if dtype is not None and np.dtype(dtype) == np.float32:
-        msg = (
-            f"the factorised values reach {top:.3g}, whose squares overflow float32; pass dtype='float64' (or leave "
-            "dtype=None), or rescale the data."
-        )
-        raise ValueError(msg)
-    if dtype is None:
-        warnings.warn(
-            f"the factorised values reach {top:.3g}, whose squares overflow float32: the fit runs in float64.",
-            GpucWarning,
-            stacklevel=4,
-        )
-    return np.dtype(np.float64)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # k sweep
 # --------------------------------------------------------------------------------------------------------------------
+@doc_params(**FRAGMENTS)
 def nmf_k_sweep(
     adata: AnnData,
     k_range: Iterable[int] = range(2, 13),
@@ -368,60 +255,26 @@ def nmf_k_sweep(
         bare integer is refused (``nmf_k_sweep(adata, 10)`` would sweep k=10 only): pass ``range(2, 11)``.
     n_runs
         Restarts per k (>= 2).
-    layer
-        Layer to factorise (default ``adata.X``): raw counts with ``preprocessing="sd"`` for cNMF-style programmes,
-        a log-normalised layer with ``"none"`` for bixverse-style ones. Must be finite and non-negative.
-    mask_var
-        Genes to factorise: a boolean ``var`` column (``"highly_variable"``, the default, as left by
-        :func:`scanpy.pp.highly_variable_genes`), a boolean array over genes (in ``var`` order), a boolean Series
-        labelled by ``var_names`` (matched by name), or ``None`` for every gene.
-    preprocessing
-        ``"none"``, ``"sd"`` (divide each gene by its SD, ddof=1, no centring, as cNMF) or ``"sqrt_sd"``.
+    {layer}
+    {mask_var}
+    {preprocessing}
     density_threshold
         Components with local density ``>=`` this are dropped before clustering; 2.0 (default here) keeps all.
-    metric
-        Distance for the density and the silhouette: ``"cosine"`` (1 - cos) or ``"euclidean"`` (cNMF, on unit rows).
-    target
-        Cluster the runs' ``"spectra"`` (gene space, cNMF) or ``"usage"`` columns (cell space).
-    max_iter, tol
-        HALS iteration limit and tolerance: a run stops when its loss changed by less than ``tol * ||V||^2`` over the
-        last 10 iterations (checked every 5).
-        From identical random starts the defaults (``tol=1e-6, warmup=5``) give the restart-to-restart stability of
-        cNMF's solver (scikit-learn coordinate descent); a looser ``tol`` is faster and slightly less stable (see
-        the benchmarks page).
-    extrapolate
-        Ang & Gillis extrapolation of the HALS iterates (per-run adaptive step with restarts) after the ``warmup``
-        iterations: far fewer iterations than plain HALS. ``False`` gives plain HALS throughout.
-    warmup
-        Iterations of plain HALS before the extrapolation starts. Which optimum a random start ends in is decided
-        early; plain HALS there, from the usages first, lands in the same optima as cNMF's solver and gives its
-        restart-to-restart stability, the extrapolation then converges fast. 0 extrapolates from the start.
-    update_order
-        ``"usages"``: the usages are updated first, from the random spectra, as scikit-learn's coordinate descent
-        (cNMF's solver) does; ``"spectra"``: the spectra first (bixverse's order).
-    kmeans_n_init
-        k-means restarts for the consensus clustering.
-    device
-        ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
-    n_jobs
-        CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process), ``-1`` all
-        cores. Results do not depend on it. In a Dask task, at most the worker's threads.
-    client
-        Where the restarts run: ``None`` follows :attr:`gpuc.settings.client` (default: in this process, all ranks
-        in the same data products); ``"default"`` or a ``distributed.Client``: batches of restarts of each rank as
-        Dask tasks (on sparse data several per rank, on dense data one per rank), the data scattered once to every
-        worker, then one consensus task per rank. Runs and rows are identical wherever they run.
-    dtype
-        Working precision of the data and factors: float32 (default, on both devices; losses are still accumulated
-        in float64) or float64. With the default, values whose squares would overflow float32 (counts near 1e18)
-        are fitted in float64, with a warning; ``dtype="float32"`` is then refused.
-    random_state
-        Master seed: an int, ``None`` (fresh entropy) or a numpy ``RandomState``/``Generator`` (drawn from once);
-        the int used is recorded in ``params``.
+    {metric}
+    {target}
+    {max_iter_tol}
+    {extrapolate}
+    {warmup}
+    {update_order}
+    {kmeans_n_init}
+    {device}
+    {n_jobs}
+    {client}
+    {dtype}
+    {random_state}
     key_added
         ``uns`` key of the result.
-    copy
-        Return a modified copy instead of writing into ``adata``.
+    {copy}
 
     Returns
     -------
@@ -435,7 +288,7 @@ def nmf_k_sweep(
         ``consensus_failed``, ``n_dropped``, ``n_empty_clusters``, ``n_converged``.
     ``adata.uns[key_added]['suggested_k']``
         The k the sweep points to under :func:`gpuc.get.nmf_suggest_k`'s rule with its default options (an int;
-        call that function to apply other options).
+        call that function to apply other options), or ``None`` when the consensus failed for every k.
 
     Warns
     -----
@@ -448,134 +301,51 @@ def nmf_k_sweep(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    if isinstance(k_range, numbers.Integral) and not isinstance(k_range, bool | np.bool_):
-        msg = (
-            f"k_range={k_range!r} is a single rank, not a range of ranks to compare. To sweep k = 2..{k_range}, pass "
-            f"k_range=range(2, {k_range} + 1); for this rank alone, pass k_range=[{k_range}]."
-        )
-        raise TypeError(msg)
-    if isinstance(k_range, str) or not isinstance(k_range, Iterable):
-        msg = f"k_range must be an iterable of integers such as range(2, 13), got {k_range!r}."
-        raise TypeError(msg)
-    ks = list(k_range)
-    if len(ks) == 0:
-        msg = "k_range is empty."
-        raise ValueError(msg)
-    _check_common(n_runs, density_threshold, metric, target, "sum", max_iter, tol, extrapolate, warmup, update_order)
-    check_int("kmeans_n_init", kmeans_n_init, minimum=1)
-    random_state = resolve_random_state(random_state)
+    ks = _check_k_range(k_range)
+    check_int("n_runs", n_runs, minimum=2)
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    rule = ConsensusOptions(target, metric, density_threshold, kmeans_n_init=kmeans_n_init, random_state=random_state)
+    rule = rule.checked()  # the seed resolved to the int recorded in params
+    random_state = rule.random_state
     check_key_added(key_added)
     check_bool("copy", copy)
     _keys.check_not_foreign(adata, {"uns": [key_added]}, key_added, "gpuc.tl.nmf_k_sweep", _keys.NMF_K_SWEEP_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
-    ks = sorted({_check_k(k, block.shape, "k_range entry") for k in ks})
-    backend, op = _backend_and_op(block, device, dtype)
-    # ranks are fitted together, in batches bounded in memory (one pass over V per iteration serves every rank)
-    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize)
-    _check_nmf_memory(backend, op, batches, n_runs, target)
-
+    ks = sorted({check_rank(k, block.shape, "k_range entry") for k in ks})
     dask_client = resolve_client(client)
+    plan = plan_fit(block, ks, n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
+    be, op = plan.backend, plan.op
     start = logg.info(
-        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, dask_client)})"
+        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
     )
-    rows = []
     t0 = time.perf_counter()
-    hals = {
-        "max_iter": max_iter,
-        "tol": tol,
-        "extrapolate": extrapolate,
-        "warmup": warmup,
-        "update_order": update_order,
-    }
-    row_options = {
-        "target": target, "metric": metric, "density_threshold": float(density_threshold),
-        "kmeans_n_init": kmeans_n_init, "random_state": random_state,
-    }  # fmt: skip
-    bar = progress(total=len(ks), desc="k sweep")
     with interruptible("nmf_k_sweep"):
-        if dask_client is not None:
-            # restarts (and ranks) as tasks, then one consensus task per rank; same runs and rows as in process
-            fitted = _fit_on_cluster(dask_client, backend, op, ks, n_runs, random_state, hals, n_jobs, "nmf_k_sweep")
-            rows = map_units(
-                _sweep_row_unit,
-                [(f"k={k}", (backend, k, fitted[k])) for k in ks],
-                client=dask_client,
-                shared={"op": op, "options": row_options},
-                n_jobs=n_jobs,
-                what="nmf_k_sweep",
-                costs=ks,
-            )
-        for batch in batches if dask_client is None else []:
-            ranks = f"k={batch[0]}" if len(batch) == 1 else f"k={batch[0]}..{batch[-1]}"
-            hals_bar = progress(total=max_iter, desc=f"HALS {ranks}")
-            fits_of = run_ks(
-                backend,
-                op,
-                batch,
-                n_runs,
-                random_state,
-                max_iter=max_iter,
-                tol=tol,
-                extrapolate=extrapolate,
-                warmup=warmup,
-                update_order=update_order,
-                progress=hals_bar.update,
-                n_jobs=n_jobs,
-            )
-            hals_bar.close()
-            logg.debug(
-                f"    HALS {ranks}: {len(batch) * n_runs} runs fitted together, "
-                f"{max(int(f.n_iter.max()) for f in fits_of)} iterations"
-            )
-            for k, fits in zip(batch, fits_of, strict=True):
-                row = sweep_row(backend, op, fits, k, **row_options, n_jobs=n_jobs)
-                rows.append(vars(row))
-                bar.update(1)
-    bar.close()
+        if dask_client is not None:  # one task per rank: its restarts and its row on one worker
+            rows = sweep_on_cluster(dask_client, be, op, ks, n_runs, random_state, hals, rule, n_jobs=n_jobs)
+        else:
+            rows = []
+            for batch in plan.batches:  # ranks fitted together, one batch after the other
+                with _hals_bar(hals, batch, None) as bar:
+                    fits = run_ks(be, op, batch, n_runs, random_state, hals, progress=bar, n_jobs=n_jobs)
+                logg.debug(f"    HALS k={batch}: {max(int(f.n_iter.max()) for f in fits)} iterations")
+                rows += sweep_rows(be, op, batch, fits, rule, n_jobs=n_jobs)
     table = pd.DataFrame(rows)
-    if table["consensus_failed"].any():
-        msg = (
-            f"consensus failed for k={table.loc[table.consensus_failed, 'k'].tolist()}: too few components passed the "
-            "density filter; their stability is NaN. Raise density_threshold (2.0 keeps every component)."
-        )
-        warnings.warn(msg, GpucWarning, stacklevel=2)
-    if (table["n_empty_clusters"] > 0).any():
-        msg = f"the consensus k-means left empty clusters for k={table.loc[table.n_empty_clusters > 0, 'k'].tolist()}"
-        warnings.warn(msg, GpucWarning, stacklevel=2)
-    _warn_not_converged(dict(zip(table["k"], n_runs - table["n_converged"], strict=True)), n_runs, max_iter, tol)
+    _warn_sweep(table, n_runs, hals)
 
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = {
         "params": _call_params(
-            k_range=np.asarray(ks, dtype=np.int64),
-            n_runs=n_runs,
-            layer=layer,
-            mask_var=_stored_mask(mask_var, mask),
-            preprocessing=preprocessing,
-            density_threshold=density_threshold,
-            metric=metric,
-            target=target,
-            max_iter=max_iter,
-            tol=tol,
-            extrapolate=extrapolate,
-            warmup=warmup,
-            update_order=update_order,
-            kmeans_n_init=kmeans_n_init,
-            dtype=dtype,
-            random_state=random_state,
-            device=device,
-            n_jobs=n_jobs,
+            nmf_k_sweep, locals(), k_range=np.asarray(ks, dtype=np.int64), mask_var=_stored_mask(mask_var, mask)
         ),
-        "device": backend.name,
+        "device": be.name,
         "dtype": str(op.dtype),
         "table": table,
-        "suggested_k": suggest_k(table["k"], table["stability"], table["median_error"]),
+        "suggested_k": _suggested_k(table),
         "seconds": time.perf_counter() - t0,
     }
+    suggested = adata.uns[key_added]["suggested_k"]
     logg.info(
-        "    finished",
-        time=start,
-        deep=f"added\n    'uns[{key_added!r}]' (params, table, suggested_k={adata.uns[key_added]['suggested_k']})",
+        "    finished", time=start, deep=f"added\n    'uns[{key_added!r}]' (params, table, suggested_k={suggested})"
     )
     return adata if copy else None
 
@@ -583,6 +353,7 @@ def nmf_k_sweep(
 # --------------------------------------------------------------------------------------------------------------------
 # consensus at one k
 # --------------------------------------------------------------------------------------------------------------------
+@doc_params(**FRAGMENTS)
 def consensus_nmf(
     adata: AnnData,
     k: int,
@@ -617,6 +388,7 @@ def consensus_nmf(
     nearest neighbours) are dropped, the rest clustered by k-means into ``k`` groups, the per-cluster median taken as
     the consensus, and the partner factor refitted by non-negative least squares. cNMF's settings are
     ``metric="euclidean", density_threshold=0.5, normalization="sum"`` on raw counts with ``preprocessing="sd"``.
+    Run seeds derive from ``(random_state, k, run)``, as in :func:`nmf_k_sweep`.
 
     Parameters
     ----------
@@ -626,29 +398,34 @@ def consensus_nmf(
         Number of programmes (>= 2, smaller than the number of cells and of genes).
     n_runs
         Restarts (>= 2).
-    layer, mask_var, preprocessing
-        The factorised block, as in :func:`nmf_k_sweep`.
+    {layer}
+    {mask_var}
+    {preprocessing}
     density_threshold
         Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
         (:func:`gpuc.pl.nmf_density`) before tightening it.
-    metric
-        Distance for the density and the silhouette: ``"cosine"`` (default) or ``"euclidean"`` (cNMF).
-    target
-        Cluster ``"spectra"`` (gene space, default) or ``"usage"`` columns (cell space; then the spectra are refitted).
+    {metric}
+    {target}
     normalization
         Consensus rows rescaled to ``"sum"`` 1 (cNMF) or unit ``"l2"`` norm (bixverse); the refitted factor takes the
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    max_iter, tol, extrapolate, warmup, update_order, kmeans_n_init, device, n_jobs, client, dtype, random_state
-        As in :func:`nmf_k_sweep`; run seeds derive from ``(random_state, k, run)``. With a client, batches of
-        restarts are Dask tasks and the consensus runs in this process.
+    {max_iter_tol}
+    {extrapolate}
+    {warmup}
+    {update_order}
+    {kmeans_n_init}
+    {device}
+    {n_jobs}
+    {client}
+    {dtype}
+    {random_state}
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``. Entries there
         that an earlier consensus_nmf under this key did not write (``key_added="pca"`` would replace ``X_pca``) are
         never replaced: the call is refused.
-    copy
-        Return a modified copy instead of writing into ``adata``.
+    {copy}
 
     Returns
     -------
@@ -682,113 +459,53 @@ def consensus_nmf(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    _check_common(
-        n_runs, density_threshold, metric, target, normalization, max_iter, tol, extrapolate, warmup, update_order
-    )
-    check_int("kmeans_n_init", kmeans_n_init, minimum=1)
-    random_state = resolve_random_state(random_state)
-    neighborhood = check_number("neighborhood", neighborhood, low=0, high=1, low_open=True)
+    check_int("n_runs", n_runs, minimum=2)
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    rule = ConsensusOptions(target, metric, density_threshold, normalization, neighborhood, kmeans_n_init, random_state)
+    rule = rule.checked()  # the seed resolved to the int recorded in params
+    random_state, neighborhood = rule.random_state, rule.neighborhood
     check_key_added(key_added)
     check_bool("copy", copy)
     _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.consensus_nmf", _keys.NMF_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
-    k = _check_k(k, block.shape)
-    backend, op = _backend_and_op(block, device, dtype)
-    _check_nmf_memory(backend, op, [[k]], n_runs, target)
-
+    k = check_rank(k, block.shape)
     dask_client = resolve_client(client)
+    plan = plan_fit(block, [k], n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
+    be, op = plan.backend, plan.op
     start = logg.info(
-        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, dask_client)})"
+        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
     )
     t0 = time.perf_counter()
-    hals = {
-        "max_iter": max_iter,
-        "tol": tol,
-        "extrapolate": extrapolate,
-        "warmup": warmup,
-        "update_order": update_order,
-    }
-    with interruptible("consensus_nmf"):
-        if dask_client is not None:
-            # batches of restarts as tasks; the consensus of the pooled runs is computed here, as in process
-            fits = _fit_on_cluster(dask_client, backend, op, [k], n_runs, random_state, hals, n_jobs, "consensus_nmf")[
-                k
-            ]
-            fits = fits.moved(backend.asarray)
-        else:
-            bar = progress(total=max_iter, desc=f"HALS k={k}")
-            fits = run_k(backend, op, k, n_runs, random_state, **hals, progress=bar.update, n_jobs=n_jobs)
-            bar.close()
-        params = _call_params(
-            k=k,
-            n_runs=n_runs,
-            layer=layer,
-            mask_var=_stored_mask(mask_var, mask),
-            preprocessing=preprocessing,
-            density_threshold=density_threshold,
-            metric=metric,
-            target=target,
-            normalization=normalization,
-            neighborhood=neighborhood,
-            max_iter=max_iter,
-            tol=tol,
-            extrapolate=extrapolate,
-            warmup=warmup,
-            update_order=update_order,
-            kmeans_n_init=kmeans_n_init,
-            dtype=dtype,
-            random_state=random_state,
-            device=device,
-            n_jobs=n_jobs,
-        )
-    runs = {
+    with interruptible("consensus_nmf"), _hals_bar(hals, [k], dask_client) as bar:
+        fits = run_k(be, op, k, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs)
+    params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask))
+    _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
+    runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
+    res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
+    return _write_consensus(adata, be, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0)
+
+
+def _run_diagnostics(fits: HalsResult) -> dict[str, Any]:
+    """What ``uns[key]`` keeps of the restarts themselves: errors, convergence flags and iterations."""
+    return {
         "run_errors": fits.rel_errors.astype(np.float64),
         "n_converged": int(fits.converged.sum()),
         "run_converged": np.asarray(to_host(fits.converged), dtype=bool),
         "run_n_iter": np.asarray(to_host(fits.n_iter), dtype=np.int64),
-        "pool": stored_pool(backend, fits, target),
     }
-    _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, tol)
-    return _consensus_and_write(
-        adata, backend, op, mask, params, runs, key_added=key_added, copy=copy, start=start, t0=t0
-    )
 
 
-def _consensus_and_write(
-    adata: AnnData,
-    backend: Backend,
-    op: Operator,
-    mask: np.ndarray,
-    params: dict[str, Any],
-    runs: dict[str, Any],
-    *,
-    key_added: str,
-    copy: bool,
-    start: Any,
-    t0: float,
-) -> AnnData | None:
-    """Consensus of the stored pool (density, filter, k-means, median, refit) and the writes of
-    :func:`consensus_nmf`; :func:`nmf_refine` calls it with the pool of an earlier run.
+def _consensus(
+    backend: Backend, op: Operator, pool: np.ndarray, n_runs: int, k: int, rule: ConsensusOptions, n_jobs: int | None
+) -> ConsensusResult:
+    """The consensus of a stored pool (density, filter, k-means, median, refit), checked before anything is written:
+    a failed consensus is a :class:`ValueError`, non-finite factors a :class:`FloatingPointError`, empty clusters
+    a warning.
     """
-    k = int(params["k"])
     with interruptible("consensus_nmf"):
-        density = pool_density(
-            runs["pool"], int(params["n_runs"]), k, metric=params["metric"], neighborhood=float(params["neighborhood"])
-        )
+        density = pool_density(pool, n_runs, k, metric=rule.metric, neighborhood=rule.neighborhood)
         try:
-            res = consensus_of_pool(
-                backend,
-                op,
-                density,
-                k,
-                target=params["target"],
-                metric=params["metric"],
-                density_threshold=float(params["density_threshold"]),
-                normalization=params["normalization"],
-                kmeans_n_init=int(params["kmeans_n_init"]),
-                random_state=int(params["random_state"]),
-                n_jobs=params.get("n_jobs"),
-            )
+            res = consensus_of_pool(backend, op, density, k, **rule.of_pool(), n_jobs=n_jobs)
         except ConsensusError as err:
             raise ValueError(str(err)) from None
     if res.n_empty_clusters:
@@ -804,6 +521,25 @@ def _consensus_and_write(
             "Pass dtype='float64', or rescale the data."
         )
         raise FloatingPointError(msg)
+    return res
+
+
+def _write_consensus(
+    adata: AnnData,
+    backend: Backend,
+    op: Operator,
+    mask: np.ndarray,
+    params: dict[str, Any],
+    runs: dict[str, Any],
+    res: ConsensusResult,
+    *,
+    key_added: str,
+    copy: bool,
+    start: Any,
+    t0: float,
+) -> AnnData | None:
+    """The writes of :func:`consensus_nmf` (and :func:`nmf_refine`): usages, spectra over every gene, ``uns``."""
+    k = int(params["k"])
     spectra = np.zeros((adata.n_vars, k))
     spectra[mask] = res.spectra.T
     comp = pd.DataFrame(res.table)
@@ -817,10 +553,7 @@ def _consensus_and_write(
         "dtype": str(op.dtype),
         "stability": res.stability,
         "rel_error": res.rel_error,
-        "run_errors": runs["run_errors"],
-        "n_converged": runs["n_converged"],
-        "run_converged": runs["run_converged"],
-        "run_n_iter": runs["run_n_iter"],
+        **{name: runs[name] for name in ("run_errors", "n_converged", "run_converged", "run_n_iter")},
         "cluster_sizes": res.cluster_sizes.astype(np.int64),
         "n_dropped": res.n_dropped,
         "n_empty_clusters": res.n_empty_clusters,
@@ -845,6 +578,7 @@ def _consensus_and_write(
 # --------------------------------------------------------------------------------------------------------------------
 # a new consensus from the stored restarts
 # --------------------------------------------------------------------------------------------------------------------
+@doc_params()
 def nmf_refine(
     adata: AnnData,
     density_threshold: float,
@@ -874,8 +608,7 @@ def nmf_refine(
         The ``key_added`` of the :func:`consensus_nmf` call.
     key_added
         Where to write the new consensus (``None``: replace the one under ``key``).
-    copy
-        Return a modified copy instead of writing into ``adata``.
+    {copy}
 
     Returns
     -------
@@ -898,39 +631,44 @@ def nmf_refine(
     params["density_threshold"] = density_threshold
     if neighborhood is not None:
         params["neighborhood"] = neighborhood
-    _check_common(
-        int(params["n_runs"]),
-        params["density_threshold"],
-        params["metric"],
-        params["target"],
-        params["normalization"],
-        int(params["max_iter"]),
-        float(params["tol"]),
-    )
-    check_number("neighborhood", params["neighborhood"], low=0, high=1, low_open=True)
+    check_int("n_runs", int(params["n_runs"]), minimum=2)
+    HalsOptions(int(params["max_iter"]), float(params["tol"])).checked()
+    rule = _stored_rule(params).checked()
     check_bool("copy", copy)
     if key_added != key:
         _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.nmf_refine", _keys.NMF_MARKER)
-    params["density_threshold"] = float(params["density_threshold"])
-    params["neighborhood"] = float(params["neighborhood"])
-    mask_var = params["mask_var"]
-    block, mask = _prepare_block(adata, params["layer"], mask_var, params["preprocessing"])
+    params["density_threshold"], params["neighborhood"] = rule.density_threshold, rule.neighborhood
+    block, mask = _prepare_block(adata, params["layer"], params["mask_var"], params["preprocessing"])
     pool = np.array(old["pool"])
-    k = int(params["k"])
-    d_expected = block.shape[1] if params["target"] == "spectra" else block.shape[0]
-    if pool.shape != (int(params["n_runs"]) * k, d_expected):
+    n_runs, k = int(params["n_runs"]), int(params["k"])
+    d_expected = block.shape[1] if rule.target == "spectra" else block.shape[0]
+    if pool.shape != (n_runs * k, d_expected):
         msg = (
             f"adata.uns[{key!r}]['pool'] has shape {pool.shape} but the factorised matrix gives "
-            f"({int(params['n_runs']) * k}, {d_expected}); the AnnData changed since consensus_nmf ran."
+            f"({n_runs * k}, {d_expected}); the AnnData changed since consensus_nmf ran."
         )
         raise ValueError(msg)
-    backend, op = _backend_and_op(block, params["device"], params["dtype"])
-    start = logg.info(f"consensus NMF refine: k={k}, density_threshold={params['density_threshold']:g}")
+    backend, op = backend_and_op(block, params["device"], params["dtype"])
+    start = logg.info(f"consensus NMF refine: k={k}, density_threshold={rule.density_threshold:g}")
     t0 = time.perf_counter()
     runs = {
         name: copy_module.deepcopy(old[name]) for name in ("run_errors", "n_converged", "run_converged", "run_n_iter")
     }
     runs["pool"] = pool
-    return _consensus_and_write(
-        adata, backend, op, mask, params, runs, key_added=key_added, copy=copy, start=start, t0=t0
+    res = _consensus(backend, op, pool, n_runs, k, rule, params.get("n_jobs"))
+    return _write_consensus(
+        adata, backend, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
+    )
+
+
+def _stored_rule(params: dict[str, Any]) -> ConsensusOptions:
+    """The consensus options of a recorded :func:`consensus_nmf` call."""
+    return ConsensusOptions(
+        params["target"],
+        params["metric"],
+        params["density_threshold"],
+        params["normalization"],
+        params["neighborhood"],
+        int(params["kmeans_n_init"]),
+        int(params["random_state"]),
     )
