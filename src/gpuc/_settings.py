@@ -28,8 +28,12 @@ class _Settings:
         switch the tests use to compare the two.
     n_jobs
         Default for every ``n_jobs=None`` argument: the CPU threads of the compiled kernels, BLAS and FAISS. ``-1``
-        (the default) means all cores available to the process (its CPU affinity), as numba and BLAS do; a positive
-        int is that many threads. Results do not depend on it (every parallel sum is merged in a fixed order).
+        (the default) takes gpuc's share of the machine: the cores available to the process (CPU affinity and
+        cgroup CPU quota) less those that other processes keep busy when the call starts, at least one
+        (:func:`gpuc._utils.share_of_cores`; on a busy machine more threads than free cores make a call slower than
+        one thread). A positive int is that many threads, whatever the load; so is an explicit ``n_jobs=-1`` argument
+        (all cores available to the process). Results do not depend on it (every parallel sum is merged in a fixed
+        order).
     client
         Default for every ``client=None`` argument: where the independent units of a tool (groups of
         ``metacells``/``deseq``, ranks and restart batches of the NMF tools, gene blocks of one large DESeq2 fit)
@@ -58,7 +62,9 @@ class _Settings:
 
     @property
     def n_jobs(self) -> int:
-        """Default CPU threads: ``-1`` (all cores available to the process) or a positive int."""
+        """Default CPU threads: ``-1`` (the cores available to the process and not busy with other work) or a positive
+        int.
+        """
         return self._n_jobs
 
     @n_jobs.setter
