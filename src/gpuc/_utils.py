@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpuc._settings import check_n_jobs, settings
+from gpuc._settings import check_n_jobs, passive_numba_launch, settings
 
 
 def derive_seed(random_state: int, *unit: int) -> np.random.SeedSequence:
@@ -385,25 +385,17 @@ class _ThreadScope:
 
 
 def _launch_numba_threads() -> None:
-    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``).
-
-    numba's OpenMP layer loads its own libgomp when its threads start, and libgomp reads the policy then. With the
-    default (active) policy a thread that reaches the end of a parallel loop first spins, taking its core from the
-    threads still working whenever the cores are shared with other jobs: a parallel fit can then be many times slower
-    than a serial one. Passive waiting costs a wake-up (microseconds) per parallel loop instead. The variable is
-    restored right after, so other OpenMP libraries and child processes never see it.
+    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``);
+    see :func:`gpuc._settings.passive_numba_launch`. Nothing when the pool runs already.
     """
     try:
         from numba.np.ufunc import parallel
     except ImportError:  # pragma: no cover - layout of other numba versions
         return
-    if getattr(parallel, "_is_initialized", True) or "OMP_WAIT_POLICY" in os.environ:
+    if getattr(parallel, "_is_initialized", True):
         return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        parallel._launch_threads()
-    finally:
-        del os.environ["OMP_WAIT_POLICY"]
+    passive_numba_launch(parallel)
+    parallel._launch_threads()
 
 
 _CONTROLLER: list[Any] = [None, -1]  # threadpoolctl's controller and len(sys.modules) when it was made

@@ -270,3 +270,49 @@ def test_dense_consensus_nmf_identical_for_any_n_jobs_at_a_size_where_blas_threa
     np.testing.assert_array_equal(a.varm["j1_spectra"], a.varm["j2_spectra"])
     np.testing.assert_array_equal(a.obsm["X_j1"], a.obsm["X_j2"])
     np.testing.assert_array_equal(a.uns["j1"]["run_errors"], a.uns["j2"]["run_errors"])
+
+
+_PARALLEL_CALL = """
+from numba import njit, prange
+
+@njit(parallel=True)
+def f(n):
+    s = 0.0
+    for i in prange(n):
+        s += i
+    return s
+
+f(10)
+import numba
+print("layer", numba.threading_layer())
+"""
+
+
+def _gomp_spincount(imports: str) -> str | None:
+    """The spin count of the libgomp that numba loads, in a fresh process running ``imports`` first."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "NUMBA_THREADING"))}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"  # libgomp prints its settings to stderr when it starts
+    out = subprocess.run(
+        [sys.executable, "-c", imports + _PARALLEL_CALL], env=env, capture_output=True, text=True, check=True
+    )
+    if "layer omp" not in out.stdout:
+        return None
+    # the last libgomp to start is numba's (scikit-learn, imported by scanpy, brings its own, started at import)
+    counts = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr)
+    return counts[-1] if counts else None
+
+
+@pytest.mark.parametrize("imports", ["import gpuc\nimport numba\n", "import numba\nimport gpuc\n"])
+def test_numba_openmp_threads_wait_passively_whoever_starts_them(imports):
+    # a parallel numba function of another library (here: the test's own) starts numba's threads, not gpuc: with gpuc
+    # imported before or after numba, libgomp starts with the passive policy (spin count 0)
+    control = _gomp_spincount("import numba\n")  # without gpuc: libgomp's default, threads spin before sleeping
+    if control is None:
+        pytest.skip("numba does not use libgomp here")
+    assert control != "0"
+    assert _gomp_spincount(imports) == "0"
