@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from gpuc._docs import doc_params as _fill_docs
 from gpuc._validate import check_int
+from gpuc._validate import check_number as _check_number
 
 # ---- docstring parts shared by every plot: ``{name}`` on a line of its own is replaced by the text, indented alike --
 _SHOW_SAVE = """\
@@ -43,14 +44,8 @@ DOC = {
 
 
 def doc_params(func: Callable) -> Callable:
-    """Fill the shared parts (:data:`DOC`) into ``func``'s docstring: a line ``{name}`` becomes that text."""
-
-    def fill(m: re.Match) -> str:
-        indent, name = m.group(1), m.group(2)
-        return "\n".join(indent + line if line else line for line in DOC[name].splitlines())
-
-    func.__doc__ = re.sub(r"^([ \t]*)\{(\w+)\}$", fill, func.__doc__ or "", flags=re.MULTILINE)
-    return func
+    """Fill the plots' shared parts (:data:`DOC`) and the package's (:mod:`gpuc._docs`) into ``func``'s docstring."""
+    return _fill_docs(**DOC)(func)
 
 
 # ---- argument checks, all before any figure is made -------------------------------------------------------------
@@ -119,22 +114,14 @@ def check_ncols(ncols: Any) -> int:
 
 
 def check_number(name: str, value: Any, *, low: float | None = None, high: float | None = None, strict: bool = False):
-    """``value`` must be a real number within ``[low, high]`` (``strict``: ``(low, high)``); returns it as a float."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float | np.integer | np.floating)
-        or not np.isfinite(value)
-    ):
-        msg = f"{name} must be a finite number, got {value!r}."
-        raise TypeError(msg)
-    value = float(value)
-    below = low is not None and (value <= low if strict else value < low)
-    above = high is not None and (value >= high if strict else value > high)
-    if below or above:
-        lo = "-inf" if low is None else f"{low:g}"
-        hi = "inf" if high is None else f"{high:g}"
-        bounds = f"({lo}, {hi})" if strict else f"[{lo}, {hi}]"
-        msg = f"{name}={value:g} must be in {bounds}."
+    """``value`` must be a real number within ``[low, high]`` (``strict``: ``(low, high)``); returns it as a float.
+
+    The package's one number check (:func:`gpuc._validate.check_number`), with the plots' ``strict`` shorthand; an
+    infinite value is refused too (no axis or threshold of a plot can be infinite).
+    """
+    value = _check_number(name, value, low=low, high=high, low_open=strict, high_open=strict)
+    if not np.isfinite(value):
+        msg = f"{name}={value!r} must be a finite number."
         raise ValueError(msg)
     return value
 
