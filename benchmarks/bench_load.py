@@ -15,6 +15,8 @@ switches, which show threads spinning (CPU time above the work) or waiting for a
 ``--variant NAME=PYTHONPATH`` (repeatable) runs the gpuc cases from several source trees side by side, interleaved
 within each load level (e.g. the code before and after a change); ``--variant NAME=PYTHONPATH:VAR=VALUE,...`` also
 sets environment variables in that variant's processes. Without it, gpuc is the one importable here.
+``--also-n-jobs -1`` also times gpuc at every core whatever the load (the JSON only; e.g. to compare the threads'
+wait policies on a quiet machine).
 
 The load average and ``uptime`` are recorded before and after each load level: the machine's own load is not
 controlled by this script.
@@ -59,18 +61,23 @@ LABEL = {
     "deseq": "DESeq2 100 x 10,000",
 }
 SPIN = "while True:\n    pass\n"
+MARK = "@bench_load "  # the start of the child's answers on its stdout
 
 
 # ---------------------------------------------------------------------------------------------- one tool's process
-def child(who: str, case: str) -> None:
+def child(who: str, case: str, extra: list[int]) -> None:
     """Serve timed calls: read ``{"n_jobs": ..., "calls": n}`` lines on stdin, answer one JSON line each."""
+    # the protocol goes to a copy of stdout; whatever the tools print (cNMF's progress lines) goes to stderr
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     sys.path.insert(0, str(HERE))
     from bench_honest import _prepare
 
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         calls = {}
-        settings = (None, 1) if who == "gpuc" else (None,)
+        settings = (None, 1, *extra) if who == "gpuc" else (None,)
         for n_jobs in settings:
             calls[n_jobs] = _prepare(who, case, False, n_jobs, None, tmp)
             calls[n_jobs]()  # untimed: compilation, caches, the peers' own first-call work
@@ -81,7 +88,7 @@ def child(who: str, case: str) -> None:
             import gpuc
 
             info = {"gpuc": gpuc.__file__, "threading_layer": numba.threading_layer()}
-        print(json.dumps({"ready": True, **info}), flush=True)
+        print(MARK + json.dumps({"ready": True, **info}), file=proto, flush=True)
         for line in sys.stdin:
             req = json.loads(line)
             out = []
@@ -99,20 +106,22 @@ def child(who: str, case: str) -> None:
                         "nvcsw": r1.ru_nvcsw - r0.ru_nvcsw,
                     }
                 )
-            print(json.dumps(out), flush=True)
+            print(MARK + json.dumps(out), file=proto, flush=True)
 
 
 class Worker:
     """A long-lived process of :func:`child` for one (tool, case, variant)."""
 
-    def __init__(self, who: str, case: str, pythonpath: str | None, env_extra: dict[str, str]) -> None:
+    def __init__(
+        self, who: str, case: str, pythonpath: str | None, env_extra: dict[str, str], extra: tuple[int, ...] = ()
+    ) -> None:
         env = dict(os.environ)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         env.update(env_extra)
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "child", who, case],
+            [sys.executable, __file__, "child", who, case, *map(str, extra)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -126,8 +135,8 @@ class Worker:
             if not line:
                 msg = "worker ended before it was ready"
                 raise RuntimeError(msg)
-            if line.startswith("{") and '"ready"' in line:
-                self.info = json.loads(line)
+            if line.startswith(MARK):
+                self.info = json.loads(line[len(MARK) :])
                 return self.info
 
     def calls(self, n_jobs: int | None, n: int) -> list[dict]:
@@ -138,8 +147,8 @@ class Worker:
             if not line:
                 msg = "worker ended"
                 raise RuntimeError(msg)
-            if line.startswith("["):
-                return json.loads(line)
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> dict:
     workers: dict[tuple[str, str, str], Worker] = {}
     for case in args.cases:
         for name, path, env in variants:
-            workers[("gpuc", case, name)] = Worker("gpuc", case, path, env)
+            workers[("gpuc", case, name)] = Worker("gpuc", case, path, env, tuple(args.also_n_jobs))
         if args.peer_calls:
             workers[(PEER[case], case, "peer")] = Worker(PEER[case], case, None, {})
     results = {"machine": _machine(), "variants": {}, "levels": []}
@@ -214,9 +223,9 @@ def run(args: argparse.Namespace) -> dict:
                 for case in args.cases:
                     for name, _, _ in variants:
                         w = workers[("gpuc", case, name)]
-                        timed: dict = {None: [], 1: []}
+                        timed: dict = {n: [] for n in (None, 1, *args.also_n_jobs)}
                         for _ in range(args.calls):  # alternate the settings call by call
-                            for n_jobs in (None, 1):
+                            for n_jobs in timed:
                                 timed[n_jobs] += w.calls(n_jobs, 1)
                         entry["rows"].append(
                             {
@@ -225,6 +234,7 @@ def run(args: argparse.Namespace) -> dict:
                                 "variant": name,
                                 "default": _summary(timed[None]),
                                 "n_jobs_1": _summary(timed[1]),
+                                **{f"n_jobs_{n}": _summary(timed[n]) for n in args.also_n_jobs},
                             }
                         )
                         _progress(entry["rows"][-1], level)
@@ -250,8 +260,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _progress(row: dict, level: int) -> None:
-    one = row.get("n_jobs_1", {}).get("median")
-    tail = f"  n_jobs=1 {one:.3f} s" if one is not None else ""
+    tail = "".join(
+        f"  n_jobs={key.removeprefix('n_jobs_')} {val['median']:.3f} s"
+        for key, val in row.items()
+        if key.startswith("n_jobs_")
+    )
     print(f"busy {level}: {row['who']:<9} {row['variant']:<8} {row['case']:<17} default {row['default']['median']:.3f} s"
           f"{tail}", file=sys.stderr, flush=True)  # fmt: skip
 
@@ -320,7 +333,7 @@ def _fmt(r: dict, key: str) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        child(sys.argv[2], sys.argv[3])
+        child(sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4:]])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cases", type=lambda s: s.split(","), default=list(CASES))
@@ -328,6 +341,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3, help="gpuc warm calls per setting and load (default 3)")
     parser.add_argument("--peer-calls", type=int, default=1, help="peer warm calls per load (default 1; 0: none)")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds between starting the load and timing")
+    parser.add_argument(
+        "--also-n-jobs",
+        type=lambda s: [int(n) for n in s.split(",")],
+        default=[],
+        help="more gpuc settings to time (e.g. -1: all cores whatever the load); in the JSON only",
+    )
     parser.add_argument("--variant", action="append", default=[], help="NAME=PYTHONPATH[:VAR=VALUE,...]")
     parser.add_argument("--out", default=str(HERE / "results" / "load"))
     parser.add_argument("--tag", default="load", help="file name stem of the outputs (default: load)")
