@@ -294,7 +294,8 @@ def markdown(res: dict, command: str) -> str:
         if e["busy"]:
             head += f" {e['busy']} busy default | {e['busy']} busy n_jobs=1 | ratio |"
             rule += " --- | --- | --- |"
-    if quiet:
+    two_busy = quiet is not None and any(e["busy"] == 2 for e in levels)
+    if two_busy:
         head += " 2 busy / quiet |"
         rule += " --- |"
     lines += [head, rule]
@@ -315,7 +316,7 @@ def markdown(res: dict, command: str) -> str:
             r = row(e)
             cells += [f"{r['default']['median']:.3f} s", _fmt(r, "n_jobs_1")]
             cells.append(f"{r['default']['median'] / r['n_jobs_1']['median']:.2f}x" if "n_jobs_1" in r else "")
-        if quiet:
+        if two_busy:
             two = next((row(e) for e in levels if e["busy"] == 2), None)
             cells.append(f"{two['default']['median'] / q['default']['median']:.2f}x" if two and q else "")
         lines.append("| " + " | ".join(cells) + " |")
