@@ -9,13 +9,14 @@ import importlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from gpuc._settings import check_n_jobs, settings
+from gpuc._settings import check_n_jobs, passive_numba_launch, settings
 
 
 def derive_seed(random_state: int, *unit: int) -> np.random.SeedSequence:
@@ -206,14 +207,142 @@ def _read_cpu_limit(folder: str, *, v1: bool) -> int | None:
     return max(1, -(-q // per))
 
 
+def cores_report() -> dict[str, Any]:
+    """How :func:`available_cores` and :func:`share_of_cores` are derived here and now, for ``gpuc info``.
+
+    Returns
+    -------
+    ``online`` (``os.cpu_count()``), ``affinity`` (CPUs in this process's affinity mask), ``quota`` (CPUs granted by
+    the cgroup CPU quota, None without one), ``available`` (:func:`available_cores`), ``others_running`` (runnable
+    threads of other processes now, :func:`other_runnable`; None where unreadable) and ``share`` (:func:`share_of_cores`,
+    the threads of ``n_jobs=None`` at the default settings).
+    """
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        affinity = os.cpu_count() or 1
+    others = _sample_other_runnable()
+    return {
+        "online": os.cpu_count() or 1,
+        "affinity": affinity,
+        "quota": cgroup_cpu_quota(),
+        "available": available_cores(),
+        "others_running": others,
+        "share": _share(available_cores(), others),
+    }
+
+
+# /proc/loadavg's fourth field: "<runnable scheduling entities now>/<all of them>" (threads, the whole machine)
+LOADAVG = "/proc/loadavg"
+# samples of the runnable count, and the pause between them: a thread that runs all along (another job's worker) is
+# in every sample, a thread that wakes for a moment (a shell, a daemon) in few of them; the smallest count keeps the
+# first and drops the second
+LOAD_SAMPLES = 3
+LOAD_SAMPLE_PAUSE_S = 5e-4
+# a reading is reused this long (calls outside a cpu_threads block resolve their threads often)
+LOAD_CACHE_S = 0.5
+_LOAD_CACHE: list[Any] = [float("-inf"), None, -1]  # (time, value, pid)
+
+
+def other_runnable() -> int | None:
+    """Threads of other processes that are runnable (running or waiting for a core) on the machine now, or None
+    where this cannot be read (not Linux).
+
+    Linux counts the runnable threads of the whole machine in ``/proc/loadavg`` (its fourth field); this process's
+    own runnable threads (``/proc/self/task/*/stat``: the caller, OpenBLAS threads still spinning after a product)
+    are not counted against it. The smallest of :data:`LOAD_SAMPLES` readings is kept (see there); a reading is reused
+    for :data:`LOAD_CACHE_S` seconds.
+    """
+    now = time.monotonic()
+    stamp, value, pid = _LOAD_CACHE
+    if pid == os.getpid() and now - stamp < LOAD_CACHE_S:
+        return value
+    value = _sample_other_runnable()
+    _LOAD_CACHE[:] = [time.monotonic(), value, os.getpid()]
+    return value
+
+
+def _sample_other_runnable() -> int | None:
+    counts = []
+    for i in range(LOAD_SAMPLES):
+        if i:
+            time.sleep(LOAD_SAMPLE_PAUSE_S)
+        total, own = _runnable_total(), _runnable_own()
+        if total is None:
+            return None
+        counts.append(max(0, total - max(own, 1)))  # the calling thread is running, whatever its stat file said
+    return min(counts)
+
+
+def _runnable_total(path: str = LOADAVG) -> int | None:
+    try:
+        with open(path, "rb") as fh:
+            return int(fh.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _runnable_own(task_dir: str = "/proc/self/task") -> int:
+    own = 0
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return 1
+    for tid in tids:
+        try:
+            with open(os.path.join(task_dir, tid, "stat"), "rb") as fh:
+                stat = fh.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        end = stat.rfind(b")")  # the command name, in parentheses, may hold spaces
+        own += stat[end + 2 : end + 3] == b"R"
+    return own
+
+
+def _share(available: int, others: int | None) -> int:
+    """The threads left for this process when ``others`` threads of other processes are runnable."""
+    if others is None:
+        return available
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        affinity = os.cpu_count() or 1
+    online = max(affinity, os.cpu_count() or affinity)
+    # the count is the whole machine's: when this process may run on a part of the CPUs only, the others' threads
+    # are taken as spread evenly over all of them
+    busy = others * affinity / online
+    return max(1, min(available, int(affinity - busy)))
+
+
+def share_of_cores() -> int:
+    """The threads of ``n_jobs=None`` at the default ``gpuc.settings.n_jobs`` (-1): the cores available to the
+    process (:func:`available_cores`) less those that other processes keep busy now (:func:`other_runnable`), at
+    least one.
+
+    On a shared machine (a JupyterHub, a Slurm node running other jobs, a laptop building something) more threads
+    than free cores make every parallel loop of the compiled kernels wait for its slowest thread, which the kernel's
+    scheduler has set aside for the other processes' threads; the call can then be slower than on one thread. Taking
+    the free cores only keeps it at least as fast as one thread and leaves the others their cores. An explicit
+    ``n_jobs`` (``-1`` included) is obeyed as given.
+    """
+    return _share(available_cores(), other_runnable())
+
+
 def resolve_n_jobs(n_jobs: int | None) -> int:
-    """The number of CPU threads ``n_jobs`` means: ``None`` follows ``gpuc.settings.n_jobs``, ``-1`` is all cores
-    available to the process (scikit-learn's meaning), a positive int is itself. Other values raise
-    (``TypeError`` for a non-integer, ``ValueError`` for 0 or another negative).
+    """The number of CPU threads ``n_jobs`` means.
+
+    ``None`` is the count of the enclosing :func:`cpu_threads` block (one count for the whole call), else
+    ``gpuc.settings.n_jobs``: at its default (-1) the cores left free by other processes (:func:`share_of_cores`),
+    else that many threads. ``-1`` is all cores available to the process (scikit-learn's meaning; CPU affinity and
+    cgroup quota, :func:`available_cores`), a positive int is itself. Other values raise (``TypeError`` for a
+    non-integer, ``ValueError`` for 0 or another negative).
     """
     value = check_n_jobs(n_jobs)
     if value is None:
-        value = settings.n_jobs
+        scope = _SCOPE.get()
+        if scope is not None:
+            return scope.n
+        return share_of_cores() if settings.n_jobs == -1 else settings.n_jobs
     return available_cores() if value == -1 else value
 
 
@@ -256,25 +385,17 @@ class _ThreadScope:
 
 
 def _launch_numba_threads() -> None:
-    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``).
-
-    numba's OpenMP layer loads its own libgomp when its threads start, and libgomp reads the policy then. With the
-    default (active) policy a thread that reaches the end of a parallel loop first spins, taking its core from the
-    threads still working whenever the cores are shared with other jobs: a parallel fit can then be many times slower
-    than a serial one. Passive waiting costs a wake-up (microseconds) per parallel loop instead. The variable is
-    restored right after, so other OpenMP libraries and child processes never see it.
+    """Start numba's thread pool with OpenMP's passive wait policy unless the user chose one (``OMP_WAIT_POLICY``);
+    see :func:`gpuc._settings.passive_numba_launch`. Nothing when the pool runs already.
     """
     try:
         from numba.np.ufunc import parallel
     except ImportError:  # pragma: no cover - layout of other numba versions
         return
-    if getattr(parallel, "_is_initialized", True) or "OMP_WAIT_POLICY" in os.environ:
+    if getattr(parallel, "_is_initialized", True):
         return
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        parallel._launch_threads()
-    finally:
-        del os.environ["OMP_WAIT_POLICY"]
+    passive_numba_launch(parallel)
+    parallel._launch_threads()
 
 
 _CONTROLLER: list[Any] = [None, -1]  # threadpoolctl's controller and len(sys.modules) when it was made

@@ -13,7 +13,9 @@ from gpuc._utils import MAX_COLUMNS
 
 
 def info() -> str:
-    """Versions of gpuc and its dependencies, the device ``auto`` resolves to, and the GPU libraries found."""
+    """Versions of gpuc and its dependencies, the device ``auto`` resolves to, the GPU libraries found and the CPU
+    cores gpuc uses (:func:`cores_lines`).
+    """
     from gpuc._backend import gpu_status, resolve_device
     from gpuc._settings import settings
 
@@ -52,10 +54,42 @@ def info() -> str:
     except ImportError:
         lines.append("faiss: not importable")
     lines.append(f"settings.device = {settings.device!r} -> device used: {resolve_device(settings.device)}")
+    lines += cores_lines()
     # a long reason (e.g. CuPy's import error) or platform string continues on indented lines
     return "\n".join(
         textwrap.fill(line, MAX_COLUMNS, subsequent_indent="    ", break_on_hyphens=False) for line in lines
     )
+
+
+def cores_lines(report: dict | None = None) -> list[str]:
+    """The CPU cores gpuc uses and how they were derived (:func:`gpuc._utils.cores_report`), as ``gpuc info`` lines.
+
+    ``n_jobs=-1`` uses the cores available to the process: its CPU affinity, capped by its cgroup's CPU quota.
+    ``n_jobs=None`` at the default settings uses those less the cores that other processes keep busy now.
+    """
+    from gpuc._settings import settings
+    from gpuc._utils import cores_report
+
+    r = cores_report() if report is None else report
+    quota = "no cgroup CPU quota" if r["quota"] is None else f"cgroup CPU quota {r['quota']}"
+    lines = [
+        f"CPU cores available: {r['available']} (n_jobs=-1) = min(CPU affinity {r['affinity']} of {r['online']} "
+        f"online, {quota})"
+    ]
+    if settings.n_jobs != -1:
+        lines.append(f"n_jobs=None: {_threads(settings.n_jobs)} (settings.n_jobs = {settings.n_jobs})")
+    elif r["others_running"] is None:
+        lines.append(f"n_jobs=None: {_threads(r['share'])} (the machine's load is not readable here)")
+    else:
+        lines.append(
+            f"n_jobs=None now: {_threads(r['share'])} = {r['available']} available less the cores busy with "
+            f"{_threads(r['others_running'])} of other processes (runnable now, /proc/loadavg), at least 1"
+        )
+    return lines
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' * (n != 1)}"
 
 
 def _version(pkg: str) -> str:
@@ -88,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         "--device", default="auto", choices=["auto", "cpu", "gpu"], help="where to compute (default: auto)"
     )
     sub.add_parser(
-        "info", help="print versions, the chosen device and the GPU libraries found", formatter_class=_formatter
+        "info",
+        help="print versions, the chosen device, the GPU libraries found and the CPU cores used",
+        formatter_class=_formatter,
     )
     args = parser.parse_args(argv)
     if args.command == "info":

@@ -46,3 +46,28 @@ def test_demo_refuses_unusable_gpu(
 def test_bad_subcommand_exits() -> None:
     with pytest.raises(SystemExit):
         main(["frobnicate"])
+
+
+def test_info_reports_the_cores_and_how_they_were_derived(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gpuc._utils as utils
+    from gpuc._settings import settings
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"CPU cores available: {utils.available_cores()} (n_jobs=-1)" in out
+    assert "n_jobs=None" in out
+    report = {"online": 64, "affinity": 64, "quota": 2, "available": 2, "others_running": 5, "share": 1}
+    monkeypatch.setattr(utils, "cores_report", lambda: report)
+    assert main(["info"]) == 0
+    out = " ".join(line.strip() for line in capsys.readouterr().out.splitlines())
+    assert "CPU cores available: 2 (n_jobs=-1) = min(CPU affinity 64 of 64 online, cgroup CPU quota 2)" in out
+    assert "n_jobs=None now: 1 thread = 2 available less the cores busy with 5 threads of other processes" in out
+    monkeypatch.setattr(utils, "cores_report", lambda: {**report, "quota": None, "others_running": None, "share": 2})
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "no cgroup CPU quota" in out and "n_jobs=None: 2 threads (the machine's load is not readable here)" in out
+    monkeypatch.setattr(settings, "n_jobs", 3)
+    assert main(["info"]) == 0
+    assert "n_jobs=None: 3 threads (settings.n_jobs = 3)" in capsys.readouterr().out

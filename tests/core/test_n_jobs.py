@@ -43,7 +43,15 @@ def _bulk(n_genes: int = 600, seed: int = 0) -> ad.AnnData:
 
 
 # ---- the convention ------------------------------------------------------------------------------------------------
-def test_settings_default_is_all_cores_and_minus_one_means_all_cores(monkeypatch):
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """No other process's threads runnable: the default n_jobs takes every core (see test_threads for the load)."""
+    import gpuc._utils as utils
+
+    monkeypatch.setattr(utils, "other_runnable", lambda: 0)
+
+
+def test_settings_default_is_all_cores_and_minus_one_means_all_cores(monkeypatch, quiet_machine):
     assert settings.n_jobs == -1
     assert resolve_n_jobs(None) == CORES
     assert resolve_n_jobs(-1) == CORES
@@ -68,7 +76,7 @@ def test_bad_n_jobs_raise(bad, monkeypatch):
     assert set(a.uns) == set(before.uns) and set(a.obsm) == set(before.obsm)
 
 
-def test_cpu_threads_sets_and_restores_numba_and_blas():
+def test_cpu_threads_sets_and_restores_numba_and_blas(quiet_machine):
     import numba
     from threadpoolctl import threadpool_info
 
