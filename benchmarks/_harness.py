@@ -19,7 +19,9 @@ starts (only the tool call is timed):
 * the peer at its own defaults, and pinned to ``c`` threads (BLAS, OpenMP, numba through the environment; the tool
   may pass ``c`` on as well, e.g. PyDESeq2's ``n_cpus``); ``--peer-repeats`` processes of one cold and
   ``--peer-warm-calls`` warm calls;
-* the load average (``os.getloadavg``) before and after; medians everywhere.
+* the processes run in rounds (gpuc default, peer default, gpuc at c threads, peer at c threads, ...) so that both
+  tools meet the same load on a shared machine; the load average (``os.getloadavg``) before and after each case;
+  medians everywhere.
 
 The headline ratio is peer cold / gpuc cold at default threads. The work of gpuc's call (FLOPs and bytes that must
 cross memory, as the tool counts them) is set against this machine's limits, measured in the same run: a float64
@@ -121,26 +123,24 @@ def hardware_limits(seconds: float = 1.0) -> dict:
     gen = np.random.default_rng(0)
     a, b = gen.random(10_000_000), gen.random(10_000_000)
     c = np.empty_like(a)
-    best_bw = 0.0
-    t_end = time.perf_counter() + seconds / 2
-    while True:
-        t = time.perf_counter()
+
+    def triad() -> None:
         np.multiply(b, 1.5, out=c)
         np.add(a, c, out=c)
-        # the two passes move 5 arrays (read b, write c, read a, read c, write c)
-        best_bw = max(best_bw, 5 * a.nbytes / (time.perf_counter() - t))
-        if time.perf_counter() > t_end:
-            break
+
     g = gen.random((1500, 1500))
-    g @ g
-    best_gemm = 0.0
-    t_end = time.perf_counter() + seconds / 2
-    while True:
-        t = time.perf_counter()
-        g @ g
-        best_gemm = max(best_gemm, 2 * 1500**3 / (time.perf_counter() - t))
-        if time.perf_counter() > t_end:
-            break
+    # the best of at least 3 timed calls (after an untimed one: first touch of the pages, BLAS start-up) and as many
+    # more as fit in half of ``seconds``: on a shared machine the best is the closest to what the hardware allows
+    best = []
+    for fn in (triad, lambda: g @ g):
+        fn()
+        times = []
+        t_end = time.perf_counter() + seconds / 2
+        while len(times) < 3 or time.perf_counter() < t_end:
+            times += time_calls(fn, 1)[0]
+        best.append(min(times))
+    # the triad's two passes move 5 arrays (read b, write c, read a, read c, write c)
+    best_bw, best_gemm = 5 * a.nbytes / best[0], 2 * 1500**3 / best[1]
     return {"gemm_gflops": round(best_gemm / 1e9, 2), "triad_gbps": round(best_bw / 1e9, 2)}
 
 
@@ -181,6 +181,7 @@ class Tool:
     ``prepare(who, case, n_jobs, threads, tmp)`` returns the call; ``who`` is ``"gpuc"`` or ``peer``. ``targets``
     maps a case to the ratios it must reach (``{"cold": 4, "warm": 10}``: peer / gpuc at default threads).
     ``extra(case, tmp)`` may time further references in this process (R) and return ``{name: seconds}``.
+    ``peer_fill``: run one untimed peer process first (to fill its dependencies' numba caches).
     """
 
     name: str
@@ -190,6 +191,7 @@ class Tool:
     default_cases: tuple[str, ...] = ()
     targets: dict[str, dict[str, float]] = field(default_factory=dict)
     extra: Callable[[str, str], dict[str, float]] | None = None
+    peer_fill: bool = True
 
 
 def one(tool: Tool, who: str, case: str, n_jobs: int | None, threads: int | None, warm_calls: int) -> dict:
@@ -248,20 +250,25 @@ def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace) -
             row["compile_s"] = spawn(script, "gpuc", case, env=env, timeout=args.timeout).get("first")
     else:  # untimed: fills numba's cache (a fresh install compiles the kernels once)
         spawn(script, "gpuc", case, timeout=args.timeout)
-    if not args.skip_peers:  # untimed likewise: the peer's dependencies' numba caches
+    if not args.skip_peers and tool.peer_fill:  # untimed likewise: the peer's dependencies' numba caches
         spawn(script, tool.peer, case, timeout=args.timeout)
-
-    def gpuc(n_jobs: int | None) -> dict:
-        kw = {"n_jobs": n_jobs, "warm_calls": args.warm_calls, "timeout": args.timeout}
-        return _config([spawn(script, "gpuc", case, **kw) for _ in range(args.repeats)])
-
-    def peer(threads: int | None) -> dict:
-        kw = {"threads": threads, "warm_calls": args.peer_warm_calls, "timeout": args.timeout}
-        return _config([spawn(script, tool.peer, case, **kw) for _ in range(args.peer_repeats)])
-
-    row["gpuc"] = {"default": gpuc(None)} | {str(c): gpuc(c) for c in cores_}
+    # the configurations' processes in rounds (gpuc default, peer default, gpuc c, peer c, ...), so that gpuc and the
+    # peer meet the same load on a shared machine; a configuration with fewer repeats drops out of the later rounds
+    jobs = [("gpuc", "default", {"n_jobs": None, "warm_calls": args.warm_calls}, args.repeats)]
     if not args.skip_peers:
-        row["peer"] = {"default": peer(None)} | {str(c): peer(c) for c in cores_}
+        jobs.append((tool.peer, "default", {"threads": None, "warm_calls": args.peer_warm_calls}, args.peer_repeats))
+    for c in cores_:
+        jobs.append(("gpuc", str(c), {"n_jobs": c, "warm_calls": args.warm_calls}, args.repeats))
+        if not args.skip_peers:
+            jobs.append((tool.peer, str(c), {"threads": c, "warm_calls": args.peer_warm_calls}, args.peer_repeats))
+    runs: dict[tuple[str, str], list[dict]] = {(who, cfg): [] for who, cfg, _, _ in jobs}
+    for i in range(max(n for *_, n in jobs)):
+        for who, cfg, kw, n in jobs:
+            if i < n:
+                runs[who, cfg].append(spawn(script, who, case, timeout=args.timeout, **kw))
+    row["gpuc"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who == "gpuc"}
+    if not args.skip_peers:
+        row["peer"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who != "gpuc"}
         if tool.extra is not None:
             with tempfile.TemporaryDirectory() as tmp:
                 row["extra"] = tool.extra(case, tmp)

@@ -92,7 +92,13 @@ def r_deseq(case: str, tmp: str) -> dict[str, float]:
 
 
 TOOL = _harness.Tool(
-    name="deseq", peer="pydeseq2", cases=CASES, prepare=prepare, default_cases=("100x10000",), extra=r_deseq
+    name="deseq",
+    peer="pydeseq2",
+    cases=CASES,
+    prepare=prepare,
+    default_cases=("100x10000",),
+    extra=r_deseq,
+    peer_fill=False,  # PyDESeq2 compiles nothing: no cache to fill
 )
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ tutorial ``fit(min_iter=10, max_iter=50)``; SEACells draws from numpy's global R
 
 gpuc's call counts its work per outer iteration (A-update + B-update + error, T = 50 Frank-Wolfe steps each):
 4 T n k + 2 nnz(A) k FLOPs for the A-update, T (2 nnz(K) k / n k-columns picked + 4 n k) for the B-update and
-2 nnz(K) k for K A^T; bytes: the kernel matrix (12 bytes per stored entry) and three dense n x k float32 blocks
-per Frank-Wolfe step.
+2 nnz(K) k for K A^T; bytes, a lower bound: the kernel matrix (12 bytes per stored entry) and six n x k float32
+blocks (A and B read and written) once per outer iteration.
 
     python benchmarks/bench_metacells.py                                # pbmc68k (about 1 minute on 2 busy cores)
     python benchmarks/bench_metacells.py --cases pbmc3k,cd34like
@@ -67,7 +67,7 @@ def work(n: int, k: int, kernel_nnz: int, n_iter: int) -> dict:
     a_update = 4 * FW_STEPS * n * k + 2 * n * k
     b_update = FW_STEPS * (2 * kernel_nnz * k / max(n, 1) * k + 4 * n * k)
     flops = n_iter * (a_update + b_update + 2 * kernel_nnz * k)
-    nbytes = n_iter * (12 * kernel_nnz + 2 * FW_STEPS * 3 * 4 * n * k)
+    nbytes = n_iter * (12 * kernel_nnz + 6 * 4 * n * k)
     return {"flops": float(flops), "bytes": float(nbytes)}
 
 
