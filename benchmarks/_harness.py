@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -380,10 +381,11 @@ def render(res: dict) -> str:
     """The markdown of one side-by-side result: the headline table, the equal-core table and the work."""
     nan = float("nan")
     hw = res.get("hardware", {})
+    command = re.sub(r" --out[ =]\S+", "", res["command"])  # where the files went does not reproduce them
     lines = [
         f"Machine: {machine_line(res['machine'])}. Measured {res.get('date', '')}, commit {res['machine'].get('commit')}.",
         "",
-        f"Command: `{res['command']}`. Cold: the first call in a fresh process (after import and data loading); warm:",
+        f"Command: `{command}`. Cold: the first call in a fresh process (after import and data loading); warm:",
         f"later calls in the same process (medians). Peer ({res['peer']}): its own defaults, or pinned to c threads.",
         "Ratios: peer time / gpuc time. Load: 1-minute load average before / after the case.",
         "",
