@@ -112,7 +112,7 @@ def stability_case(ad: sc.AnnData, genes: list[str], n_sets: int, n_agree: int) 
     ks, n_runs = list(range(lo, hi + 1)), 10
     ad = ad.copy()
     ad.var["highly_variable"] = ad.var_names.isin(genes)
-    block, _ = _prepare_block(ad, "counts", True, "sd")  # cNMF's matrix: HVG counts / SD (ddof=1)
+    block, _ = _prepare_block(ad, "counts", "highly_variable", "sd")  # cNMF's matrix: HVG counts / SD (ddof=1)
     x = sp.csr_matrix(block, dtype=np.float64)
     n2 = float(x.multiply(x).sum())
 
@@ -199,7 +199,7 @@ def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
     ks, n_runs = list(range(lo, hi + 1)), 10
     ad = ad.copy()
     ad.var["highly_variable"] = ad.var_names.isin(genes)
-    block, _ = _prepare_block(ad, "counts", True, "sd")
+    block, _ = _prepare_block(ad, "counts", "highly_variable", "sd")
     be, op = _backend_and_op(block, "cpu", None)  # what tl.nmf_k_sweep fits (float32)
     x = sp.csr_matrix(block, dtype=np.float64)
     n2 = float(x.multiply(x).sum())
@@ -330,10 +330,11 @@ def main() -> None:
                  "load_before": _harness.loadavg()}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         genes = cnmf_genes(ad, tmp)
-    md = [f"Machine: {_harness.machine_line(res['machine'])}; threads {ARGS.threads}.", ""]
+    machine = f"Machine: {_harness.machine_line(res['machine'])}; threads {ARGS.threads}."
+    md = [] if "paired" in cases else [machine, ""]
     if "paired" in cases:
         res["paired"] = paired_case(ad, genes, ARGS.paired_sets)
-        md.append(_paired_markdown(res["paired"], ""))
+        md.append(_paired_markdown(res["paired"], machine))
     if "stability" in cases:
         res["stability"] = stability_case(ad, genes, ARGS.stability_sets, ARGS.agree_sets)
         md += _stability_markdown(res["stability"])
