@@ -13,6 +13,10 @@ Cases (subcommands), on the atlas written by ``benchmarks/atlas_build.py``:
 ``nmf``
     ``gpuc.tl.nmf_k_sweep(adata, range(2, 13), n_runs=20, mask_var=None, client=client)`` on ``--cells`` cells drawn
     from the atlas, top 2,000 HVG, normalize_total + log1p.
+``deseq_blocks`` (no atlas)
+    One large design as gene blocks: ``gpuc.tl.deseq(adata, "~condition", client=client, copy=True)`` on
+    ``--samples`` x ``--genes`` simulated counts (``_deseq_sim.simulate``); the per-gene steps run as gene-block
+    tasks on the workers, the global steps in the driver.
 
 Every configuration (``--configs``, default ``inproc,1,2``) runs in this process in turn: ``inproc`` is
 ``client=None`` (default threads), ``W`` a fresh ``distributed.LocalCluster(n_workers=W, threads_per_worker=1,
@@ -27,6 +31,7 @@ arguments (scattered once to every worker); both feed the scaling projection of 
     python benchmarks/bench_dask.py pipeline --atlas /work/atlas/atlas_1m.h5ad
     python benchmarks/bench_dask.py metacells --atlas /work/atlas/atlas_1m.h5ad --samples 16
     python benchmarks/bench_dask.py nmf --atlas /work/atlas/atlas_1m.h5ad --cells 50000
+    python benchmarks/bench_dask.py deseq_blocks --samples 1000 --genes 60000 --configs inproc,2
 
 Results go to ``benchmarks/results/dask_<case>.json`` and ``.md`` (``--tag`` appends a suffix).
 """
@@ -293,19 +298,14 @@ class Runner:
 
 
 def machine() -> dict:
+    import hashlib
+
+    import _harness
     import dask
     import distributed
     import psutil
 
     import gpuc
-
-    cpu = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    import hashlib
 
     src = Path(gpuc.__file__).parent
     h = hashlib.sha1()
@@ -313,9 +313,9 @@ def machine() -> dict:
         h.update(f.read_bytes())
     return {
         "gpuc_src_sha1": h.hexdigest()[:12],  # the code under test (the tree was being edited during these runs)
-        "cpu": cpu,
+        "cpu": _harness.cpu_name(),
         "logical_cpus": os.cpu_count(),
-        "affinity": len(os.sched_getaffinity(0)),
+        "affinity": _harness.cores(),
         "ram_gb": round(psutil.virtual_memory().total / 1e9, 1),
         "python": platform.python_version(),
         "gpuc": getattr(gpuc, "__version__", "?"),
@@ -609,10 +609,42 @@ def case_nmf(args: argparse.Namespace, mon: RSSMonitor) -> dict:
     return res
 
 
+def case_deseq_blocks(args: argparse.Namespace, mon: RSSMonitor) -> dict:
+    import anndata as ad
+    from _deseq_sim import simulate
+
+    import gpuc
+    from gpuc.deseq._blocks import default_block_genes
+
+    counts, obs, _ = simulate(args.samples, args.genes, seed=args.seed)
+    adata = ad.AnnData(counts, obs=obs)
+    adata.var_names = [f"g{j}" for j in range(adata.n_vars)]
+    meta = {"shape": list(adata.shape), "gene_blocks": -(-adata.n_vars // default_block_genes(adata.n_obs))}
+
+    def run(client, runner):
+        with runner.step("deseq"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = gpuc.tl.deseq(adata, "~condition", client=client, copy=True)
+        r = gpuc.get.deseq_results(out)
+        cols = ("baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
+        return {c: r[c].to_numpy(float) for c in cols} | {
+            "_check_summary": {"n_padj_0.05": int((r["padj"] < 0.05).sum())}
+        }
+
+    res = run_configs(args, run, [_tiny_deseq], mon)
+    res["_meta"] = meta
+    return res
+
+
 CASES = {
     "pipeline": (case_pipeline, ["pb_X", "padj", "lfc"], ["pseudobulk", "deseq"]),
     "metacells": (case_metacells, ["labels"], ["metacells"]),
     "nmf": (case_nmf, ["stability", "median_error", "best_error"], ["nmf_k_sweep"]),
+    "deseq_blocks": (
+        case_deseq_blocks,
+        ["baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"],
+        ["deseq"],
+    ),
 }
 
 
@@ -700,6 +732,9 @@ def main() -> None:
             s.add_argument("--chunk-rows", type=int, default=10_000, help="rows per dask chunk of the lazy X")
         if name == "metacells":
             s.add_argument("--samples", type=int, default=16, help="first N samples (the atlas has 200)")
+        if name == "deseq_blocks":
+            s.add_argument("--samples", type=int, default=1000)
+            s.add_argument("--genes", type=int, default=60_000)
         if name == "nmf":
             s.add_argument("--cells", type=int, default=50_000)
             s.add_argument("--hvg", type=int, default=2_000)

@@ -147,21 +147,10 @@ MAKERS = {"metacells": case_metacells, "nmf": case_nmf, "deseq": case_deseq}
 
 
 def machine() -> dict:
-    from gpuc._utils import available_cores
-
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        affinity = os.cpu_count() or 1
+    import _harness
     import numba
+
+    from gpuc._utils import available_cores
 
     try:
         import faiss  # noqa: F401
@@ -170,9 +159,9 @@ def machine() -> dict:
     except ImportError:
         knn = "gpuc's blocked exact kNN (no faiss-cpu)"
     return {
-        "cpu": model,
+        "cpu": _harness.cpu_name(),
         "os_cpu_count": os.cpu_count(),
-        "affinity": affinity,
+        "affinity": _harness.cores(),
         "available_cores": available_cores(),
         "python": platform.python_version(),
         "numpy": np.__version__,
