@@ -169,7 +169,7 @@ def _nmf_units(units: list[dict]) -> tuple[dict[int, float], dict[int, float]]:
 
 
 def _restart_plan(ks: list[int], n_runs: int, w: int) -> list[tuple[int, int]]:
-    """(k, runs) per unit as ``gpuc.tl._nmf._restart_chunks`` splits a sparse sweep for ``w`` workers: units of
+    """(k, runs) per unit as ``gpuc.nmf._run.restart_chunks`` splits a sparse sweep for ``w`` workers: units of
     about equal work (runs x k), about four per worker."""
     target = sum(k * n_runs for k in ks) / (4.0 * w)
     out = []

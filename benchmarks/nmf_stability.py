@@ -193,14 +193,15 @@ def paired_case(ad: sc.AnnData, genes: list[str], n_sets: int) -> dict:
 
     from gpuc.nmf._consensus import sweep_row
     from gpuc.nmf._hals import HalsResult, random_init
-    from gpuc.tl._nmf import _backend_and_op, _prepare_block
+    from gpuc.nmf._plan import backend_and_op
+    from gpuc.tl._nmf import _prepare_block
 
     lo, hi = (int(v) for v in ARGS.stability_ks.split("-"))
     ks, n_runs = list(range(lo, hi + 1)), 10
     ad = ad.copy()
     ad.var["highly_variable"] = ad.var_names.isin(genes)
     block, _ = _prepare_block(ad, "counts", "highly_variable", "sd")
-    be, op = _backend_and_op(block, "cpu", None)  # what tl.nmf_k_sweep fits (float32)
+    be, op = backend_and_op(block, "cpu", None)  # what tl.nmf_k_sweep fits (float32)
     x = sp.csr_matrix(block, dtype=np.float64)
     n2 = float(x.multiply(x).sum())
     score = {

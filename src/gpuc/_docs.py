@@ -22,8 +22,9 @@ device
 
 N_JOBS = """\
 n_jobs
-    CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs` (all cores available to the process, CPU quotas
-    included), ``-1`` all cores. Results do not depend on it. In a Dask task, at most the worker's threads."""
+    CPU threads: ``None`` follows :attr:`gpuc.settings.n_jobs`: by default the cores available to the process (CPU
+    affinity and cgroup quota) less those other processes keep busy when the call starts, at least one; ``-1`` all
+    available cores, whatever the load. Results do not depend on it. In a Dask task, at most the worker's threads."""
 
 COPY = """\
 copy

@@ -106,11 +106,9 @@ def test_metacells_run_the_array_code_and_give_the_same_fit(request):
     np.testing.assert_allclose(plain.rss, fused.rss, rtol=1e-12)
 
 
-# The NMF and DESeq2 engines choose their kernels in files this change does not touch (gpuc.nmf._kernels_gpu.usable,
-# gpuc.deseq._kernels.gpu_kernels); each needs one line asking gpuc._backend.fused_kernels_usable(). Strict xfail
-# until then: remove the mark when the line is in.
+# The NMF and DESeq2 engines choose their kernels in gpuc.nmf._kernels_gpu.usable and gpuc.deseq._kernels.gpu_kernels,
+# each asking gpuc._backend.fused_kernels_usable().
 @needs_simulator
-@pytest.mark.xfail(strict=True, reason="gpuc.nmf._kernels_gpu.usable does not ask fused_kernels_usable() yet")
 def test_nmf_runs_the_array_code_and_gives_the_same_factors(request):
     from gpuc._utils import derive_seed
     from gpuc.nmf._hals import Operator, fit_hals_groups
@@ -136,7 +134,6 @@ def test_nmf_runs_the_array_code_and_gives_the_same_factors(request):
 
 
 @needs_simulator
-@pytest.mark.xfail(strict=True, reason="gpuc.deseq._kernels.gpu_kernels does not ask fused_kernels_usable() yet")
 def test_deseq_runs_the_array_code_and_gives_the_same_fit(request):
     from gpuc.deseq._glm import fit_nb_glm
 

@@ -56,9 +56,10 @@ def gpu_kernels(bk: Any, p: int, entries: int = 0) -> ModuleType | None:
     under numba-cuda's CUDA simulator, which must then be on, for problems of at most :data:`SIMULATED_MAX_ENTRIES`
     matrix entries (``entries``: genes x samples of the call).
     """
+    from gpuc._backend import fused_kernels_usable
     from gpuc._settings import settings
 
-    if not bk.is_gpu or not settings.numba:
+    if not bk.is_gpu or not settings.numba or not fused_kernels_usable():
         return None
     simulated = bk.launcher is not None
     kern = _import_gpu(simulated)

@@ -269,4 +269,6 @@ def usable(backend: object) -> bool:
     """
     import numba
 
-    return getattr(backend, "launcher", None) is None or bool(numba.config.ENABLE_CUDASIM)
+    from gpuc._backend import fused_kernels_usable
+
+    return (getattr(backend, "launcher", None) is None or bool(numba.config.ENABLE_CUDASIM)) and fused_kernels_usable()

@@ -64,7 +64,7 @@ def nmf_k_sweep(
     if mark_k is None:
         from gpuc.get._nmf import nmf_suggest_k
 
-        # every consensus failed: no suggestion (the stored suggested_k is then only the sweep's first k)
+        # every consensus failed: no suggestion (the stored suggested_k is then None)
         mark_k = nmf_suggest_k(adata, key=key) if np.isfinite(stab).any() else None
         what = "suggested"
     else:

@@ -60,8 +60,6 @@ from gpuc.nmf._prepare import PREPROCESSING, prepare_matrix
 
 Preprocessing = Literal["none", "sd", "sqrt_sd"]
 
-_backend_and_op = backend_and_op  # the name benchmarks/bench_nmf.py imports
-
 
 # --------------------------------------------------------------------------------------------------------------------
 # input checks, the factorised block, progress and the recorded call
