@@ -45,24 +45,14 @@ def _measured_peak(n: int, k: int) -> int:
             tracemalloc.stop()
 
 
-# measured on the CPU path (peak / estimate): the estimate leaves out the n x n direct slots of the compiled
-# K = M M^T (16 bytes per entry while n^2 <= DIRECT_SLOTS_MAX, i.e. n <= 1448: 5.5 MiB at n = 600, 22 MiB at 1200)
-# and counts K at 4 * n_neighbors entries per cell where K = M M^T holds 50 (n = 600) to 173 (n = 4000) per cell
-_UNDERCOUNT = "metacells_peak_bytes undercounts the CPU peak ({}); its body belongs to the gpu-memory work"
-
-
-def _xfail(why: str) -> pytest.MarkDecorator:
-    """Expected to fail on the bracket (not on an error) until the estimate counts what is measured; strict, so
-    the marks must go when it does."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=_UNDERCOUNT.format(why))
-
-
+# the estimate counts the n x n direct slots of the compiled K = M M^T (n <= 1448) and K's ~12 n_neighbors entries
+# per cell; without them the peak was 6.5x (600 cells), 8.9x (1,200) and 1.6x (3,000) the estimate
 @pytest.mark.parametrize(
     ("n", "k"),
     [
-        pytest.param(600, 8, marks=_xfail("6.5x: n^2 slots")),
-        pytest.param(1200, 16, marks=_xfail("8.9x: n^2 slots")),
-        pytest.param(3000, 40, marks=_xfail("1.6x: nnz(K)")),
+        (600, 8),
+        (1200, 16),
+        (3000, 40),
         (2000, 100),
     ],
 )

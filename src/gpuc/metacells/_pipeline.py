@@ -44,7 +44,8 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
     per cell); on the GPU the kernel (``2 * n_neighbors`` entries per cell), its square and a sorted copy of it
     (``12 * n_neighbors`` each: 6-9 times ``n_neighbors`` measured at 300-700 cells, growing with n) and ``K B``
     (``2 * n_neighbors``); on the CPU's dense-gradient path, a chunk-bucketed copy of the kernel's square; on the CPU, the slots of
-    the compiled ``K B`` (16 bytes per n x k entry while they fit ``DIRECT_SLOTS_MAX``). 200,000 cells x 2,667
+    the compiled ``K B`` and ``K = M M^T`` (16 bytes per n x k, resp. n x n, entry while they fit
+    ``DIRECT_SLOTS_MAX``) and K at ``12 * n_neighbors`` entries per cell. 200,000 cells x 2,667
     metacells on the GPU: about 10.4 GB (8.5 GB of it the two work arrays). The kNN and kernel-building stages
     before the fit hold blocks of at most 256 MB (three at a time on the GPU) besides ``M``: below the fit's
     footprint at large n, above it at a few hundred cells.
@@ -56,10 +57,13 @@ def metacells_peak_bytes(n: int, k: int, *, n_neighbors: int = 15, fw_iters: int
         dense += 16.0 * nk + (32.0 * fw_iters + 388.0) * n + 24.0 * fw_iters * k + 32.0 * float(k) * k
     else:
         dense += (24.0 * nk if dense_gradient else 0.0) + (0.0 if nk > DIRECT_SLOTS_MAX else 16.0 * nk)
+        # the compiled K = M M^T accumulates each row in n direct slots while n^2 fits DIRECT_SLOTS_MAX (n <= 1448)
+        dense += 0.0 if float(n) * n > DIRECT_SLOTS_MAX else 16.0 * float(n) * n
     if gpu:  # M, K = M M^T and its sorted transpose (K's rows hold ~6-12 n_neighbors entries), K B, A and B
         per_cell = 28 * n_neighbors + 2 * min(fw_iters, k)
     else:
-        per_cell = 4 * n_neighbors + 2 * min(fw_iters, k) + min(k, 2 * n_neighbors * fw_iters)
+        # K = M M^T: 50 (600 cells) to 173 (4,000 cells) entries per row measured at n_neighbors=15, as on the GPU
+        per_cell = 12 * n_neighbors + 2 * min(fw_iters, k) + min(k, 2 * n_neighbors * fw_iters)
         per_cell += 2 * n_neighbors if dense_gradient else 0
     return dense + 12.0 * n * per_cell
 
