@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scanpy import logging as logg
 
+from gpuc import _log as logg
 from gpuc._backend import backend_of, is_sparse, to_host
 from gpuc._dask import is_dask_array
 

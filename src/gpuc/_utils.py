@@ -81,9 +81,9 @@ def progress_enabled() -> bool:
     """Whether progress bars show: ``gpuc.settings.progress`` is True, Scanpy's verbosity is at its default
     (warning) or above, and the output is a terminal or a Jupyter notebook (never a log file or a pipe).
     """
-    import scanpy as sc
+    from gpuc._log import verbosity
 
-    if not settings.progress or int(sc.settings.verbosity) < 1:
+    if not settings.progress or verbosity() < 1:
         return False
     if "ipykernel" in sys.modules:
         return True

@@ -34,6 +34,26 @@ def test_import_gpuc_imports_nothing_heavy() -> None:
     assert "scipy.stats" not in _loaded_after("import gpuc")
 
 
+def test_loading_the_tools_imports_no_scanpy_or_scikit_learn() -> None:
+    # the first tool call should not pay ~2 s for Scanpy (logging goes through gpuc._log) or scikit-learn's clustering
+    loaded = _loaded_after(
+        "import gpuc\ngpuc.tl.metacells, gpuc.tl.consensus_nmf, gpuc.tl.deseq, gpuc.get.deseq_results"
+    )
+    assert not loaded & {"scanpy", "sklearn", "matplotlib", "numba"}, sorted(loaded & {"scanpy", "sklearn", "numba"})
+
+
+def test_log_forwards_to_scanpy_only_when_loaded() -> None:
+    code = (
+        "import sys, gpuc._log as log\n"
+        "log.info('hidden'); assert 'scanpy' not in sys.modules and log.verbosity() == 1\n"
+        "import scanpy as sc\nsc.settings.verbosity = 3\nlog.info('shown-info', deep='detail')\n"
+        "assert log.verbosity() == 3\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    text = out.stdout + out.stderr
+    assert "shown-info" in text and "hidden" not in text
+
+
 def test_public_names_resolve_on_first_use() -> None:
     import gpuc
 

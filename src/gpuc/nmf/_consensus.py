@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from sklearn.cluster import KMeans  # at import, as the other libraries of the package (~0.15 s)
-from sklearn.metrics import silhouette_samples
 
 from gpuc._backend import Backend, get_backend, to_host
 from gpuc._dask import map_units, n_workers
@@ -226,6 +224,8 @@ def silhouette(dist: np.ndarray, labels: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     dist = np.array(to_host(dist), dtype=np.float64)
     np.fill_diagonal(dist, 0.0)
+    from sklearn.metrics import silhouette_samples  # scikit-learn loads on first use (~0.5 s from a cold disk)
+
     return silhouette_samples(dist, labels, metric="precomputed")
 
 
@@ -364,6 +364,8 @@ def consensus_of_pool(
         raise ConsensusError(msg)
     ki = xp.asarray(np.flatnonzero(kept))
     unit_k = density.unit[ki]
+    from sklearn.cluster import KMeans
+
     km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state)
     with _one_openmp_thread():
         km.fit(np.asarray(unit_k))

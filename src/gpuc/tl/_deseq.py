@@ -8,9 +8,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 from anndata import AnnData
-from scanpy import logging as logg
 
 from gpuc import _keys
+from gpuc import _log as logg
 from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._docs import doc_params

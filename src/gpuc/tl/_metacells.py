@@ -15,9 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 from anndata import AnnData
-from scanpy import logging as logg
 
 from gpuc import _keys
+from gpuc import _log as logg
 from gpuc._backend import Device, get_backend, is_sparse
 from gpuc._dask import is_dask_array, resolve_client
 from gpuc._docs import doc_params

@@ -20,9 +20,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 from anndata import AnnData
-from scanpy import logging as logg
 
 from gpuc import _keys
+from gpuc import _log as logg
 from gpuc._backend import Backend, Device, to_host
 from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
