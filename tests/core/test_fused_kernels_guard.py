@@ -76,6 +76,7 @@ def test_the_simulator_needs_no_compiler():
 needs_simulator = pytest.mark.skipif(not simulator_status()[0], reason=simulator_status()[1])
 
 
+@pytest.mark.slow
 @needs_simulator
 @pytest.mark.filterwarnings("ignore::gpuc.metacells.MetacellConvergenceWarning")
 def test_metacells_run_the_array_code_and_give_the_same_fit(request):

@@ -63,7 +63,9 @@ def _assert_same_fit(cpu_res, gpu_res, gpu):
     np.testing.assert_allclose(gpu_res.rss, cpu_res.rss, rtol=1e-13)
 
 
-@pytest.mark.parametrize("start", ["uniform", "dense", "sparse"])
+@pytest.mark.parametrize(
+    "start", ["uniform", pytest.param("dense", marks=pytest.mark.slow), pytest.param("sparse", marks=pytest.mark.slow)]
+)
 def test_fit_matches_cpu(gpu, small, start):
     mmat, _, arche = small
     k, n = len(arche), mmat.shape[0]
@@ -92,6 +94,7 @@ def test_updates_on_identical_inputs_pick_as_the_cpu(gpu, small):
     np.testing.assert_array_equal(gpu.to_host(b_gpu).toarray(), b_cpu.toarray())
 
 
+@pytest.mark.slow
 def test_ties_go_to_the_lowest_index(gpu, small):
     """Archetypes starting on the same cell give tied gradients at every A-step (equal rows of B^T K B, equal
     columns of K B): every cell picks the first of them. The later ones are then unused, so their B-gradient columns
@@ -112,6 +115,7 @@ def test_ties_go_to_the_lowest_index(gpu, small):
     _assert_same_fit(*_fit_both(gpu, mmat, dup, "uniform", fw_iters=6), gpu)
 
 
+@pytest.mark.slow
 def test_summation_order_of_the_kernel_does_not_change_the_fit(gpu, small):
     """K's rows stored in reversed column order (as a GPU sparse product may leave them) change the order of the
     sums in K B, K A^T and B^T K B, not the picks: the same iterates and RSS to 1e-12 as the CPU with sorted K.
@@ -162,6 +166,7 @@ def test_column_argmin_takes_the_first_of_tied_minima(gpu):
     assert not slots[2].get().any()  # nothing handed on when no next step follows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_slots", [0, 1])
 def test_cells_with_more_neighbouring_picks_than_slots_pick_as_the_cpu(gpu, small, monkeypatch, n_slots):
     """With no slot (every cell that has neighbouring picks looks them up in K^T) or one (most such cells fit, the
@@ -209,6 +214,7 @@ def _per_iteration(gpu, mmat, arche, fw_iters):
     return two.ops - one.ops, two.reads - one.reads, two.top()
 
 
+@pytest.mark.slow
 def test_launch_budget_per_outer_iteration(gpu, pcs):
     """Operations and synchronising reads of one outer iteration (two iterations minus one, so set-up cancels):
     at most 40 plus 3 per Frank-Wolfe step and at most 2 reads, the same at two sizes and growing only with the

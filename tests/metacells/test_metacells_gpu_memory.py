@@ -43,6 +43,7 @@ def _fit_peak(problem, k, monkeypatch):
     return mem.peak
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::gpuc.metacells.MetacellConvergenceWarning")
 def test_fit_peak_matches_the_estimate(problem, monkeypatch):
     """The estimate bounds the measured peak from above within a factor 2 (it counts the kernel's square at

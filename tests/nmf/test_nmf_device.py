@@ -22,6 +22,7 @@ CPU = get_backend("cpu")
 GROUPS = [(4, 3), (2, 3), (3, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [True, False])
 def test_rank_batched_sweep_on_device_equals_cpu(standin_gpu, cnmf_matrix, sparse):
     v = cnmf_matrix[:300, :200]
@@ -46,6 +47,7 @@ def test_rank_batched_sweep_on_device_equals_cpu(standin_gpu, cnmf_matrix, spars
         np.testing.assert_array_equal(alone.usages.get(), rd.usages.get())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [True, False])
 def test_tools_on_device_resident_data_equal_cpu(on_device, program_factory, sparse):
     a = program_factory(n_cells=150, n_genes=60, k=3, seed=1, sparse=sparse)

@@ -97,7 +97,7 @@ def _count(standin_gpu, v, ks, n_runs: int, n_iter: int):
     ("m", "n", "ks", "n_runs", "sparse"),
     [
         (24, 16, (2,), 2, True),
-        (50, 36, (2, 3, 4), 3, True),
+        pytest.param(50, 36, (2, 3, 4), 3, True, marks=pytest.mark.slow),
         (50, 36, (3,), 4, False),  # dense: one product per rank group (BLAS rounding may depend on the width)
     ],
 )
