@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import scipy.special
-import scipy.stats
 
 from gpuc._backend import Backend
 from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows
@@ -908,6 +907,8 @@ def fit_trend(
 ) -> tuple[DispersionFunction, str | None]:
     """R's ``estimateDispersionsFit``: returns the dispersion function and a warning message if it fell back."""
     if fit_type == "mean":
+        import scipy.stats  # here: the other fit types never need it, and it costs a quarter of a second to load
+
         use = genewise > 10 * min_disp
         return DispersionFunction(
             "mean", mean=float(scipy.stats.trim_mean(genewise[use], 0.001)), min_disp=min_disp

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import scipy.optimize
-import scipy.stats
+import scipy.special
 
 from gpuc._backend import Backend
 from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows
@@ -37,7 +37,7 @@ def weighted_upper_quantile_var(x: np.ndarray, w: np.ndarray, upper: float = 0.0
         return float(ux[min(j, ux.shape[0] - 1)])
 
     q = (1 - frac) * step(low) + frac * step(high)
-    return float((q / scipy.stats.norm.ppf(1 - upper / 2)) ** 2)
+    return float((q / scipy.special.ndtri(1 - upper / 2)) ** 2)
 
 
 def _term_columns(design: Any) -> tuple[dict[str, list[int]], dict[str, int]]:

@@ -5,9 +5,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.stats
+import scipy.special
 
 LN2 = float(np.log(2.0))
+
+
+def _norm_sf(x: np.ndarray) -> np.ndarray:
+    """Upper tail of the standard normal: what ``scipy.stats.norm.sf`` computes (``ndtr(-x)``), without loading
+    ``scipy.stats`` (about a quarter of a second at import).
+    """
+    return scipy.special.ndtr(-np.asarray(x, dtype=np.float64))
 
 
 def wald(
@@ -25,23 +32,23 @@ def wald(
         if alt == "greaterAbs":
             if t == 0:
                 stat = lfc / se
-                pv = 2.0 * scipy.stats.norm.sf(np.abs(stat))
+                pv = 2.0 * _norm_sf(np.abs(stat))
             else:
                 stat = np.sign(lfc) * np.maximum((np.abs(lfc) - t) / se, 0)
-                pv = np.minimum(1.0, 2.0 * scipy.stats.norm.sf((np.abs(lfc) - t) / se))
+                pv = np.minimum(1.0, 2.0 * _norm_sf((np.abs(lfc) - t) / se))
         elif alt == "greater":
             z = (lfc - t) / se
             stat = np.maximum(z, 0)
-            pv = scipy.stats.norm.sf(z)
+            pv = _norm_sf(z)
         elif alt == "less":
             z = (lfc + t) / se
             stat = np.minimum(z, 0)
-            pv = scipy.stats.norm.sf(-z)
+            pv = _norm_sf(-z)
         elif alt == "lessAbs":
             above = (t - lfc) / se
             below = (lfc + t) / se
             stat = np.minimum(np.maximum(above, 0), np.maximum(below, 0))
-            pv = np.maximum(scipy.stats.norm.sf(above), scipy.stats.norm.sf(below))
+            pv = np.maximum(_norm_sf(above), _norm_sf(below))
         else:
             msg = f"alt_hypothesis={alt!r} is not valid."
             raise ValueError(msg)
@@ -51,7 +58,8 @@ def wald(
 def lrt(dev_reduced: np.ndarray, dev_full: np.ndarray, df: int) -> tuple[np.ndarray, np.ndarray]:
     """Likelihood-ratio statistic (difference of deviances) and its chi-square p-value."""
     stat = dev_reduced - dev_full
-    return stat, scipy.stats.chi2.sf(stat, df)
+    # scipy.stats.chi2.sf(stat, df): 1 at and below 0 (a reduced fit that ends a hair better than the full one)
+    return stat, scipy.special.chdtrc(df, np.maximum(stat, 0.0))
 
 
 def _bh_of_sorted(p_sorted: np.ndarray) -> np.ndarray:
