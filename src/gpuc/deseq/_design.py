@@ -7,8 +7,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from formulaic import Formula
-from formulaic_contrasts import FormulaicContrasts
 
 
 @dataclass
@@ -48,6 +46,8 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
             from gpuc._validate import check_printable_labels
 
             check_printable_labels(obs[v], f"obs[{v!r}]")  # 1 and "1" would be two levels with one column name
+    from formulaic_contrasts import FormulaicContrasts  # here: loading formulaic takes ~0.2 s
+
     try:
         fc = FormulaicContrasts(obs, design)
     except Exception as err:  # formulaic raises many types
@@ -160,6 +160,8 @@ def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
 
     Raises a :class:`ValueError` naming the variables that are not columns of ``obs``.
     """
+    from formulaic import Formula
+
     try:
         names = {str(v) for v in Formula(formula).required_variables}
     except Exception as err:  # formulaic raises many types
