@@ -15,6 +15,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+# loaded with the tool rather than on first use: every consensus needs them, so their import (0.15 s quiet, seconds
+# on a busy machine) belongs to loading gpuc.tl.consensus_nmf, not to its first call's time
+from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_samples
+
 from gpuc._backend import Backend, get_backend, to_host
 from gpuc._dask import map_units, n_workers
 from gpuc._utils import SMALL_BLAS_FLOPS, serial_blas, threaded
@@ -224,8 +229,6 @@ def silhouette(dist: np.ndarray, labels: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     dist = np.array(to_host(dist), dtype=np.float64)
     np.fill_diagonal(dist, 0.0)
-    from sklearn.metrics import silhouette_samples  # scikit-learn loads on first use (~0.5 s from a cold disk)
-
     return silhouette_samples(dist, labels, metric="precomputed")
 
 
@@ -364,8 +367,6 @@ def consensus_of_pool(
         raise ConsensusError(msg)
     ki = xp.asarray(np.flatnonzero(kept))
     unit_k = density.unit[ki]
-    from sklearn.cluster import KMeans
-
     km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state)
     with _one_openmp_thread():
         km.fit(np.asarray(unit_k))
