@@ -211,3 +211,164 @@ def _planted_programs(n_cells: int, n_genes: int, k: int = 3, seed: int = 0):
 def planted_programs():
     """``planted_programs(n_cells, n_genes, k=3, seed=0)``: small counts with planted NMF programmes."""
     return _planted_programs
+
+
+@pytest.fixture
+def wide_design():
+    """``wide_design(n, levels, n_genes, seed=0)``: n samples of negative binomial counts in ``levels`` groups
+    (``obs["f"]``), so that ``"~f"`` is a design of ``levels`` columns (intercept + levels - 1)."""
+    import anndata as ad
+    import numpy as np
+    import pandas as pd
+
+    def make(n: int, levels: int, n_genes: int, seed: int = 0) -> ad.AnnData:
+        rng = np.random.default_rng(seed)
+        mean = 2 ** rng.normal(5, 2, n_genes)
+        counts = rng.negative_binomial(5, 5 / (5 + mean[None, :] * np.ones((n, 1)))).astype(np.int64)
+        counts[:, 0] += 1
+        a = ad.AnnData(counts)
+        a.obs["f"] = pd.Categorical([f"l{x:02d}" for x in np.arange(n) % levels])
+        return a
+
+    return make
+
+
+@pytest.fixture
+def traced_peak():
+    """``traced_peak(fn, *args, **kwargs)``: the tracemalloc peak of the call above what was allocated before it
+    (its warnings ignored)."""
+    import tracemalloc
+    import warnings
+
+    def peak(fn, *args, **kwargs) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                fn(*args, **kwargs)
+                return tracemalloc.get_traced_memory()[1] - base
+            finally:
+                tracemalloc.stop()
+
+    return peak
+
+
+# ---- a terminal that records what the progress bars draw --------------------------------------------------------------
+@pytest.fixture
+def tty_stderr(monkeypatch: pytest.MonkeyPatch):
+    """Call it in the test (pytest sets its own stderr again between a fixture and the test): bars switched on,
+    Scanpy's default verbosity, and ``sys.stderr`` a terminal (``isatty()`` is true) that records what is written;
+    the call returns that terminal, an :class:`io.StringIO` with a ``lines()`` method."""
+    import io
+
+    import scanpy as sc
+
+    from gpuc._settings import settings
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def lines(self) -> list[str]:
+            """The non-blank lines written, each state of a bar (redrawn after ``\\r``) a line of its own."""
+            return [line for line in self.getvalue().replace("\r", "\n").split("\n") if line.strip()]
+
+    def patch() -> Terminal:
+        out = Terminal()
+        monkeypatch.setattr(sys, "stderr", out)
+        return out
+
+    monkeypatch.setattr(settings, "progress", True)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    verbosity = sc.settings.verbosity
+    sc.settings.verbosity = 1  # Scanpy's default (warning)
+    try:
+        yield patch
+    finally:
+        sc.settings.verbosity = verbosity
+
+
+# ---- numba-cuda outside the simulator -------------------------------------------------------------------------------
+@pytest.fixture
+def compile_outside_simulator():
+    """``compile_outside_simulator(script)``: run the Python ``script`` in a fresh process with the CUDA simulator off
+    (e.g. to compile kernels to PTX) and return the JSON its last line prints. Skips the test where the CUDA compiler
+    cannot run; fails it, with the script's stderr, where the script fails otherwise."""
+    import json
+    import subprocess
+
+    # no CUDA compiler libraries, or a numba-cuda whose compiler cannot import against this numpy (numba-cuda 0.30
+    # with numpy >= 2.5: np.row_stack is gone); both are the toolchain's, not the kernels'
+    missing = ("DynamicLibNotFoundError", "NvvmSupportError", "libnvvm", "libNVVM", "nvrtc", "CudaSupportError")
+    missing += ("module 'numpy' has no attribute",)
+
+    def run(script: str):
+        env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+        if out.returncode != 0 and any(m in out.stderr for m in missing):
+            pytest.skip(f"the CUDA compiler cannot run here: {out.stderr.strip().splitlines()[-1]}")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    return run
+
+
+# ---- a real dask.distributed cluster ----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def local_cluster():
+    """``with local_cluster(n_workers) as client:`` a dask.distributed LocalCluster of worker processes with one thread
+    each (as CI runs them) and a client that is not made the default, both closed on leaving; keyword arguments go
+    to ``LocalCluster``. Skips without distributed."""
+    from contextlib import contextmanager
+
+    distributed = pytest.importorskip("distributed")
+
+    @contextmanager
+    def start(n_workers: int = 1, **kwargs):
+        opts = {"threads_per_worker": 1, "processes": True, "dashboard_address": ":0", **kwargs}
+        with (
+            distributed.LocalCluster(n_workers=n_workers, **opts) as cluster,
+            distributed.Client(cluster, set_as_default=False) as client,
+        ):
+            yield client
+
+    return start
+
+
+@pytest.fixture
+def kill_busy_worker():
+    """``with kill_busy_worker(client, settle=0.3):`` SIGKILL the first worker process of ``client`` seen running a
+    task (``settle`` seconds later, to let the task get going; polled every ``poll`` seconds, for at most a minute)
+    while the block runs; on leaving, fail the test if no worker was killed (the failure was not exercised)."""
+    import signal
+    import threading
+    import time
+    from contextlib import contextmanager
+
+    @contextmanager
+    def kill(client, *, settle: float = 0.0, poll: float = 0.05):
+        pids = client.run(os.getpid)
+        killed = []
+        done = threading.Event()
+
+        def kill_when_busy():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not killed and not done.is_set():
+                busy = [w for w, tasks in client.processing().items() if tasks]
+                if busy:
+                    time.sleep(settle)
+                    os.kill(pids[busy[0]], signal.SIGKILL)
+                    killed.append(busy[0])
+                time.sleep(poll)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            killer.join()
+        assert killed, "no worker was killed: the test did not exercise the failure"
+
+    return kill

@@ -3,11 +3,6 @@ worker and on two, whatever the placement; a killed worker costs only its tasks;
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,24 +11,14 @@ from anndata import AnnData
 
 import gpuc
 
-distributed = pytest.importorskip("distributed")
-
-
-def _cluster(n_workers: int):
-    cluster = distributed.LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=":0"
-    )
-    return cluster, distributed.Client(cluster, set_as_default=False)
+pytest.importorskip("distributed")
 
 
 @pytest.fixture(scope="module")
-def clients():
+def clients(local_cluster):
     """A 1-worker and a 2-worker cluster (1 thread each, worker processes), as CI runs them."""
-    made = [_cluster(1), _cluster(2)]
-    yield {1: made[0][1], 2: made[1][1]}
-    for cluster, client in made:
-        client.close()
-        cluster.close()
+    with local_cluster(1) as one, local_cluster(2) as two:
+        yield {1: one, 2: two}
 
 
 def _embedding_groups(n_groups: int = 4, n_per: int = 120, seed: int = 0) -> AnnData:
@@ -198,7 +183,7 @@ def test_failed_unit_names_the_group_and_leaves_adata_unchanged(clients, unchang
         client.run(_restore)
 
 
-def test_killed_worker_costs_only_its_tasks(same):
+def test_killed_worker_costs_only_its_tasks(same, local_cluster, kill_busy_worker):
     """SIGKILL one worker process while its units run: Dask reruns them on the other (and the restarted) worker."""
     a = _embedding_groups(n_groups=6, n_per=300)
 
@@ -209,27 +194,7 @@ def test_killed_worker_costs_only_its_tasks(same):
         return _drop_seconds(out, "metacell")
 
     want = call(None)
-    cluster, client = _cluster(2)
-    try:
-        pids = client.run(os.getpid)
-        killed = []
-
-        def kill_when_busy():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not killed:
-                busy = [w for w, tasks in client.processing().items() if tasks]
-                if busy:
-                    time.sleep(0.3)  # let the unit get going
-                    os.kill(pids[busy[0]], signal.SIGKILL)
-                    killed.append(busy[0])
-                time.sleep(0.05)
-
-        killer = threading.Thread(target=kill_when_busy)
-        killer.start()
-        got = call(client)
-        killer.join()
-        assert killed, "no worker was killed: the test did not exercise the failure"
+    with local_cluster(2) as client:
+        with kill_busy_worker(client, settle=0.3):
+            got = call(client)
         same(got, want)
-    finally:
-        client.close()
-        cluster.close()

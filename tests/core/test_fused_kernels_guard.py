@@ -37,8 +37,25 @@ def broken_compiler(monkeypatch):
         assert not fused_kernels_usable()
 
 
-def _kernel_ops(c) -> list[str]:
-    return [name for name in c.by_name if name.startswith("kernel.")]
+@pytest.fixture
+def fused_then_plain(request):
+    """``fused, plain = fused_then_plain(fit)``: ``fit()`` (on the stand-in GPU) run with the fused kernels, checked to
+    have launched them, then with the compiler broken, checked to have run the array code alone."""
+
+    def run_both(fit):
+        def run():
+            with counting() as c:
+                res = fit()
+            return res, [name for name in c.by_name if name.startswith("kernel.")]
+
+        fused, fused_kernels = run()
+        assert fused_kernels  # the kernels ran
+        request.getfixturevalue("broken_compiler")
+        plain, plain_kernels = run()
+        assert not plain_kernels  # the array code ran
+        return fused, plain
+
+    return run_both
 
 
 def test_a_compiler_that_imports_but_cannot_compile_turns_the_kernels_off_with_one_warning(monkeypatch):
@@ -79,7 +96,7 @@ needs_simulator = pytest.mark.skipif(not simulator_status()[0], reason=simulator
 @pytest.mark.slow
 @needs_simulator
 @pytest.mark.filterwarnings("ignore::gpuc.metacells.MetacellConvergenceWarning")
-def test_metacells_run_the_array_code_and_give_the_same_fit(request):
+def test_metacells_run_the_array_code_and_give_the_same_fit(fused_then_plain):
     import scanpy as sc
 
     from gpuc.metacells import build_kernel, compute_knn, fit, initial_archetypes
@@ -90,16 +107,7 @@ def test_metacells_run_the_array_code_and_give_the_same_fit(request):
     arche = np.asarray(initial_archetypes(CPU, sp.csr_matrix(mmat @ mmat.T), knn, 4, np.random.RandomState(0)))
     gpu = standin_backend()
 
-    def run():
-        with counting() as c:
-            res = fit(gpu, gpu.asarray(mmat), arche, max_iter=2, min_iter=2, fw_iters=6)
-        return res, _kernel_ops(c)
-
-    fused, fused_kernels = run()
-    assert fused_kernels  # the kernels ran
-    request.getfixturevalue("broken_compiler")
-    plain, plain_kernels = run()
-    assert not plain_kernels  # the array code ran
+    fused, plain = fused_then_plain(lambda: fit(gpu, gpu.asarray(mmat), arche, max_iter=2, min_iter=2, fw_iters=6))
     for name in ("A", "B"):
         np.testing.assert_array_equal(
             gpu.to_host(getattr(plain, name)).toarray(), gpu.to_host(getattr(fused, name)).toarray()
@@ -110,7 +118,7 @@ def test_metacells_run_the_array_code_and_give_the_same_fit(request):
 # The NMF and DESeq2 engines choose their kernels in gpuc.nmf._kernels_gpu.usable and gpuc.deseq._kernels.gpu_kernels,
 # each asking gpuc._backend.fused_kernels_usable().
 @needs_simulator
-def test_nmf_runs_the_array_code_and_gives_the_same_factors(request):
+def test_nmf_runs_the_array_code_and_gives_the_same_factors(fused_then_plain):
     from gpuc._utils import derive_seed
     from gpuc.nmf._hals import Operator, fit_hals_groups
 
@@ -119,23 +127,16 @@ def test_nmf_runs_the_array_code_and_gives_the_same_factors(request):
     groups = [(k, [derive_seed(3, k, r) for r in range(2)]) for k in (2, 3)]
     gpu = standin_backend()
 
-    def run():
-        with counting() as c:
-            res = fit_hals_groups(gpu, Operator.build(gpu, gpu.asarray(v), dtype=np.float64), groups, max_iter=20)
-        return res, _kernel_ops(c)
-
-    fused, fused_kernels = run()
-    assert fused_kernels
-    request.getfixturevalue("broken_compiler")
-    plain, plain_kernels = run()
-    assert not plain_kernels
+    fused, plain = fused_then_plain(
+        lambda: fit_hals_groups(gpu, Operator.build(gpu, gpu.asarray(v), dtype=np.float64), groups, max_iter=20)
+    )
     for rf, rp in zip(fused, plain, strict=True):
         np.testing.assert_allclose(rp.losses, rf.losses, rtol=1e-10)
         np.testing.assert_allclose(rp.usages.get(), rf.usages.get(), rtol=0, atol=1e-10 * np.abs(rf.usages.get()).max())
 
 
 @needs_simulator
-def test_deseq_runs_the_array_code_and_gives_the_same_fit(request):
+def test_deseq_runs_the_array_code_and_gives_the_same_fit(fused_then_plain):
     from gpuc.deseq._glm import fit_nb_glm
 
     rng = np.random.default_rng(7)
@@ -147,15 +148,8 @@ def test_deseq_runs_the_array_code_and_gives_the_same_fit(request):
     alpha = np.exp(rng.uniform(np.log(1e-3), np.log(2), y.shape[0]))
     gpu = standin_backend()
 
-    def run():
-        with counting() as c:
-            res = fit_nb_glm(gpu, gpu.asarray(y), gpu.asarray(sf), gpu.asarray(x), gpu.asarray(alpha))
-        return res, _kernel_ops(c)
-
-    fused, fused_kernels = run()
-    assert fused_kernels
-    request.getfixturevalue("broken_compiler")
-    plain, plain_kernels = run()
-    assert not plain_kernels
+    fused, plain = fused_then_plain(
+        lambda: fit_nb_glm(gpu, gpu.asarray(y), gpu.asarray(sf), gpu.asarray(x), gpu.asarray(alpha))
+    )
     for f in ("beta", "deviance", "mu"):
         np.testing.assert_allclose(getattr(plain, f).get(), getattr(fused, f).get(), rtol=1e-6, atol=1e-9, err_msg=f)

@@ -63,40 +63,13 @@ def _without_seconds(a: ad.AnnData) -> ad.AnnData:
     return a
 
 
-def test_units_lost_with_the_only_worker_are_resubmitted(same):
+def test_units_lost_with_the_only_worker_are_resubmitted(same, local_cluster, kill_busy_worker):
     """SIGKILL the single worker process while it fits: its scattered data are gone with it; the units are
     resubmitted from the client (a warning says so) and the result is the in-process one."""
-    import os
-    import signal
-    import threading
-    import time
-
     a = _groups()
     kw = {"groupby": "sample", "max_iter": 25, "min_iter": 25, "device": "cpu", "copy": True}
     want = _without_seconds(gpuc.tl.metacells(a, 6, **kw))
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        pids = client.run(os.getpid)
-        killed = []
-
-        def kill_when_busy():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not killed:
-                busy = [w for w, tasks in client.processing().items() if tasks]
-                if busy:
-                    time.sleep(0.3)  # let the unit get going
-                    os.kill(pids[busy[0]], signal.SIGKILL)
-                    killed.append(busy[0])
-                time.sleep(0.05)
-
-        killer = threading.Thread(target=kill_when_busy)
-        killer.start()
-        with pytest.warns(gpuc.GpucWarning, match="lost .* resubmitted"):
+    with local_cluster(1) as client:
+        with kill_busy_worker(client, settle=0.3), pytest.warns(gpuc.GpucWarning, match="lost .* resubmitted"):
             got = gpuc.tl.metacells(a, 6, client=client, **kw)
-        killer.join()
-        assert killed, "no worker was killed: the test did not exercise the failure"
         same(_without_seconds(got), want)
-    finally:
-        client.close()
-        cluster.close()

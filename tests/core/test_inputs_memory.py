@@ -3,12 +3,6 @@ gene), checked against tracemalloc peaks of the CPU fit; a fit whose wide design
 
 from __future__ import annotations
 
-import tracemalloc
-import warnings
-
-import anndata as ad
-import numpy as np
-import pandas as pd
 import pytest
 
 import gpuc
@@ -16,35 +10,15 @@ from gpuc import InsufficientMemoryError
 from gpuc._backend import Backend
 from gpuc.tl._deseq import deseq_peak_bytes
 
-
-def _wide(n: int, levels: int, n_genes: int, seed: int = 0) -> ad.AnnData:
-    """n samples in ``levels`` groups: a design of ``levels`` columns (intercept + levels - 1)."""
-    rng = np.random.default_rng(seed)
-    mean = 2 ** rng.normal(5, 2, n_genes)
-    counts = rng.negative_binomial(5, 5 / (5 + mean[None, :] * np.ones((n, 1)))).astype(np.int64)
-    counts[:, 0] += 1
-    a = ad.AnnData(counts)
-    a.obs["f"] = pd.Categorical([f"l{x:02d}" for x in np.arange(n) % levels])
-    return a
-
-
 # the stated factor: the measured peak lies between LOW and HIGH times the estimate
 LOW, HIGH = 0.35, 1.1
 
 
 @pytest.mark.parametrize(("n", "levels", "n_genes"), [(24, 2, 1500), (60, 25, 600), (84, 41, 500)])
-def test_estimate_brackets_the_measured_peak(n, levels, n_genes):
-    a = _wide(n, levels, n_genes)
-    gpuc.tl.deseq(_wide(12, 2, 50), "~f", device="cpu", n_jobs=1)  # one-time set-up outside the measurement
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            gpuc.tl.deseq(a, "~f", device="cpu", n_jobs=1)
-            peak = tracemalloc.get_traced_memory()[1] - base
-        finally:
-            tracemalloc.stop()
+def test_estimate_brackets_the_measured_peak(wide_design, traced_peak, n, levels, n_genes):
+    a = wide_design(n, levels, n_genes)
+    gpuc.tl.deseq(wide_design(12, 2, 50), "~f", device="cpu", n_jobs=1)  # one-time set-up outside the measurement
+    peak = traced_peak(gpuc.tl.deseq, a, "~f", device="cpu", n_jobs=1)
     p = len(a.uns["deseq"]["design_columns"])
     assert p == levels
     est = deseq_peak_bytes(n, n_genes, p, block_genes=max(128, 2**16 // n))  # one thread: one gene block
@@ -53,11 +27,11 @@ def test_estimate_brackets_the_measured_peak(n, levels, n_genes):
         assert (14.0 * n + 100.0) * 8.0 * n_genes < 0.7 * peak
 
 
-def test_wide_design_refused_up_front(monkeypatch, unchanged):
-    a = _wide(84, 41, 500)
+def test_wide_design_refused_up_front(monkeypatch, unchanged, wide_design):
+    a = wide_design(84, 41, 500)
     narrow, wide = deseq_peak_bytes(84, 500, 2), deseq_peak_bytes(84, 500, 41, block_genes=128)
     monkeypatch.setattr(Backend, "free_memory", lambda self: (narrow + wide) / 2)
     with unchanged(a), pytest.raises(InsufficientMemoryError, match="The design has 41 columns"):
         gpuc.tl.deseq(a, "~f", device="cpu")
-    b = _wide(84, 2, 500)  # the same samples with a narrow design fit
+    b = wide_design(84, 2, 500)  # the same samples with a narrow design fit
     gpuc.tl.deseq(b, "~f", device="cpu")

@@ -3,63 +3,26 @@ against its tolerance, silent at ``verbosity=0``, and never wider than 100 colum
 
 from __future__ import annotations
 
-import io
-import sys
-from collections.abc import Callable, Iterator
-
-import pytest
 import scanpy as sc
 
-from gpuc._settings import settings
 from gpuc._utils import MAX_COLUMNS, iteration_progress, progress
 
 
-class _Terminal(io.StringIO):
-    """A stderr that says it is a terminal and records what is written to it."""
-
-    def isatty(self) -> bool:
-        return True
-
-
-@pytest.fixture
-def watched(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], _Terminal]]:
-    """Call it in the test (pytest sets its own stderr again between a fixture and the test): bars switched on, Scanpy's
-    default verbosity, stderr a terminal that records what is written."""
-
-    def patch() -> _Terminal:
-        out = _Terminal()
-        monkeypatch.setattr(sys, "stderr", out)
-        return out
-
-    monkeypatch.setattr(settings, "progress", True)
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    verbosity = sc.settings.verbosity
-    sc.settings.verbosity = 1  # Scanpy's default (warning)
-    try:
-        yield patch
-    finally:
-        sc.settings.verbosity = verbosity
-
-
-def _lines(out: io.StringIO) -> list[str]:
-    return [line for line in out.getvalue().replace("\r", "\n").split("\n") if line.strip()]
-
-
-def test_iteration_bar_shows_iterations_against_limit_and_criterion(watched: Callable[[], _Terminal]) -> None:
-    terminal = watched()
+def test_iteration_bar_shows_iterations_against_limit_and_criterion(tty_stderr) -> None:
+    terminal = tty_stderr()
     with iteration_progress(1000, "HALS k=7", file=terminal, mininterval=0) as bar:
         bar.update(5)
         bar.criterion(3.2e-4, 1e-6)
         bar.update(32)
         bar.criterion(8e-7, 1e-6)
         bar.refresh()
-    last = _lines(terminal)[-1]
+    last = terminal.lines()[-1]
     assert last.startswith("HALS k=7: 37 it (limit 1000), change 8e-07 (tol 1e-06 reached) [")
     assert "%" not in last and "|" not in last  # no bar filling up to max_iter, no ETA to the limit
 
 
-def test_bars_are_silent_at_verbosity_zero(watched: Callable[[], _Terminal]) -> None:
-    terminal = watched()
+def test_bars_are_silent_at_verbosity_zero(tty_stderr) -> None:
+    terminal = tty_stderr()
     sc.settings.verbosity = 0  # the fixture restores it
     with iteration_progress(100, "metacells", file=terminal) as bar:
         bar.update(10)
@@ -69,13 +32,13 @@ def test_bars_are_silent_at_verbosity_zero(watched: Callable[[], _Terminal]) -> 
     assert terminal.getvalue() == ""
 
 
-def test_bars_fit_100_columns(watched: Callable[[], _Terminal]) -> None:
-    terminal = watched()
+def test_bars_fit_100_columns(tty_stderr) -> None:
+    terminal = tty_stderr()
     with progress(total=11, desc="k sweep " + "x" * 150, file=terminal, mininterval=0) as bar:
         bar.update(4)
     with iteration_progress(10**6, "metacells " + "y" * 150, file=terminal, mininterval=0) as bar:
         bar.update(12)
         bar.criterion(0.5, 1e-5)
-    lines = _lines(terminal)
+    lines = terminal.lines()
     assert lines
     assert max(len(line) for line in lines) <= MAX_COLUMNS

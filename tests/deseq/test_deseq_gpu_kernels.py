@@ -173,29 +173,21 @@ def _disp_counts(sb, G: int, n: int, maxit: int):
 
 
 @pytest.mark.parametrize(("G", "n"), [(12, 6), (30, 10)])
-def test_irls_launches_per_iteration_do_not_grow(sb, G, n):
-    short, it_short = _irls_counts(sb, G, n, 2)
-    full, it_full = _irls_counts(sb, G, n, 25)
+@pytest.mark.parametrize(
+    ("counts", "short_maxit", "full_maxit", "ops_per_iter"),
+    [(_irls_counts, 2, 25, IRLS_OPS_PER_ITER), (_disp_counts, 1, 50, DISP_OPS_PER_ITER)],
+    ids=["irls", "dispersion"],
+)
+def test_launches_per_iteration_do_not_grow(sb, G, n, counts, short_maxit, full_maxit, ops_per_iter):
+    short, it_short = counts(sb, G, n, short_maxit)
+    full, it_full = counts(sb, G, n, full_maxit)
     assert it_full > it_short
     per_iter_ops = (full.ops - short.ops) / (it_full - it_short)
     per_iter_reads = (full.reads - short.reads) / (it_full - it_short)
-    assert per_iter_ops <= IRLS_OPS_PER_ITER, full.top()
+    assert per_iter_ops <= ops_per_iter, full.top()
     assert per_iter_reads <= 1, full.top()
     # the whole fit is a fixed number of launches, whatever the genes, samples or iterations
-    ref, _ = _irls_counts(sb, 12, 6, 25)
-    assert full.ops == ref.ops and full.reads == ref.reads, (full.top(), ref.top())
-
-
-@pytest.mark.parametrize(("G", "n"), [(12, 6), (30, 10)])
-def test_dispersion_launches_per_iteration_do_not_grow(sb, G, n):
-    short, it_short = _disp_counts(sb, G, n, 1)
-    full, it_full = _disp_counts(sb, G, n, 50)
-    assert it_full > it_short
-    per_iter_ops = (full.ops - short.ops) / (it_full - it_short)
-    per_iter_reads = (full.reads - short.reads) / (it_full - it_short)
-    assert per_iter_ops <= DISP_OPS_PER_ITER, full.top()
-    assert per_iter_reads <= 1, full.top()
-    ref, _ = _disp_counts(sb, 12, 6, 50)
+    ref, _ = counts(sb, 12, 6, full_maxit)
     assert full.ops == ref.ops and full.reads == ref.reads, (full.top(), ref.top())
 
 

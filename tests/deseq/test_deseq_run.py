@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import io
 import sys
-import tracemalloc
 import warnings
 
-import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -24,30 +22,6 @@ from gpuc.deseq._run import blocked_peak_bytes, plan_deseq, run_deseq_plan, vst_
 CPU = get_backend("cpu")
 # the stated factor: the measured peak lies between LOW and HIGH times the estimate
 LOW, HIGH = 0.35, 1.1
-
-
-def _wide(n: int, levels: int, n_genes: int, seed: int = 0) -> ad.AnnData:
-    """n samples in ``levels`` groups: a design of ``levels`` columns (intercept + levels - 1)."""
-    rng = np.random.default_rng(seed)
-    mean = 2 ** rng.normal(5, 2, n_genes)
-    counts = rng.negative_binomial(5, 5 / (5 + mean[None, :] * np.ones((n, 1)))).astype(np.int64)
-    counts[:, 0] += 1
-    a = ad.AnnData(counts)
-    a.obs["f"] = pd.Categorical([f"l{x:02d}" for x in np.arange(n) % levels])
-    return a
-
-
-def _peak(fn, *args, **kwargs) -> int:
-    """The tracemalloc peak of ``fn(*args, **kwargs)`` above what was allocated before it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            fn(*args, **kwargs)
-            return tracemalloc.get_traced_memory()[1] - base
-        finally:
-            tracemalloc.stop()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -92,20 +66,20 @@ def test_plan_refuses_when_no_group_can_be_tested(sim_bulk):
 # --------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("n", "levels", "n_genes"), [(24, 2, 1500), (84, 41, 500)])
 @pytest.mark.parametrize("blind", [True, False])
-def test_vst_estimate_brackets_the_measured_peak(n, levels, n_genes, blind):
-    gpuc.tl.vst(_wide(12, 2, 50), device="cpu", n_jobs=1)  # one-time set-up outside the measurement
-    a = _wide(n, levels, n_genes)
+def test_vst_estimate_brackets_the_measured_peak(wide_design, traced_peak, n, levels, n_genes, blind):
+    gpuc.tl.vst(wide_design(12, 2, 50), device="cpu", n_jobs=1)  # one-time set-up outside the measurement
+    a = wide_design(n, levels, n_genes)
     if not blind:
         gpuc.tl.deseq(a, "~f", device="cpu", n_jobs=1)
-    peak = _peak(gpuc.tl.vst, a, blind=blind, device="cpu", n_jobs=1)
+    peak = traced_peak(gpuc.tl.vst, a, blind=blind, device="cpu", n_jobs=1)
     est = vst_peak_bytes(n, n_genes)
     assert LOW * est <= peak <= HIGH * est, f"peak {peak / 2**20:.2f} MiB vs estimate {est / 2**20:.2f} MiB"
 
 
 @pytest.mark.parametrize(("n", "levels", "n_genes"), [(24, 2, 1500), (84, 41, 500)])
 @pytest.mark.parametrize("n_blocks", [1, 4])
-def test_blocked_estimate_brackets_the_measured_peak(n, levels, n_genes, n_blocks):
-    a = _wide(n, levels, n_genes)
+def test_blocked_estimate_brackets_the_measured_peak(wide_design, traced_peak, n, levels, n_genes, n_blocks):
+    a = wide_design(n, levels, n_genes)
     plan = plan_analysis(a.obs, "~f", None)
     block = n_genes // n_blocks
 
@@ -113,7 +87,7 @@ def test_blocked_estimate_brackets_the_measured_peak(n, levels, n_genes, n_block
         run_analysis_blocked(CPU, a.X, plan, gene_names=a.var_names, block_genes=b, n_jobs=1)
 
     fit(n_genes)  # one-time set-up (kernels loaded) outside the measurement
-    peak = _peak(fit, block)
+    peak = traced_peak(fit, block)
     est = blocked_peak_bytes(n, n_genes, levels, block_genes=block, solved=max(128, 2**16 // n))
     assert LOW * est <= peak <= HIGH * est, f"peak {peak / 2**20:.2f} MiB vs estimate {est / 2**20:.2f} MiB"
     if levels > 20 and n_blocks > 1:  # the old estimate (no covariances on the client) undercounted this
@@ -134,48 +108,19 @@ def test_in_process_block_failure_names_the_block(sim_bulk):
     assert "deseq failed on genes 100-199." in getattr(info.value, "__notes__", [])
 
 
-def test_gene_blocks_lost_with_the_only_worker_are_resubmitted(sim_bulk):
+def test_gene_blocks_lost_with_the_only_worker_are_resubmitted(sim_bulk, local_cluster, kill_busy_worker):
     """SIGKILL the single worker process while it fits a block: the block's counts, scattered to it, are gone; the
     units are resubmitted from the client with their counts (a warning says so) and the result is the in-process
     one."""
-    import os
-    import signal
-    import threading
-    import time
-
-    distributed = pytest.importorskip("distributed")
     a = sim_bulk(n_per=6, n_genes=2000)
     plan = plan_analysis(a.obs, "~condition", None)
     kw = {"gene_names": a.var_names, "block_genes": 100, "n_jobs": 1}
     want = run_analysis_blocked(CPU, a.X, plan, **kw)
-    cluster = distributed.LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
-    )
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        pids = client.run(os.getpid)
-        killed = []
-
-        def kill_when_busy():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not killed:
-                busy = [w for w, tasks in client.processing().items() if tasks]
-                if busy:
-                    os.kill(pids[busy[0]], signal.SIGKILL)
-                    killed.append(busy[0])
-                time.sleep(0.02)
-
-        killer = threading.Thread(target=kill_when_busy)
-        killer.start()
-        with pytest.warns(gpuc.GpucWarning, match="lost .* resubmitted"):
+    with local_cluster(1, dashboard_address=None, silence_logs=50) as client:
+        with kill_busy_worker(client, poll=0.02), pytest.warns(gpuc.GpucWarning, match="lost .* resubmitted"):
             got = run_analysis_blocked(CPU, a.X, plan, client=client, **kw)
-        killer.join()
-        assert killed, "no worker was killed: the test did not exercise the failure"
         for name, table in want.tables.items():
             pd.testing.assert_frame_equal(got.tables[name], table)
-    finally:
-        client.close()
-        cluster.close()
 
 
 # --------------------------------------------------------------------------------------------------------------------

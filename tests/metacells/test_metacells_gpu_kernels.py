@@ -265,25 +265,11 @@ print(json.dumps(out))
 """
 
 
-def test_kernels_compile_for_a_device_without_fused_multiply_adds():
+def test_kernels_compile_for_a_device_without_fused_multiply_adds(compile_outside_simulator):
     """Outside the simulator the kernels compile to PTX (sm_90) with their products rounded on their own: no fused
     multiply-add, which would round ``a + b c`` once where the CPU rounds twice. Needs libNVVM and NVRTC (a CUDA
     toolkit or its wheels), not a GPU; skipped without them."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    out = subprocess.run([sys.executable, "-c", PTX_SCRIPT], env=env, capture_output=True, text=True, check=False)
-    # no CUDA compiler libraries, or a numba-cuda whose compiler cannot import against this numpy (numba-cuda 0.30
-    # with numpy >= 2.5: np.row_stack is gone); both are the toolchain's, not the kernels'
-    missing = ("DynamicLibNotFoundError", "NvvmSupportError", "libnvvm", "libNVVM", "nvrtc", "CudaSupportError")
-    missing += ("module 'numpy' has no attribute",)
-    if out.returncode != 0 and any(m in out.stderr for m in missing):
-        pytest.skip(f"the CUDA compiler cannot run here: {out.stderr.strip().splitlines()[-1]}")
-    assert out.returncode == 0, out.stderr
-    fmas = json.loads(out.stdout.strip().splitlines()[-1])
+    fmas = compile_outside_simulator(PTX_SCRIPT)
     assert set(fmas) == {
         "fw_a_cells",
         "fw_b_rows",

@@ -4,7 +4,6 @@ group's estimate."""
 
 from __future__ import annotations
 
-import tracemalloc
 import warnings
 
 import anndata as ad
@@ -28,7 +27,7 @@ def _clusters(n: int, d: int = 10, seed: int = 0) -> np.ndarray:
     return (centres[rng.integers(0, 12, n)] + rng.normal(0, 1, (n, d))).astype(np.float32)
 
 
-def _measured_peak(n: int, k: int) -> int:
+def _measured_peak(traced_peak, n: int, k: int) -> int:
     """Peak bytes traced during one CPU run of the whole pipeline (kNN, kernel, K = M M^T, waypoints, dense A0,
     five iterations), on one thread (each parallel chunk's accumulator counted once)."""
     cpu = get_backend("cpu")
@@ -36,13 +35,7 @@ def _measured_peak(n: int, k: int) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_metacells(cpu, _clusters(300, seed=1), 6, max_iter=2, min_iter=1, n_jobs=1)  # compiles outside
-        tracemalloc.start()
-        try:
-            base = tracemalloc.get_traced_memory()[0]
-            run_metacells(cpu, x, k, max_iter=5, min_iter=5, n_jobs=1)
-            return tracemalloc.get_traced_memory()[1] - base
-        finally:
-            tracemalloc.stop()
+    return traced_peak(run_metacells, cpu, x, k, max_iter=5, min_iter=5, n_jobs=1)
 
 
 # the estimate counts the n x n direct slots of the compiled K = M M^T (n <= 1448) and K's ~12 n_neighbors entries
@@ -56,8 +49,8 @@ def _measured_peak(n: int, k: int) -> int:
         (2000, 100),
     ],
 )
-def test_estimate_brackets_the_measured_cpu_peak(n, k):
-    peak = _measured_peak(n, k)
+def test_estimate_brackets_the_measured_cpu_peak(traced_peak, n, k):
+    peak = _measured_peak(traced_peak, n, k)
     est = metacells_peak_bytes(n, k)
     assert LOW * est <= peak <= HIGH * est, f"peak {peak / 2**20:.2f} MiB vs estimate {est / 2**20:.2f} MiB"
 

@@ -19,17 +19,16 @@ def cpu():
 
 
 @pytest.fixture(scope="module")
-def ref_fit(mc_ref, mc_ref_kernel):
-    return fit(
-        get_backend("cpu"),
-        mc_ref_kernel,
-        mc_ref["archetypes"],
-        a0=mc_ref["A0"].copy(),
-        max_iter=50,
-        min_iter=10,
-        convergence_epsilon=1e-5,
-        fw_iters=50,
+def fit_ref(mc_ref, mc_ref_kernel):
+    """``fit_ref(**options)``: the CPU solver on the reference kernel and archetypes, from the reference A0."""
+    return lambda **options: fit(
+        get_backend("cpu"), mc_ref_kernel, mc_ref["archetypes"], a0=mc_ref["A0"].copy(), **options
     )
+
+
+@pytest.fixture(scope="module")
+def ref_fit(fit_ref):
+    return fit_ref(max_iter=50, min_iter=10, convergence_epsilon=1e-5, fw_iters=50)
 
 
 def test_solver_reproduces_reference_a_b_rss_labels(ref_fit, mc_ref):
@@ -207,17 +206,9 @@ def test_reduced_rss_on_reference_matches_dense_reference(mc_ref, mc_ref_kernel,
     assert got == pytest.approx(mc_ref["rss"][-1], rel=1e-12)
 
 
-def test_non_convergence_warns_and_keeps_result(mc_ref, mc_ref_kernel, cpu):
+def test_non_convergence_warns_and_keeps_result(mc_ref, fit_ref):
     with pytest.warns(MetacellConvergenceWarning, match="did not converge"):
-        res = fit(
-            cpu,
-            mc_ref_kernel,
-            mc_ref["archetypes"],
-            a0=mc_ref["A0"].copy(),
-            max_iter=3,
-            min_iter=0,
-            convergence_epsilon=1e-12,
-        )
+        res = fit_ref(max_iter=3, min_iter=0, convergence_epsilon=1e-12)
     assert res.n_iter == 3 and not res.converged
     np.testing.assert_allclose(res.rss, mc_ref["rss"][:4], rtol=1e-10)
 

@@ -4,51 +4,20 @@ filling up to ``max_iter``), and nothing at all at ``verbosity=0``."""
 from __future__ import annotations
 
 import functools
-import io
 import re
-import sys
-from collections.abc import Callable, Iterator
 
 import pytest
 import scanpy as sc
 
 import gpuc
-from gpuc._settings import settings
 from gpuc._utils import iteration_progress
 
 
-class _Terminal(io.StringIO):
-    """A stderr that says it is a terminal and records what is written to it."""
-
-    def isatty(self) -> bool:
-        return True
-
-
 @pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], _Terminal]]:
-    """Call it in the test (pytest sets its own stderr again between a fixture and the test): bars switched on,
-    Scanpy's default verbosity, stderr a terminal that records what is written."""
-
-    def patch() -> _Terminal:
-        out = _Terminal()
-        monkeypatch.setattr(sys, "stderr", out)
-        return out
-
-    # every state of the bar is drawn (by default tqdm draws at most every 0.1 s)
+def terminal(tty_stderr, monkeypatch: pytest.MonkeyPatch):
+    """``tty_stderr``, with every state of the bar drawn (by default tqdm draws at most every 0.1 s)."""
     monkeypatch.setattr("gpuc.tl._nmf.iteration_progress", functools.partial(iteration_progress, mininterval=0))
-
-    monkeypatch.setattr(settings, "progress", True)
-    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    verbosity = sc.settings.verbosity
-    sc.settings.verbosity = 1  # Scanpy's default (warning)
-    try:
-        yield patch
-    finally:
-        sc.settings.verbosity = verbosity
-
-
-def _lines(out: io.StringIO) -> list[str]:
-    return [line for line in out.getvalue().replace("\r", "\n").split("\n") if line.strip()]
+    return tty_stderr
 
 
 # a bar's last state before it closes: "HALS k=3: 45 it (limit 500), change 4.1e-07 (tol 1e-06 reached) [00:00]"
@@ -63,7 +32,7 @@ def test_nmf_bar_shows_iterations_and_convergence(programs, terminal, tool):
         gpuc.tl.consensus_nmf(programs, 3, **opts)
     else:
         gpuc.tl.nmf_k_sweep(programs, [2, 3], **opts)
-    lines = _lines(out)
+    lines = out.lines()
     assert lines, "no progress shown"
     assert all("%" not in line and "|" not in line for line in lines)  # no bar filling up to max_iter
     reached = [m for m in map(_CONVERGED.match, lines) if m]

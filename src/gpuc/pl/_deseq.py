@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 from anndata import AnnData
 from matplotlib.axes import Axes
@@ -12,7 +11,7 @@ from matplotlib.axes import Axes
 from gpuc import _keys
 from gpuc.get._checks import deseq_entry
 from gpuc.get._deseq import deseq_results
-from gpuc.pl._utils import check_axes, check_number, finish, place_labels, plot_function
+from gpuc.pl._utils import check_number, finish, place_labels, plot_function, single_ax
 
 
 def _results_for_plot(
@@ -26,12 +25,6 @@ def _results_for_plot(
         msg = f"{col!r} not in the results; run gpuc.tl.deseq with lfc_shrink=."
         raise KeyError(msg)
     return df, col, alpha
-
-
-def _single_ax(ax: Any, what: str, figsize: tuple[float, float]) -> Axes:
-    """The caller's Axes (checked: one Axes) or that of a new figure of ``figsize``."""
-    axes = check_axes(ax, 1, what)
-    return plt.subplots(figsize=figsize)[1] if axes is None else axes[0]
 
 
 SYMBOL_COLUMNS = ("gene_symbols", "gene_symbol", "symbol", "symbols", "gene_name", "gene_names")
@@ -103,12 +96,7 @@ def volcano(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.deseq`.
-    contrast
-        Which results (see :func:`gpuc.get.deseq_results`).
-    key, group
-        As in :func:`gpuc.get.deseq_results`.
+    {deseq_results}
     alpha
         Significance threshold on padj (default: the ``alpha`` used in the fit).
     lfc_threshold
@@ -124,7 +112,7 @@ def volcano(
     n_top = _check_n_top(n_top)
     df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
     names = _gene_labels(adata, df.index, gene_symbols)
-    ax = _single_ax(ax, "the volcano plot", (5, 4.5))
+    ax = single_ax(ax, "the volcano plot", (5, 4.5))
     lfc = df[col].to_numpy()
     p = df["pvalue"].to_numpy(dtype=float)
     capped = p <= 0  # underflowed to 0: -log10 is infinite
@@ -187,10 +175,7 @@ def ma(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.deseq`.
-    contrast, key, group
-        As in :func:`gpuc.get.deseq_results`.
+    {deseq_results}
     alpha
         Threshold on padj (default: the fit's ``alpha``).
     shrunk
@@ -207,7 +192,7 @@ def ma(
         ylim = check_number("ylim", ylim, low=0, strict=True)
     df, col, alpha = _results_for_plot(adata, contrast, key, group, alpha, shrunk=shrunk)
     names = _gene_labels(adata, df.index, gene_symbols)
-    ax = _single_ax(ax, "the MA plot", (5, 4))
+    ax = single_ax(ax, "the MA plot", (5, 4))
     bm, lfc = df["baseMean"].to_numpy(), df[col].to_numpy()
     ok = (bm > 0) & np.isfinite(lfc)
     sig = df["padj"].to_numpy() < alpha
@@ -246,10 +231,7 @@ def dispersion(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.deseq`.
-    key, group
-        As in :func:`gpuc.get.deseq_results`.
+    {deseq_run}
     {ax_show_save}
 
     {returns_axes}
@@ -267,7 +249,7 @@ def dispersion(
             )
             raise KeyError(msg)
         get = lambda f: adata.var[_keys.deseq_var(key, f)].to_numpy()  # noqa: E731
-    ax = _single_ax(ax, "the dispersion plot", (5, 4))
+    ax = single_ax(ax, "the dispersion plot", (5, 4))
     bm, gw, fit, final, out = (
         get("baseMean"),
         get("dispGeneEst"),

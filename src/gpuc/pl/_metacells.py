@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,15 +13,7 @@ from matplotlib.figure import Figure
 from gpuc import _keys
 from gpuc._validate import check_int
 from gpuc.get._checks import metacell_labels, metacell_quality_table, tool_output
-from gpuc.pl._utils import check_axes, check_number, finish, plot_function
-
-
-def _ax(ax: Any, what: str, figsize: tuple[float, float]) -> Axes:
-    """The caller's Axes (checked: one Axes) or that of a new figure of ``figsize``."""
-    import matplotlib.pyplot as plt
-
-    axes = check_axes(ax, 1, what)
-    return plt.subplots(figsize=figsize)[1] if axes is None else axes[0]
+from gpuc.pl._utils import check_number, finish, panels, plot_function, single_ax
 
 
 @plot_function
@@ -82,7 +73,7 @@ def metacells(
     if size is not None:
         size = check_number("size", size, low=0, strict=True)
     center_size = check_number("center_size", center_size, low=0)
-    ax = _ax(ax, "the embedding", (5.5, 5))
+    ax = single_ax(ax, "the embedding", (5.5, 5))
     xy = np.asarray(adata.obsm[emb_key], dtype=float)[:, :2]
     codes = labels.cat.codes.to_numpy()
     n_mc = labels.cat.categories.size
@@ -173,7 +164,7 @@ def metacell_sizes(
     """
     labels = metacell_labels(adata, key)
     bins = check_int("bins", bins, minimum=1)
-    ax = _ax(ax, "the histogram", (4.5, 3.5))
+    ax = single_ax(ax, "the histogram", (4.5, 3.5))
     sizes = labels.value_counts().to_numpy()
     ax.hist(sizes, bins=bins, color="#4c72b0", edgecolor="white")
     ax.axvline(np.median(sizes), color="black", ls="--", lw=1, label=f"median {np.median(sizes):.0f}")
@@ -214,15 +205,9 @@ def metacell_quality(
 
     {returns_figure}
     """
-    import matplotlib.pyplot as plt
-
     df = metacell_quality_table(adata, key, quality_key)
     cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith("_purity")]
-    axes = check_axes(ax, len(cols), f"one per panel: {', '.join(cols)}")
-    if axes is None:
-        fig, grid = plt.subplots(1, len(cols), figsize=(3.2 * len(cols), 3.4))
-        axes = list(np.atleast_1d(grid))
-    fig = axes[0].figure
+    fig, axes = panels(ax, len(cols), f"one per panel: {', '.join(cols)}", (3.2, 3.4))
     ylabels = {
         "compactness": "variance within the metacell\n(diffusion components)",
         "separation": "distance to the nearest metacell\n(diffusion components)",
@@ -267,7 +252,7 @@ def metacell_convergence(
     """
     metacell_labels(adata, key)
     info = tool_output(adata, key, "metacells")
-    ax = _ax(ax, "the RSS trace", (4.5, 3.5))
+    ax = single_ax(ax, "the RSS trace", (4.5, 3.5))
     traces = {v.get("group", g): v["rss"] for g, v in info["groups"].items()} if "groups" in info else {"": info["rss"]}
     for g, r in traces.items():
         r = np.asarray(r)

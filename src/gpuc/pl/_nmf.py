@@ -12,7 +12,7 @@ from gpuc import _keys
 from gpuc._validate import check_adata, check_int, check_key
 from gpuc.get._checks import tool_output
 from gpuc.get._nmf import nmf_top_genes, program_names
-from gpuc.pl._utils import check_axes, check_cmap, check_ncols, check_number, finish, plot_function
+from gpuc.pl._utils import check_cmap, check_ncols, check_number, finish, panels, plot_function, single_ax
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -52,11 +52,10 @@ def nmf_k_sweep(
 
     {returns_figure}
     """
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     u = tool_output(adata, key, "nmf_k_sweep")
-    axes = check_axes(ax, 2, "stability, error")
+    fig, axes = panels(ax, 2, "stability, error", (4.25, 3.9))
     t = u["table"]
     k = t["k"].to_numpy()
     failed = t["consensus_failed"].to_numpy(dtype=bool)
@@ -70,9 +69,6 @@ def nmf_k_sweep(
     else:
         mark_k = check_int("mark_k", mark_k, minimum=1)
         what = "chosen"
-    if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.9))
-    fig = axes[0].figure
     a0, a1 = axes
     a0.plot(k[~failed], stab[~failed], "o-", color="C0", label="stability")
     if failed.any():
@@ -131,16 +127,13 @@ def nmf_density(
 
     {returns_axes}
     """
-    import matplotlib.pyplot as plt
-
     u = tool_output(adata, key, "consensus_nmf")
     thr = float(u["params"]["density_threshold"]) if threshold is None else check_number("threshold", threshold, low=0)
     bins = check_int("bins", bins, minimum=1)
-    axes = check_axes(ax, 1, "the histogram")
+    ax = single_ax(ax, "the histogram", (4.5, 3.2))
     dens = u["components"]["local_density"].to_numpy(dtype=float)
     finite = dens[np.isfinite(dens)]
     n_drop = int((~np.isfinite(dens) | (dens >= thr)).sum())
-    ax = plt.subplots(figsize=(4.5, 3.2))[1] if axes is None else axes[0]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     span = hi - lo if hi > lo else max(abs(hi), 1e-12)
     # bins over the densities alone (also when they are all equal), so that each bar has a visible width
@@ -197,14 +190,12 @@ def nmf_clustergram(
 
     {returns_axes}
     """
-    import matplotlib.pyplot as plt
-
     u = tool_output(adata, key, "consensus_nmf")
     if "distances" not in u:
         msg = f"adata.uns[{key!r}] holds no 'distances' (more than 2,000 pooled components); nothing to draw."
         raise KeyError(msg)
     cmap = check_cmap(cmap)
-    axes = check_axes(ax, 1, "the clustergram")
+    ax = single_ax(ax, "the clustergram", (4.8, 4.2))
     comp = u["components"]
     kept = comp["kept"].to_numpy(dtype=bool)
     cl = comp["cluster"].to_numpy()
@@ -213,7 +204,6 @@ def nmf_clustergram(
     sil = comp["silhouette"].to_numpy(dtype=float)
     order = idx[np.lexsort((-sil[idx], cl[idx]))]
     d = np.asarray(u["distances"], dtype=float)[np.ix_(order, order)]
-    ax = plt.subplots(figsize=(4.8, 4.2))[1] if axes is None else axes[0]
     im = ax.imshow(d, cmap=cmap, interpolation="nearest")
     bounds = np.flatnonzero(np.diff(cl[order])) + 0.5
     for b in bounds:
@@ -222,21 +212,6 @@ def nmf_clustergram(
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=f"{u['params'].get('metric', '')} distance")
     ax.set(xticks=[], yticks=[], title=f"{len(order)} components in {len(np.unique(cl[order]))} clusters")
     return finish(ax, show, save=save)
-
-
-def _panels(n: int, ncols: int, ax: Any, what: str, size: tuple[float, float]) -> tuple[Figure, list[Axes]]:
-    """``n`` panels, ``ncols`` per row, in a new figure, or the caller's Axes (at least ``n``; extras hidden)."""
-    import matplotlib.pyplot as plt
-
-    axes = check_axes(ax, n, what, at_least=True)
-    if axes is None:
-        nc = min(ncols, n)
-        nrow = int(np.ceil(n / nc))
-        _, grid = plt.subplots(nrow, nc, figsize=(size[0] * nc, size[1] * nrow), squeeze=False)
-        axes = list(grid.ravel())
-    for a in axes[n:]:
-        a.set_visible(False)
-    return axes[0].figure, axes
 
 
 @plot_function
@@ -279,7 +254,7 @@ def nmf_programs(
     top = nmf_top_genes(adata, n_genes, key=key, by=by)
     names = list(top["program"].cat.categories)
     rows = min(n_genes, int((top["program"] == names[0]).sum()))
-    fig, axes = _panels(len(names), ncols, ax, "one per programme", (2.6, 0.22 * rows + 0.9))
+    fig, axes = panels(ax, len(names), "one per programme", (2.6, 0.22 * rows + 0.9), ncols=ncols, at_least=True)
     percent = by == "weight" and adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
     xlabel = {
         "score": "score (z-score per unit usage)",
@@ -388,7 +363,7 @@ def nmf_usage(
     emb = np.asarray(adata.obsm[ek])[:, :2]
     names = program_names(usage.shape[1])
     size = size if size is not None else float(np.clip(12000 / max(adata.n_obs, 1), 1.0, 60.0))
-    fig, axes = _panels(len(sel), ncols, ax, "one per programme drawn", (3.0, 2.8))
+    fig, axes = panels(ax, len(sel), "one per programme drawn", (3.0, 2.8), ncols=ncols, at_least=True)
     for a, j in zip(axes, sel, strict=False):
         order = np.argsort(usage[:, j])
         sc_ = a.scatter(

@@ -28,10 +28,14 @@ save
     Save the figure: a path (any format matplotlib writes, e.g. ``.png`` or ``.pdf``), or ``True`` for Scanpy's
     default file, ``scanpy.settings.figdir / (<plot name> + scanpy.settings.plot_suffix + '.' +
     scanpy.settings.file_format_figs)``. Checked before anything is drawn."""
+_DESEQ_ADATA = "adata\n    AnnData after :func:`gpuc.tl.deseq`.\n"
+_DESEQ_KEY = "key, group\n    As in :func:`gpuc.get.deseq_results`."
 DOC = {
     "show_save": _SHOW_SAVE,
     "ax_show_save": "ax\n    Axes to draw into; a new figure when ``None``.\n" + _SHOW_SAVE,
     "metacell_run": "adata\n    AnnData on which :func:`gpuc.tl.metacells` ran.\nkey\n    ``key_added`` of the metacell run.",
+    "deseq_run": _DESEQ_ADATA + _DESEQ_KEY,
+    "deseq_results": _DESEQ_ADATA + "contrast\n    Which results (see :func:`gpuc.get.deseq_results`).\n" + _DESEQ_KEY,
     "consensus_run": "adata\n    AnnData after :func:`gpuc.tl.consensus_nmf`.\nkey\n    Its ``key_added``.",
     "label_genes": (
         "n_top\n    Number of most significant genes to label (labels never overlap; one that finds no free place is left"
@@ -102,6 +106,33 @@ def check_axes(ax: Any, n: int | None, what: str, *, at_least: bool = False) -> 
         msg = f"ax must hold {need} Axes ({what}); got {len(axes)}."
         raise ValueError(msg)
     return axes
+
+
+def single_ax(ax: Any, what: str, figsize: tuple[float, float]) -> Axes:
+    """The caller's Axes (checked: one Axes, for ``what``) or that of a new figure of ``figsize``."""
+    import matplotlib.pyplot as plt
+
+    axes = check_axes(ax, 1, what)
+    return plt.subplots(figsize=figsize)[1] if axes is None else axes[0]
+
+
+def panels(
+    ax: Any, n: int, what: str, size: tuple[float, float], *, ncols: int | None = None, at_least: bool = False
+) -> tuple[Figure, list[Axes]]:
+    """``n`` panels: the caller's Axes (checked by :func:`check_axes`, ``n`` of them, or ``at_least`` ``n`` with the
+    extras hidden), or a new figure of ``ncols`` panels per row (default: one row), each panel ``size`` inches.
+    """
+    import matplotlib.pyplot as plt
+
+    axes = check_axes(ax, n, what, at_least=at_least)
+    if axes is None:
+        nc = n if ncols is None else min(ncols, n)
+        nrow = int(np.ceil(n / nc))
+        _, grid = plt.subplots(nrow, nc, figsize=(size[0] * nc, size[1] * nrow), squeeze=False)
+        axes = list(grid.ravel())
+    for a in axes[n:]:
+        a.set_visible(False)
+    return axes[0].figure, axes
 
 
 def _seq(x: Any) -> bool:
