@@ -188,6 +188,29 @@ def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
     return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
 
 
+# what each fitting tool writes under its (checked) key_added, and the marker of its result
+_WRITES: dict[str, tuple[Callable[[str], dict[str, list[str]]], tuple[str, ...]]] = {
+    "nmf_k_sweep": (lambda key: {"uns": [key]}, _keys.NMF_K_SWEEP_MARKER),
+    "consensus_nmf": (_keys.nmf_outputs, _keys.NMF_MARKER),
+}
+
+
+def _checked_options(
+    tool: str, adata: AnnData, n_runs: Any, hals: HalsOptions, rule: ConsensusOptions, key_added: Any, copy: Any
+) -> tuple[HalsOptions, ConsensusOptions]:
+    """The checks the fitting tools share (restarts, HALS and consensus options, where and how ``tool`` writes),
+    and the checked options: the consensus seed resolved to the int recorded in params.
+    """
+    check_int("n_runs", n_runs, minimum=2)
+    hals = hals.checked()
+    rule = rule.checked()
+    check_key_added(key_added)
+    check_bool("copy", copy)
+    outputs, marker = _WRITES[tool]
+    _keys.check_not_foreign(adata, outputs(key_added), key_added, f"gpuc.tl.{tool}", marker)
+    return hals, rule
+
+
 # arguments of a tool that say where or how to return, not what is computed: not recorded in params
 _NOT_RECORDED = ("adata", "client", "key_added", "copy")
 
@@ -253,23 +276,12 @@ def nmf_k_sweep(
         bare integer is refused (``nmf_k_sweep(adata, 10)`` would sweep k=10 only): pass ``range(2, 11)``.
     n_runs
         Restarts per k (>= 2).
-    {layer}
-    {mask_var}
-    {preprocessing}
+    {input}
     density_threshold
         Components with local density ``>=`` this are dropped before clustering; 2.0 (default here) keeps all.
     {metric}
     {target}
-    {max_iter_tol}
-    {extrapolate}
-    {warmup}
-    {update_order}
-    {kmeans_n_init}
-    {device}
-    {n_jobs}
-    {client}
-    {dtype}
-    {random_state}
+    {restarts}
     key_added
         ``uns`` key of the result.
     {copy}
@@ -300,14 +312,10 @@ def nmf_k_sweep(
     """
     check_adata(adata)
     ks = _check_k_range(k_range)
-    check_int("n_runs", n_runs, minimum=2)
-    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order)
     rule = ConsensusOptions(target, metric, density_threshold, kmeans_n_init=kmeans_n_init, random_state=random_state)
-    rule = rule.checked()  # the seed resolved to the int recorded in params
+    hals, rule = _checked_options("nmf_k_sweep", adata, n_runs, hals, rule, key_added, copy)
     random_state = rule.random_state
-    check_key_added(key_added)
-    check_bool("copy", copy)
-    _keys.check_not_foreign(adata, {"uns": [key_added]}, key_added, "gpuc.tl.nmf_k_sweep", _keys.NMF_K_SWEEP_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     ks = sorted({check_rank(k, block.shape, "k_range entry") for k in ks})
     dask_client = resolve_client(client)
@@ -396,9 +404,7 @@ def consensus_nmf(
         Number of programmes (>= 2, smaller than the number of cells and of genes).
     n_runs
         Restarts (>= 2).
-    {layer}
-    {mask_var}
-    {preprocessing}
+    {input}
     density_threshold
         Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
         (:func:`gpuc.pl.nmf_density`) before tightening it.
@@ -409,16 +415,7 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    {max_iter_tol}
-    {extrapolate}
-    {warmup}
-    {update_order}
-    {kmeans_n_init}
-    {device}
-    {n_jobs}
-    {client}
-    {dtype}
-    {random_state}
+    {restarts}
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``. Entries there
         that an earlier consensus_nmf under this key did not write (``key_added="pca"`` would replace ``X_pca``) are
@@ -457,14 +454,10 @@ def consensus_nmf(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    check_int("n_runs", n_runs, minimum=2)
-    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order)
     rule = ConsensusOptions(target, metric, density_threshold, normalization, neighborhood, kmeans_n_init, random_state)
-    rule = rule.checked()  # the seed resolved to the int recorded in params
+    hals, rule = _checked_options("consensus_nmf", adata, n_runs, hals, rule, key_added, copy)
     random_state, neighborhood = rule.random_state, rule.neighborhood
-    check_key_added(key_added)
-    check_bool("copy", copy)
-    _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.consensus_nmf", _keys.NMF_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     k = check_rank(k, block.shape)
     dask_client = resolve_client(client)
