@@ -211,6 +211,12 @@ def _checked_options(
     return hals, rule
 
 
+def _log_start(what: str, op: Operator, backend: Backend, client: Any) -> tuple[Any, float]:
+    """Log the start of a fit (``what``, the block's shape, where it runs); the log's time and ``perf_counter()``."""
+    start = logg.info(f"{what}, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, client)})")
+    return start, time.perf_counter()
+
+
 # arguments of a tool that say where or how to return, not what is computed: not recorded in params
 _NOT_RECORDED = ("adata", "client", "key_added", "copy")
 
@@ -321,10 +327,7 @@ def nmf_k_sweep(
     dask_client = resolve_client(client)
     plan = plan_fit(block, ks, n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
     be, op = plan.backend, plan.op
-    start = logg.info(
-        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
-    )
-    t0 = time.perf_counter()
+    start, t0 = _log_start(f"NMF k sweep: k={ks}, {n_runs} runs each", op, be, dask_client)
     with interruptible("nmf_k_sweep"):
         if dask_client is not None:  # one task per rank: its restarts and its row on one worker
             rows = sweep_on_cluster(dask_client, be, op, ks, n_runs, random_state, hals, rule, n_jobs=n_jobs)
@@ -463,10 +466,7 @@ def consensus_nmf(
     dask_client = resolve_client(client)
     plan = plan_fit(block, [k], n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
     be, op = plan.backend, plan.op
-    start = logg.info(
-        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
-    )
-    t0 = time.perf_counter()
+    start, t0 = _log_start(f"consensus NMF: k={k}, {n_runs} runs", op, be, dask_client)
     with interruptible("consensus_nmf"), _hals_bar(hals, [k], dask_client) as bar:
         fits = run_k(be, op, k, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs)
     params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask))
