@@ -47,6 +47,13 @@ class DemoContext:
         return path
 
 
+def summary_row(what: str, value: Any, seconds: float = 0.0) -> dict[str, Any]:
+    """One row of a step's summary (:func:`run_demo` adds its step and device): ``seconds`` rounded to 0.01 s, 0.0
+    for a row that reads off a result already timed.
+    """
+    return {"what": what, "value": value, "seconds": round(seconds, 2)}
+
+
 def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
     """Standard Scanpy preprocessing of the bundled pbmc3k: QC, normalise, log, 2,000 HVGs, PCA, kNN, UMAP."""
     import scanpy as sc
@@ -123,14 +130,9 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
     log("[preprocessing] Scanpy on bundled pbmc3k")
     t0 = time.perf_counter()
     adata = preprocess_pbmc3k(log)
+    size = f"{adata.n_obs} x {adata.n_vars}"
     rows.append(
-        {
-            "step": "preprocessing",
-            "what": "cells x genes",
-            "value": f"{adata.n_obs} x {adata.n_vars}",
-            "device": "cpu",
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
+        {"step": "preprocessing", "device": "cpu", **summary_row("cells x genes", size, time.perf_counter() - t0)}
     )
     fig, ax = plt.subplots(figsize=(5, 4.5))
     sc.pl.umap(adata, color="cell_type", ax=ax, show=False, frameon=False, title="pbmc3k cell types")
@@ -143,9 +145,7 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
         except ModuleNotFoundError as err:
             if err.name is not None and module.startswith(err.name):
                 log(f"[{name}] not available in this version of gpuc (missing {module}); skipped")
-                rows.append(
-                    {"step": name, "what": "status", "value": "not implemented yet", "device": "", "seconds": 0.0}
-                )
+                rows.append({"step": name, "device": "", **summary_row("status", "not implemented yet")})
                 continue
             raise
         log(f"[{name}]")

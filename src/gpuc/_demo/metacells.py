@@ -6,6 +6,8 @@ import time
 import warnings
 from typing import Any
 
+from gpuc._demo import summary_row
+
 
 def run(ctx: Any) -> list[dict[str, Any]]:
     """Run metacells on ``ctx.adata``; save three figures; leave the metacell AnnData in ``ctx.shared["metacells"]``."""
@@ -15,7 +17,6 @@ def run(ctx: Any) -> list[dict[str, Any]]:
     from gpuc.metacells import MetacellConvergenceWarning
 
     adata = ctx.adata
-    rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MetacellConvergenceWarning)
@@ -24,24 +25,14 @@ def run(ctx: Any) -> list[dict[str, Any]]:
         ctx.log(f"  warning: {w.message}")
     secs = time.perf_counter() - t0
     info = adata.uns["metacell"]
-    ctx.log(
-        f"  {adata.obs['metacell'].cat.categories.size} metacells from {adata.n_obs} cells, {info['n_iter']} iterations, RSS {info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}"
-    )
-    rows.append(
-        {
-            "what": "metacells (SEACells)",
-            "value": f"{adata.obs['metacell'].cat.categories.size} from {adata.n_obs} cells",
-            "seconds": round(secs, 2),
-        }
-    )
-    rows.append({"what": "iterations / converged", "value": f"{info['n_iter']} / {info['converged']}", "seconds": 0.0})
-    rows.append(
-        {
-            "what": "RSS ||M - MBA|| first -> last",
-            "value": f"{info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}",
-            "seconds": 0.0,
-        }
-    )
+    n_metacells = adata.obs["metacell"].cat.categories.size
+    rss = f"{info['rss'][0]:.4g} -> {info['rss'][-1]:.4g}"
+    ctx.log(f"  {n_metacells} metacells from {adata.n_obs} cells, {info['n_iter']} iterations, RSS {rss}")
+    rows = [
+        summary_row("metacells (SEACells)", f"{n_metacells} from {adata.n_obs} cells", secs),
+        summary_row("iterations / converged", f"{info['n_iter']} / {info['converged']}"),
+        summary_row("RSS ||M - MBA|| first -> last", rss),
+    ]
 
     t0 = time.perf_counter()
     ct = "cell_type" if "cell_type" in adata.obs else None
@@ -49,31 +40,15 @@ def run(ctx: Any) -> list[dict[str, Any]]:
     q = adata.uns["metacell_quality"]
     secs = time.perf_counter() - t0
     if ct is not None:
-        rows.append(
-            {
-                "what": "cell-type purity (median)",
-                "value": f"{q[f'{ct}_purity'].median():.3f}",
-                "seconds": round(secs, 2),
-            }
-        )
-    rows.append(
-        {
-            "what": "compactness / separation (median)",
-            "value": f"{q['compactness'].median():.3g} / {q['separation'].median():.3g}",
-            "seconds": 0.0,
-        }
-    )
+        rows.append(summary_row("cell-type purity (median)", f"{q[f'{ct}_purity'].median():.3f}", secs))
+    compact = f"{q['compactness'].median():.3g} / {q['separation'].median():.3g}"
+    rows.append(summary_row("compactness / separation (median)", compact))
 
     t0 = time.perf_counter()
     layer = "counts" if "counts" in adata.layers else None
     mc = gpuc.tl.aggregate_metacells(adata, layer=layer, celltype_key=ct)
-    rows.append(
-        {
-            "what": "aggregated metacells (metacells x genes)",
-            "value": f"{mc.n_obs} x {mc.n_vars}",
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
-    )
+    what = "aggregated metacells (metacells x genes)"
+    rows.append(summary_row(what, f"{mc.n_obs} x {mc.n_vars}", time.perf_counter() - t0))
     ctx.shared["metacells"] = mc
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))

@@ -98,6 +98,22 @@ def col_argmin_diff(y: Any, s: Any) -> Any:  # pragma: no cover - compiled
     return merge_argmin(best, idx)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def row_times_columns(
+    z: Any, i: int, ip: Any, ix: Any, dx: Any, r: Any, cols: Any, c0: int, width: int
+) -> None:  # pragma: no cover - compiled
+    """``z[:width] = X[i] @ R[:, cols[c0:c0 + width]]`` for a CSR X: the entries of row ``i`` added in stored order
+    into zeros (the B-update kernels that form columns of ``K B R`` must round alike).
+    """
+    for p in range(width):
+        z[p] = 0.0
+    for q in range(ip[i], ip[i + 1]):
+        m = ix[q]
+        v = dx[q]
+        for p in range(width):
+            z[p] += v * r[m, cols[c0 + p]]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def fw_b_step_restricted(
     y: Any, s_ip: Any, s_ix: Any, s_dx: Any, ip: Any, ix: Any, dx: Any, r: Any, gam: float, first: bool, k: int
@@ -120,13 +136,7 @@ def fw_b_step_restricted(
         for i in range(c * n // n_chunks, (c + 1) * n // n_chunks):
             a0 = s_ip[i]
             w = s_ip[i + 1] - a0
-            for p in range(w):
-                z[p] = 0.0
-            for q in range(ip[i], ip[i + 1]):
-                m = ix[q]
-                v = dx[q]
-                for p in range(w):
-                    z[p] += v * r[m, s_ix[a0 + p]]
+            row_times_columns(z, i, ip, ix, dx, r, s_ix, a0, w)
             for p in range(w):
                 yv = z[p] if first else fw_blend(y[a0 + p], z[p], gam)
                 y[a0 + p] = yv
@@ -160,13 +170,7 @@ def dense_columns_step(
     for ch in prange(n_chunks):  # rows are independent
         z = np.zeros(m_cols)
         for i in range(ch * n // n_chunks, (ch + 1) * n // n_chunks):
-            for c in range(m_cols):
-                z[c] = 0.0
-            for q in range(ip[i], ip[i + 1]):
-                m = ix[q]
-                v = dx[q]
-                for c in range(m_cols):
-                    z[c] += v * r[m, cols[c]]
+            row_times_columns(z, i, ip, ix, dx, r, cols, 0, m_cols)
             for c in range(m_cols):
                 ycols[i, c] = z[c] if replace else fw_blend(ycols[i, c], z[c], gam)
 

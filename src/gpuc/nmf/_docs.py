@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpuc._docs import DEVICE, N_JOBS, RANDOM_STATE
+
 LAYER = """\
 layer
     Layer to factorise (default ``adata.X``): raw counts with ``preprocessing="sd"`` for cNMF-style programmes,
@@ -69,17 +71,11 @@ dtype
     in float64) or float64. With the default, values whose squares would overflow float32 (counts near 1e18)
     are fitted in float64, with a warning; ``dtype="float32"`` is then refused."""
 
-FRAGMENTS = {
-    "layer": LAYER,
-    "mask_var": MASK_VAR,
-    "preprocessing": PREPROCESSING,
-    "metric": METRIC,
-    "target": TARGET,
-    "max_iter_tol": MAX_ITER_TOL,
-    "extrapolate": EXTRAPOLATE,
-    "warmup": WARMUP,
-    "update_order": UPDATE_ORDER,
-    "kmeans_n_init": KMEANS_N_INIT,
-    "client": CLIENT,
-    "dtype": DTYPE,
-}
+# the runs of parameters that nmf_k_sweep and consensus_nmf both describe, in their docstrings' order: what is
+# factorised, and how the restarts run
+INPUT = "\n".join((LAYER, MASK_VAR, PREPROCESSING))
+RESTARTS = "\n".join(
+    (MAX_ITER_TOL, EXTRAPOLATE, WARMUP, UPDATE_ORDER, KMEANS_N_INIT, DEVICE, N_JOBS, CLIENT, DTYPE, RANDOM_STATE)
+)
+
+FRAGMENTS = {"input": INPUT, "metric": METRIC, "target": TARGET, "restarts": RESTARTS}

@@ -692,12 +692,9 @@ def _fit_groups_host(
         done, change = runs.check(active, np.asarray(backend.to_host(e), dtype=np.float64), it, op.norm2, sched.tol)
         report.change(change)  # shown with the iteration, so a bar's last state says whether tol was reached
         report.iteration()
-        if it == sched.max_iter:
-            done[:] = True
-        if not done.any():
+        keep_pos = _retire_finished(xp, layout, done, it == sched.max_iter, active, runs, st.w, st.ht, out_w, out_h)
+        if keep_pos is None:
             continue
-        _write_finished(xp, layout, done, active, runs.gid, runs.idx, st.w, st.ht, out_w, out_h)
-        keep_pos = np.flatnonzero(~done)
         active = active[keep_pos]
         if len(active) == 0:
             break
@@ -778,33 +775,40 @@ def _keep_runs(
     return [xp.ascontiguousarray(f[:, keep]) for f in factors], [xp.ascontiguousarray(a[kp]) for a in per_run]
 
 
-def _write_finished(
+def _retire_finished(
     xp: Any,
     layout: _Layout,
     done: np.ndarray,
+    final: bool,
     active: np.ndarray,
-    gid_run: np.ndarray,
-    idx_run: np.ndarray,
+    runs: _Runs,
     w: Any,
     ht: Any,
     out_w: list[Any],
     out_h: list[Any],
-) -> None:
-    """Copy the runs at active positions ``done`` of the flat ``w``, ``ht`` into their group's outputs, usage columns
-    scaled to unit norm (no rescaling during the iterations; ``W H`` unchanged).
+) -> np.ndarray | None:
+    """At a check, the runs that stopped (active positions ``done``; every run after the ``final`` iteration): copy
+    them from the flat ``w``, ``ht`` into their group's outputs, usage columns scaled to unit norm (no rescaling
+    during the iterations; ``W H`` unchanged). Returns the active positions of the runs that go on, or ``None`` when
+    no run stopped.
     """
+    if final:
+        done[:] = True
+    if not done.any():
+        return None
     for k, r0, nr, c0 in layout.blocks:
         local = np.flatnonzero(done[r0 : r0 + nr])
         if len(local) == 0:
             continue
-        g = int(gid_run[active[r0]])
+        g = int(runs.gid[active[r0]])
         sel = xp.asarray(local)
         wd, hd = _block(w, k, nr, c0)[:, sel, :], _block(ht, k, nr, c0)[:, sel, :]
         nrm = xp.sqrt((wd * wd).sum(axis=0))
         nrm = xp.where(nrm > 0, nrm, 1.0)
-        dest = xp.asarray(idx_run[active[r0 + local]])
+        dest = xp.asarray(runs.idx[active[r0 + local]])
         out_w[g][:, dest, :] = wd / nrm[None]
         out_h[g][:, dest, :] = hd * nrm[None]
+    return np.flatnonzero(~done)
 
 
 @dataclass
@@ -893,12 +897,9 @@ def _fit_groups_gpu(
         report.iteration()
         last[active] = s[:, 3]
         done = s[:, 0] == 0
-        if it == sched.max_iter:
-            done[:] = True
-        if not done.any():
+        keep_pos = _retire_finished(xp, layout, done, it == sched.max_iter, active, runs, dev.w, dev.ht, out_w, out_h)
+        if keep_pos is None:
             continue
-        _write_finished(xp, layout, done, active, runs.gid, runs.idx, dev.w, dev.ht, out_w, out_h)
-        keep_pos = np.flatnonzero(~done)
         active = active[keep_pos]
         if len(active) == 0:
             break

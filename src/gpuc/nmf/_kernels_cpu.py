@@ -130,12 +130,17 @@ def _row_sweep(xt, qt, gt, q, acc, eps, n_runs, k):  # pragma: no cover - compil
 
 
 @njit(cache=True, inline="always")
-def _group_sweep(buf, x_row, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner):  # pragma: no cover - compiled
-    # lane group q of one row: product and current factor into (k, R) scratch, then n_inner Gauss-Seidel sweeps
+def _group_sweep(buf, x_row, roff, rk, gk, gr0, gnr, qt, xt, gt, q, acc, eps, n_inner):  # pragma: no cover - compiled
+    # lane group q of one row: product and current factor into (k, R) scratch, then n_inner Gauss-Seidel sweeps;
+    # returns the group's rank, number of runs and first run
+    k = gk[q]
+    nr = gnr[q]
+    r0 = gr0[q]
     _to_t(buf, roff, rk, r0, qt, nr, k)
     _to_t(x_row, roff, rk, r0, xt, nr, k)
     for _ in range(n_inner):
         _row_sweep(xt, qt, gt, q, acc, eps, nr, k)
+    return k, nr, r0
 
 
 @njit(cache=True, inline="always")
@@ -178,6 +183,16 @@ def _finish_gram(part, gk, gr0, gnr, n_runs):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, inline="always")
+def _chunk_scratch(f, gt):  # pragma: no cover - compiled
+    # the scratch of one row chunk: a row of the product (C,), a lane group's product and factor (kmax, Rmax) in the
+    # factor's precision, and the float64 per-run sums of a sweep (Rmax,)
+    kmax = gt.shape[1]
+    rmax = gt.shape[3]
+    buf = np.empty(f.shape[1], dtype=f.dtype)
+    return buf, np.empty((kmax, rmax), dtype=f.dtype), np.empty((kmax, rmax), dtype=f.dtype), np.empty(rmax)
+
+
 @njit(cache=True, nogil=True)
 def _spectra_rows(
     ch, nch, indptr, indices, data, w_hat, gt, ht, h_hat, beta, extrap, eps, gk, gr0, gnr, rk, roff, n_inner, part
@@ -185,21 +200,13 @@ def _spectra_rows(
     # rows ch * n // nch .. (ch + 1) * n // nch of spectra_half, partial Grams into part[ch]
     n = ht.shape[0]
     n_groups = gk.shape[0]
-    kmax = gt.shape[1]
-    rmax = gt.shape[3]
-    buf = np.empty(ht.shape[1], dtype=ht.dtype)
-    qt = np.empty((kmax, rmax), dtype=ht.dtype)
-    xt = np.empty((kmax, rmax), dtype=ht.dtype)
-    acc = np.empty(rmax)
+    buf, qt, xt, acc = _chunk_scratch(ht, gt)
     for j in range(ch * n // nch, (ch + 1) * n // nch):
         _row_product(indptr, indices, data, w_hat, j, buf)
         hh = h_hat[j]
         hc = ht[j]
         for q in range(n_groups):
-            k = gk[q]
-            nr = gnr[q]
-            r0 = gr0[q]
-            _group_sweep(buf, hh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
+            k, nr, r0 = _group_sweep(buf, hh, roff, rk, gk, gr0, gnr, qt, xt, gt, q, acc, eps, n_inner)
             for r in range(nr):
                 b = beta[r0 + r] if extrap else 0.0
                 o = roff[r0 + r]
@@ -279,22 +286,14 @@ def _usage_rows(
     # rows ch * m // nch .. (ch + 1) * m // nch of usage_half, partial sums into p_cross[ch], p_new[ch], p_hat[ch]
     m = w.shape[0]
     n_groups = gk.shape[0]
-    kmax = gt.shape[1]
-    rmax = gt.shape[3]
-    buf = np.empty(w.shape[1], dtype=w.dtype)
-    qt = np.empty((kmax, rmax), dtype=w.dtype)
-    xt = np.empty((kmax, rmax), dtype=w.dtype)
-    xh = np.empty((kmax, rmax), dtype=w.dtype)
-    acc = np.empty(rmax)
+    buf, qt, xt, acc = _chunk_scratch(w, gt)
+    xh = np.empty_like(xt)
     for i in range(ch * m // nch, (ch + 1) * m // nch):
         _row_product(indptr, indices, data, h_hat, i, buf)
         wh = w_hat[i]
         wc = w[i]
         for q in range(n_groups):
-            k = gk[q]
-            nr = gnr[q]
-            r0 = gr0[q]
-            _group_sweep(buf, wh, roff, rk, r0, qt, xt, gt, q, acc, eps, nr, k, n_inner)
+            k, nr, r0 = _group_sweep(buf, wh, roff, rk, gk, gr0, gnr, qt, xt, gt, q, acc, eps, n_inner)
             for r in range(nr):
                 b = beta[r0 + r]
                 o = roff[r0 + r]

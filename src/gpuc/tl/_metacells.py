@@ -344,6 +344,14 @@ def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, gr
 # --------------------------------------------------------------------------------------------------------------------
 # aggregation and quality
 # --------------------------------------------------------------------------------------------------------------------
+# the first two parameters of the tools that read a metacells result
+_METACELLS_RUN = """\
+adata
+    AnnData on which :func:`gpuc.tl.metacells` ran.
+key
+    ``key_added`` of that run."""
+
+
 def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
     check_adata(adata)
     if key not in adata.obs or key not in adata.uns or _keys.metacell_weights(key) not in adata.obsm:
@@ -352,6 +360,7 @@ def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
     return adata.uns[key]
 
 
+@doc_params(metacells_run=_METACELLS_RUN)
 def aggregate_metacells(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -364,10 +373,7 @@ def aggregate_metacells(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of that run.
+    {metacells_run}
     layer
         Matrix to sum: ``adata.layers[layer]``; None uses ``adata.X``. Sum raw counts (e.g. ``layer="counts"``): when
         ``X`` is used and holds non-integer values (log-normalised data), a warning says so.
@@ -459,7 +465,7 @@ def _cell_embeddings(adata: AnnData) -> dict[str, Any]:
     return out
 
 
-@doc_params()
+@doc_params(metacells_run=_METACELLS_RUN)
 def metacell_quality(
     adata: AnnData,
     key: str = _keys.METACELL,
@@ -480,10 +486,7 @@ def metacell_quality(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    key
-        ``key_added`` of that run.
+    {metacells_run}
     celltype_key
         ``obs`` column for purity (most frequent label per metacell and its fraction).
     use_rep

@@ -188,6 +188,35 @@ def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
     return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
 
 
+# what each fitting tool writes under its (checked) key_added, and the marker of its result
+_WRITES: dict[str, tuple[Callable[[str], dict[str, list[str]]], tuple[str, ...]]] = {
+    "nmf_k_sweep": (lambda key: {"uns": [key]}, _keys.NMF_K_SWEEP_MARKER),
+    "consensus_nmf": (_keys.nmf_outputs, _keys.NMF_MARKER),
+}
+
+
+def _checked_options(
+    tool: str, adata: AnnData, n_runs: Any, hals: HalsOptions, rule: ConsensusOptions, key_added: Any, copy: Any
+) -> tuple[HalsOptions, ConsensusOptions]:
+    """The checks the fitting tools share (restarts, HALS and consensus options, where and how ``tool`` writes),
+    and the checked options: the consensus seed resolved to the int recorded in params.
+    """
+    check_int("n_runs", n_runs, minimum=2)
+    hals = hals.checked()
+    rule = rule.checked()
+    check_key_added(key_added)
+    check_bool("copy", copy)
+    outputs, marker = _WRITES[tool]
+    _keys.check_not_foreign(adata, outputs(key_added), key_added, f"gpuc.tl.{tool}", marker)
+    return hals, rule
+
+
+def _log_start(what: str, op: Operator, backend: Backend, client: Any) -> tuple[Any, float]:
+    """Log the start of a fit (``what``, the block's shape, where it runs); the log's time and ``perf_counter()``."""
+    start = logg.info(f"{what}, {op.shape[0]} x {op.shape[1]} ({runs_on(backend, client)})")
+    return start, time.perf_counter()
+
+
 # arguments of a tool that say where or how to return, not what is computed: not recorded in params
 _NOT_RECORDED = ("adata", "client", "key_added", "copy")
 
@@ -253,23 +282,12 @@ def nmf_k_sweep(
         bare integer is refused (``nmf_k_sweep(adata, 10)`` would sweep k=10 only): pass ``range(2, 11)``.
     n_runs
         Restarts per k (>= 2).
-    {layer}
-    {mask_var}
-    {preprocessing}
+    {input}
     density_threshold
         Components with local density ``>=`` this are dropped before clustering; 2.0 (default here) keeps all.
     {metric}
     {target}
-    {max_iter_tol}
-    {extrapolate}
-    {warmup}
-    {update_order}
-    {kmeans_n_init}
-    {device}
-    {n_jobs}
-    {client}
-    {dtype}
-    {random_state}
+    {restarts}
     key_added
         ``uns`` key of the result.
     {copy}
@@ -300,23 +318,16 @@ def nmf_k_sweep(
     """
     check_adata(adata)
     ks = _check_k_range(k_range)
-    check_int("n_runs", n_runs, minimum=2)
-    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order)
     rule = ConsensusOptions(target, metric, density_threshold, kmeans_n_init=kmeans_n_init, random_state=random_state)
-    rule = rule.checked()  # the seed resolved to the int recorded in params
+    hals, rule = _checked_options("nmf_k_sweep", adata, n_runs, hals, rule, key_added, copy)
     random_state = rule.random_state
-    check_key_added(key_added)
-    check_bool("copy", copy)
-    _keys.check_not_foreign(adata, {"uns": [key_added]}, key_added, "gpuc.tl.nmf_k_sweep", _keys.NMF_K_SWEEP_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     ks = sorted({check_rank(k, block.shape, "k_range entry") for k in ks})
     dask_client = resolve_client(client)
     plan = plan_fit(block, ks, n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
     be, op = plan.backend, plan.op
-    start = logg.info(
-        f"NMF k sweep: k={ks}, {n_runs} runs each, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
-    )
-    t0 = time.perf_counter()
+    start, t0 = _log_start(f"NMF k sweep: k={ks}, {n_runs} runs each", op, be, dask_client)
     with interruptible("nmf_k_sweep"):
         if dask_client is not None:  # one task per rank: its restarts and its row on one worker
             rows = sweep_on_cluster(dask_client, be, op, ks, n_runs, random_state, hals, rule, n_jobs=n_jobs)
@@ -396,9 +407,7 @@ def consensus_nmf(
         Number of programmes (>= 2, smaller than the number of cells and of genes).
     n_runs
         Restarts (>= 2).
-    {layer}
-    {mask_var}
-    {preprocessing}
+    {input}
     density_threshold
         Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
         (:func:`gpuc.pl.nmf_density`) before tightening it.
@@ -409,16 +418,7 @@ def consensus_nmf(
         scale.
     neighborhood
         Fraction of ``n_runs`` used as the number of neighbours for the local density.
-    {max_iter_tol}
-    {extrapolate}
-    {warmup}
-    {update_order}
-    {kmeans_n_init}
-    {device}
-    {n_jobs}
-    {client}
-    {dtype}
-    {random_state}
+    {restarts}
     key_added
         Key prefix: ``obsm['X_' + key_added]``, ``varm[key_added + '_spectra']``, ``uns[key_added]``. Entries there
         that an earlier consensus_nmf under this key did not write (``key_added="pca"`` would replace ``X_pca``) are
@@ -457,23 +457,16 @@ def consensus_nmf(
         Before any fit, when the restarts and the consensus would need more memory than the device has free.
     """
     check_adata(adata)
-    check_int("n_runs", n_runs, minimum=2)
-    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order).checked()
+    hals = HalsOptions(max_iter, tol, extrapolate, warmup, update_order)
     rule = ConsensusOptions(target, metric, density_threshold, normalization, neighborhood, kmeans_n_init, random_state)
-    rule = rule.checked()  # the seed resolved to the int recorded in params
+    hals, rule = _checked_options("consensus_nmf", adata, n_runs, hals, rule, key_added, copy)
     random_state, neighborhood = rule.random_state, rule.neighborhood
-    check_key_added(key_added)
-    check_bool("copy", copy)
-    _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.consensus_nmf", _keys.NMF_MARKER)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     k = check_rank(k, block.shape)
     dask_client = resolve_client(client)
     plan = plan_fit(block, [k], n_runs, target=target, device=device, dtype=dtype, distributed=dask_client is not None)
     be, op = plan.backend, plan.op
-    start = logg.info(
-        f"consensus NMF: k={k}, {n_runs} runs, {op.shape[0]} x {op.shape[1]} ({runs_on(be, dask_client)})"
-    )
-    t0 = time.perf_counter()
+    start, t0 = _log_start(f"consensus NMF: k={k}, {n_runs} runs", op, be, dask_client)
     with interruptible("consensus_nmf"), _hals_bar(hals, [k], dask_client) as bar:
         fits = run_k(be, op, k, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs)
     params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask))
