@@ -70,6 +70,7 @@ def parity(report: dict, args) -> None:
 
     cpu, gpu = get_backend("cpu"), get_backend("gpu")
     ad, v = fixture_counts()
+    report["runs"] = RUNS
     report["parity"] = res = {}
     for dt in ("float64", "float32"):
         fc = fit_hals(cpu, Operator.build(cpu, sp.csr_matrix(v), dtype=dt), 7, seeds(), **CAP)
@@ -136,6 +137,7 @@ def timing_gpu(report: dict, args) -> None:
 
     gpu = get_backend("gpu")
     x, ad, sub = data()
+    report["runs"] = RUNS
     log(f"matrix {x.shape}, nnz {x.nnz} ({x.nnz / np.prod(x.shape):.3f})")
     report["matrix"] = {"shape": list(x.shape), "nnz": int(x.nnz), "input_dtype": str(x.dtype)}
     for dt in ("float64", "float32"):  # warm-up: kernels compiled, or loaded from the caches the cold stage filled
@@ -202,12 +204,18 @@ def rank200(report: dict, args) -> None:
 
 
 def render(r: dict) -> str:
-    lines = ["# gpuc consensus NMF on GPU", "", f"GPU: {r.get('device')}, CuPy {r.get('cupy')}.", ""]
+    runs = r.get("runs", 20)  # restarts at k=7 (smoke: 4)
+    lines = [
+        "# gpuc consensus NMF on GPU",
+        "",
+        f"GPU: {r.get('device') or r.get('iteration', {}).get('device', '?')}.",
+        "",
+    ]
     p = r.get("parity")
     if p and "tl_consensus" in p:
         lines += [
-            f"Parity (cNMF 700 x 500, k=7 x {RUNS}): pass={p.get('pass')}; float64 max |d rel_error| "
-            f"{p['float64']['max_abs_rel_error_diff']:.2e} ({p['float64']['same_n_iter_runs']}/{RUNS} runs same "
+            f"Parity (cNMF 700 x 500, k=7 x {runs}): pass={p.get('pass')}; float64 max |d rel_error| "
+            f"{p['float64']['max_abs_rel_error_diff']:.2e} ({p['float64']['same_n_iter_runs']}/{runs} runs same "
             f"iterations); float32 {p['float32']['max_abs_rel_error_diff']:.2e}; tl cosine "
             f"{p['tl_consensus']['min_best_cosine']:.5f}, rel_error CPU {p['tl_consensus']['cpu_rel_error']:.6f} GPU "
             f"{p['tl_consensus']['gpu_rel_error']:.6f}",
@@ -216,16 +224,16 @@ def render(r: dict) -> str:
     g = lambda key: r.get(key, {}).get("seconds")  # noqa: E731
     f = _harness.fmt_s
     ms = lambda v: f(None if v is None else v * 1e3)  # noqa: E731
-    shape = r.get("matrix", {}).get("shape", list(SHAPE))
+    shape = r.get("matrix", {}).get("shape", [6881, 2000])
     if "k7x20_gpu" in r or "k7x20_gpu_float64" in r:
         head = [f"case ({shape[0]:,} x {shape[1]:,}, sparse)", "GPU float64 (s)", "GPU float32 (s)", "CPU float64 (s)",
                 "CPU float32 (s)", "bixverse.gpu M1 Max (s)"]  # fmt: skip
         rows = [
-            [f"k=7 x {RUNS} runs + consensus", f"{f(g('k7x20_gpu_float64'))} (fit {f(g('k7x20_gpu_fit_only_float64'))})",
+            [f"k=7 x {runs} runs + consensus", f"{f(g('k7x20_gpu_float64'))} (fit {f(g('k7x20_gpu_fit_only_float64'))})",
              f"{f(g('k7x20_gpu'))} (fit {f(g('k7x20_gpu_fit_only'))})", f(g("k7x20_cpu_float64")), f(g("k7x20_cpu")),
              "6.15 (CPU 20.53)"],
             ["k sweep 2..12 x 10 runs", f(g("sweep_2_12x10_gpu_float64")), f(g("sweep_2_12x10_gpu")), "-", "-", "-"],
-            [f"one HALS iteration, k=7 x {RUNS} (ms)", ms(g("iteration_float64")), ms(g("iteration")), "-", "-", "-"],
+            [f"one HALS iteration, k=7 x {runs} (ms)", ms(g("iteration_float64")), ms(g("iteration")), "-", "-", "-"],
         ]  # fmt: skip
         if "rank200" in r:
             rows.append([f"rank {r['rank200'].get('k', 200)} x 3 runs (float32)", "-", f(g("rank200")), "-", "-",
@@ -235,7 +243,7 @@ def render(r: dict) -> str:
         if key in r:
             it = r[key]
             lines.append(
-                f"One batched HALS iteration (k=7 x {RUNS}, {it.get('dtype', 'float32')}): {it['seconds'] * 1e3:.3f} ms "
+                f"One batched HALS iteration (k=7 x {runs}, {it.get('dtype', 'float32')}): {it['seconds'] * 1e3:.3f} ms "
                 f"on {it['device']}, {it['flops'] / 1e6:.0f} MFLOP and {it['bytes'] / 1e6:.1f} MB -> "
                 f"{it['tflops']:.3f} TFLOP/s, {it['tbytes_per_s'] * 1e3:.0f} GB/s.\n"
             )

@@ -243,7 +243,7 @@ def render(report: dict) -> str:
             continue
         skip = ("cpu_s", "gpu_s", "ok", "cpu_first_s", "gpu_first_s", "calls")
         agree = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items() if k not in skip)
-        rows.append([name, r["cpu_s"], r["gpu_s"], r["cpu_first_s"], r["gpu_first_s"], agree,
+        rows.append([name, r["cpu_s"], r["gpu_s"], r.get("cpu_first_s", "-"), r.get("gpu_first_s", "-"), agree,
                      "yes" if r.get("ok") else "NO"])  # fmt: skip
     head = ["tool", "CPU s (warm)", "GPU s (warm)", "CPU first call s", "GPU first call s", "agreement", "ok"]
     lines += [_harness.md_table(head, rows), f"inputs still on the device after every tool: "

@@ -464,6 +464,7 @@ def summarise() -> dict:
     parts["cpu_scaling"] = cpu_scaling(OUT)
     cross = crossover(parts)
     s = {
+        "kind": "gpu_summary",
         "device": device_line(),
         "smoke": smoke_run(),
         "targets": targets(parts),
