@@ -773,7 +773,7 @@ def render_cold(rep: dict) -> str:
         for task, t in fill.get("tasks", {}).items()
     ]  # fmt: skip
     lines = [
-        f"# Kernel caches and a fresh process's first call ({rep.get('device', '?')})",
+        f"Kernel caches and a fresh process's first call ({rep.get('device', '?')}).",
         "",
         f"Fill ({fill.get('mode', '?')}): {fill.get('seconds', float('nan')):.1f} s; caches after it: "
         f"{rep.get('caches_after_fill')}; after the measuring processes: {rep.get('caches_after_measure')}.",

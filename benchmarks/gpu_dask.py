@@ -108,9 +108,9 @@ def checks(report: dict, args) -> None:
 
 
 def render(report: dict) -> str:
-    lines = [f"# Dask on GPU workers ({report.get('cluster')}, {report.get('workers')} workers, {report.get('device')}, "
-             f"device={report.get('tool_device')})",
-             ""]  # fmt: skip
+    dev = report.get("tool_device") or report.get("device")  # older runs: "device" was the tools' device
+    gpu = f"; {report['device']}" if report.get("tool_device") else ""
+    lines = [f"Dask on GPU workers ({report.get('cluster')}, {report.get('workers')} workers, device={dev}{gpu}).", ""]
     rows = [[n, v["identical"], f"{v['in_process_s']:.2f}", f"{v['dask_s']:.2f}"]
             for n, v in report.get("checks", {}).items()]  # fmt: skip
     lines.append(_harness.md_table(["check", "identical", "in process (s)", "on the cluster (s)"], rows))

@@ -206,9 +206,7 @@ def rank200(report: dict, args) -> None:
 def render(r: dict) -> str:
     runs = r.get("runs", 20)  # restarts at k=7 (smoke: 4)
     lines = [
-        "# gpuc consensus NMF on GPU",
-        "",
-        f"GPU: {r.get('device') or r.get('iteration', {}).get('device', '?')}.",
+        f"gpuc consensus NMF, GPU: {r.get('device') or r.get('iteration', {}).get('device', '?')}.",
         "",
     ]
     p = r.get("parity")
