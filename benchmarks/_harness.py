@@ -238,6 +238,13 @@ def spawn(script: str, who: str, case: str, *, n_jobs: int | None = None, thread
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _configs(row: dict, runs: dict[tuple[str, str], list[dict]], skip_peers: bool) -> None:
+    """The medians of every configuration's processes so far, into ``row``."""
+    row["gpuc"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who == "gpuc"}
+    if not skip_peers:
+        row["peer"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who != "gpuc"}
+
+
 def _config(runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     res = {
@@ -255,8 +262,10 @@ def _config(runs: list[dict]) -> dict:
     return res
 
 
-def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace) -> dict:
-    """Every configuration of one case (see the module's docstring); one result row."""
+def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace,
+                 progress: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
+    """Every configuration of one case (see the module's docstring); one result row. ``progress(row)`` is called
+    with the row so far after every process (a run cut off by a time limit keeps what it measured)."""
     cores_ = core_counts(args.cores)
     row: dict = {"case": case, "about": tool.cases.get(case, case), "load_before": loadavg()}
     t_start = time.perf_counter()
@@ -289,14 +298,15 @@ def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace) -
                 skipped.append(f"{who} {cfg} #{i + 1}")
                 continue
             runs[who, cfg].append(spawn(script, who, case, timeout=args.timeout, **kw))
+            _configs(row, runs, args.skip_peers)
+            if progress is not None:
+                progress(row | {"load_after": loadavg(), "partial": True})
     if skipped:
         row["budget_skipped"] = skipped
-    row["gpuc"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who == "gpuc"}
-    if not args.skip_peers:
-        row["peer"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who != "gpuc"}
-        if tool.extra is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                row["extra"] = tool.extra(case, tmp)
+    _configs(row, runs, args.skip_peers)
+    if not args.skip_peers and tool.extra is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            row["extra"] = tool.extra(case, tmp)
     row["load_after"] = loadavg()
     if case in tool.targets:
         row["targets"] = tool.targets[case]
@@ -366,9 +376,15 @@ def main(tool: Tool, script: str, argv: list[str] | None = None) -> dict | None:
         "smoke": SMOKE,
         "rows": [],
     }
+    path = result_path(tool, args.out)
     for case in args.cases.split(","):
-        payload["rows"].append(side_by_side(tool, script, case, args))
-        write_result(result_path(tool, args.out), payload)  # after each case, so a long run keeps what it has
+        done = list(payload["rows"])
+        # after every process and every case, so that a long run cut off keeps what it has
+        row = side_by_side(
+            tool, script, case, args, lambda r, done=done: write_result(path, payload | {"rows": [*done, r]})
+        )
+        payload["rows"].append(row)
+        write_result(path, payload)
     print(render(payload))
     return payload
 
@@ -546,9 +562,11 @@ def sync(dev: str = "gpu") -> None:
         get_backend("gpu").synchronize()
 
 
-def timed(fn: Callable[[], object], repeats: int = 3, dev: str = "gpu", long_s: float = float("inf")) -> dict:
+def timed(fn: Callable[..., object], repeats: int = 3, dev: str = "gpu", long_s: float = float("inf"),
+          setup: Callable[[], object] | None = None) -> dict:  # fmt: skip
     """``repeats`` calls of ``fn`` (the device synchronised around each): ``{"s": median, "all": [...], "out": last}``.
-    In smoke mode at most 2 calls.
+    With ``setup``, each call is ``fn(setup())``, ``setup`` outside the clock (e.g. a copy of the input). In smoke
+    mode at most 2 calls.
 
     A first call longer than ``long_s`` is not repeated (a stage has a time limit; such a time is far from any target).
     """
@@ -557,9 +575,10 @@ def timed(fn: Callable[[], object], repeats: int = 3, dev: str = "gpu", long_s: 
     for _ in range(min(repeats, 2) if SMOKE else repeats):
         if times and times[0] > long_s:
             break
+        args = () if setup is None else (setup(),)
         sync(dev)
         t = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         sync(dev)
         times.append(time.perf_counter() - t)
     return {"s": median(times), "all": times, "out": out}
@@ -628,6 +647,7 @@ def gpu_main(script: GpuScript, file: str, argv: list[str] | None = None) -> int
         "step_seconds": {},
     }
     path = out_dir() / f"{script.name}.json"
+    write_gpu_result(path, report, script.render)  # a stage cut off before its first step still leaves its file
     import gpuc
 
     gpuc.settings.progress = False

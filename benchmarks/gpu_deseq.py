@@ -128,13 +128,13 @@ def timing(report: dict, args) -> None:
         def engine(x, d=d, c=c) -> None:
             results(run_deseq(bk, x, d.matrix), c)
 
-        def tool(dev: str, a=a) -> None:
-            gpuc.tl.deseq(a.copy(), "~condition", contrast=["condition", "B", "A"], device=dev)
+        def tool(b, dev: str = "gpu") -> None:
+            gpuc.tl.deseq(b, "~condition", contrast=["condition", "B", "A"], device=dev)
 
         engine(x_dev)  # warm-up (kernels compiled or loaded from the caches)
-        tool("gpu")
-        t_gpu = timed(lambda: tool("gpu"))["s"]
-        t_cpu = timed(lambda: tool("cpu"), 1, dev="cpu")["s"]
+        tool(a.copy())
+        t_gpu = timed(tool, setup=a.copy)["s"]  # the copy of the input outside the clock
+        t_cpu = timed(lambda b: tool(b, "cpu"), 1, dev="cpu", setup=a.copy)["s"]
         row = {
             "size": f"{n}x{g}",
             "engine_gpu_input_on_device_s": timed(lambda x=x_dev: engine(x))["s"],

@@ -219,14 +219,14 @@ def crossover(parts: dict) -> list[dict]:
         cpu, src = None, "not measured"
         if n == 6881:
             cpu, t = cpu_scaling_best(cs, "metacells")
-            src = f"cpu_scaling, {t} threads, warm median" if cpu is not None else src
+            src = f"CPU scaling, {t} threads, warm median" if cpu is not None else src
         for key in ("cpu_total_s", "cpu_s"):  # a CPU time the metacells stage may record beside the GPU one
             if cpu is None and num(r.get(key)) is not None:
                 cpu, src = num(r.get(key)), f"metacells_gpu.json {key}"
         add("metacells", label, cpu, num(r.get("total_s")), src, "metacells_gpu.json, one call")
     # consensus NMF, at the default dtype (float32) on both, and in float64 where both were timed
     cpu, t = cpu_scaling_best(cs, "nmf")
-    src = f"cpu_scaling, {t} threads, warm median"
+    src = f"CPU scaling, {t} threads, warm median"
     if cpu is None and num(get(nmf, "k7x20_cpu", "seconds")) is not None:
         cpu, src = (
             num(get(nmf, "k7x20_cpu", "seconds")),
@@ -245,7 +245,7 @@ def crossover(parts: dict) -> list[dict]:
         if size == "500x30000":
             c, t = cpu_scaling_best(cs, "deseq")
             if c is not None:
-                cpu, src = c, f"cpu_scaling, {t} threads, warm median"
+                cpu, src = c, f"CPU scaling, {t} threads, warm median"
         add("DESeq2", label, cpu, num(r.get("tl_deseq_gpu_s")), src, "deseq_gpu.json, median of 3")
     # every tool on pbmc3k as rapids-singlecell leaves it on the device
     for tool, r in (get(rsc, "tools") or {}).items():
