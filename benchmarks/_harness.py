@@ -281,9 +281,12 @@ def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace,
         spawn(script, tool.peer, case, timeout=args.timeout)
     # the configurations' processes in rounds (gpuc default, peer default, gpuc c, peer c, ...), so that gpuc and the
     # peer meet the same load on a shared machine; a configuration with fewer repeats drops out of the later rounds
-    jobs = [("gpuc", "default", {"n_jobs": None, "warm_calls": args.warm_calls}, args.repeats)]
-    if not args.skip_peers:
-        jobs.append((tool.peer, "default", {"threads": None, "warm_calls": args.peer_warm_calls}, args.peer_repeats))
+    jobs = []
+    if not args.no_default:
+        jobs.append(("gpuc", "default", {"n_jobs": None, "warm_calls": args.warm_calls}, args.repeats))
+        if not args.skip_peers:
+            peer = {"threads": None, "warm_calls": args.peer_warm_calls}
+            jobs.append((tool.peer, "default", peer, args.peer_repeats))
     for c in cores_:
         jobs.append(("gpuc", str(c), {"n_jobs": c, "warm_calls": args.warm_calls}, args.repeats))
         if not args.skip_peers:
@@ -357,6 +360,7 @@ def main(tool: Tool, script: str, argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--out", default=str(RESULTS), help="folder of the result files")
     ap.add_argument("--no-fill", action="store_true", help="no untimed cache-filling processes (caches are full)")
     ap.add_argument("--budget", type=float, default=0, help="seconds per case: no process starts after it")
+    ap.add_argument("--no-default", action="store_true", help="only the --cores counts, not the default threads")
     ap.add_argument("--smoke", action="store_true", help="the tiny smoke case, gpuc only, 1 repeat (GPUC_SMOKE=1)")
     args = ap.parse_args(argv)
     if SMOKE and args.mode == "all":
@@ -451,8 +455,9 @@ def render(res: dict) -> str:
     extra_names = sorted({k for r in res["rows"] for k in r.get("extra", {})})
     head += [f"{n} s" for n in extra_names] + [f"{n} / gpuc cold" for n in extra_names]
     rows = []
+    none = {"cold_s": nan, "warm_s": nan}
     for r in res["rows"]:
-        g, p = r["gpuc"]["default"], r.get("peer", {}).get("default", {})
+        g, p = r["gpuc"].get("default", none), r.get("peer", {}).get("default", {})
         t = r.get("targets", {})
         cells = [
             f"{r['case']}: {r['about']}",
@@ -496,8 +501,8 @@ def render(res: dict) -> str:
             f"At an equal core count (gpuc `n_jobs=c`, the peer pinned to c threads):\n\n{md_table(head, rows)}"
         )
     if hw:
-        rows = [[r["case"], *_from_limit(r["gpuc"]["default"], hw), fmt_s(r["gpuc"]["default"]["warm_s"])]
-                for r in res["rows"]]  # fmt: skip
+        rows = [[r["case"], *_from_limit(r["gpuc"].get("default", none), hw),
+                 fmt_s(r["gpuc"].get("default", none)["warm_s"])] for r in res["rows"]]  # fmt: skip
         lines.append(
             f"Work of gpuc's call against this machine's limits, measured in the same run ({hw['gemm_gflops']:.3g} "
             f"GFLOP/s float64 GEMM, {hw['triad_gbps']:.3g} GB/s triad, all cores); 'x from limit' = warm time / "
