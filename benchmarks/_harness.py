@@ -1,12 +1,17 @@
-"""The one benchmark harness: gpuc and its peer side by side in one run, cold and warm, with the work counted.
+"""The one benchmark harness: gpuc and its peer side by side in one run, cold and warm, with the work counted; and
+the GPU scripts' shared part (``GpuScript``, ``gpu_main``: steps, timing, result files; the cold-run stage; smoke mode
+on the stand-in GPU), below under "GPU scripts".
 
-A tool script (``bench_nmf.py``, ``bench_metacells.py``, ``bench_deseq.py``) describes its cases as a :class:`Tool`:
+A CPU tool script (``bench_nmf.py``, ``bench_metacells.py``, ``bench_deseq.py``) describes its cases as a :class:`Tool`:
 ``prepare(who, case, n_jobs, threads, tmp)`` loads the data, imports ``who`` and returns the timed call (a call may
 return ``{"flops": ..., "bytes": ...}``, the work it did). :func:`main` gives every script the same command line:
 
 * ``python benchmarks/bench_X.py [--cases a,b] [--cores 1] [--repeats 3] ...`` runs each case side by side (below)
   and writes ``results/cpu_X.json`` and ``results/cpu_X.md``;
-* ``python benchmarks/bench_X.py one WHO CASE ...`` is the fresh process the driver spawns (prints one JSON line).
+* ``python benchmarks/bench_X.py one WHO CASE ...`` is the fresh process the driver spawns (prints one JSON line);
+* ``--cores 1,4,16 --skip-peers --no-default`` is gpuc's CPU thread scaling (the GPU check's CPU stages), ``--budget``
+  starts no process past that many seconds per case, ``--no-fill`` skips the cache-filling processes, ``--smoke``
+  runs the tool's tiny smoke case only.
 
 Per case, every configuration runs in **fresh processes** that import the tool and load the data before the clock
 starts (only the tool call is timed):
