@@ -1,12 +1,17 @@
-"""The one benchmark harness: gpuc and its peer side by side in one run, cold and warm, with the work counted.
+"""The one benchmark harness: gpuc and its peer side by side in one run, cold and warm, with the work counted; and
+the GPU scripts' shared part (``GpuScript``, ``gpu_main``: steps, timing, result files; the cold-run stage; smoke mode
+on the stand-in GPU), below under "GPU scripts".
 
-A tool script (``bench_nmf.py``, ``bench_metacells.py``, ``bench_deseq.py``) describes its cases as a :class:`Tool`:
+A CPU tool script (``bench_nmf.py``, ``bench_metacells.py``, ``bench_deseq.py``) describes its cases as a :class:`Tool`:
 ``prepare(who, case, n_jobs, threads, tmp)`` loads the data, imports ``who`` and returns the timed call (a call may
 return ``{"flops": ..., "bytes": ...}``, the work it did). :func:`main` gives every script the same command line:
 
 * ``python benchmarks/bench_X.py [--cases a,b] [--cores 1] [--repeats 3] ...`` runs each case side by side (below)
   and writes ``results/cpu_X.json`` and ``results/cpu_X.md``;
-* ``python benchmarks/bench_X.py one WHO CASE ...`` is the fresh process the driver spawns (prints one JSON line).
+* ``python benchmarks/bench_X.py one WHO CASE ...`` is the fresh process the driver spawns (prints one JSON line);
+* ``--cores 1,4,16 --skip-peers --no-default`` is gpuc's CPU thread scaling (the GPU check's CPU stages), ``--budget``
+  starts no process past that many seconds per case, ``--no-fill`` skips the cache-filling processes, ``--smoke``
+  runs the tool's tiny smoke case only.
 
 Per case, every configuration runs in **fresh processes** that import the tool and load the data before the clock
 starts (only the tool call is timed):
@@ -32,6 +37,7 @@ the larger of flops / peak FLOP/s and bytes / peak bytes/s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -41,10 +47,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Smoke mode (``--smoke`` on a script's command line, or GPUC_SMOKE=1): the GPU scripts run end to end on tiny data on
+# gpuc's stand-in GPU (gpuc._testing.standin). Its custom kernels would run under numba-cuda's CUDA simulator, one
+# Python thread per CUDA thread (a minute for one small DESeq2 fit); without it the tools take their batched array
+# path, which is what a smoke run needs to exercise the scripts. GPUC_SMOKE_KERNELS=1 switches the simulator on,
+# which must happen before numba is imported, hence here, at the top of the module every script imports first.
+SMOKE = os.environ.get("GPUC_SMOKE") == "1" or "--smoke" in sys.argv
+if SMOKE:
+    os.environ["GPUC_SMOKE"] = "1"  # the fresh processes a script spawns inherit it
+    if os.environ.get("GPUC_SMOKE_KERNELS") == "1":
+        os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -193,6 +211,7 @@ class Tool:
     targets: dict[str, dict[str, float]] = field(default_factory=dict)
     extra: Callable[[str, str], dict[str, float]] | None = None
     peer_fill: bool = True
+    smoke_case: str | None = None  # the tiny case ``--smoke`` runs (gpuc only, one core count)
 
 
 def one(tool: Tool, who: str, case: str, n_jobs: int | None, threads: int | None, warm_calls: int) -> dict:
@@ -224,6 +243,13 @@ def spawn(script: str, who: str, case: str, *, n_jobs: int | None = None, thread
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _configs(row: dict, runs: dict[tuple[str, str], list[dict]], skip_peers: bool) -> None:
+    """The medians of every configuration's processes so far, into ``row``."""
+    row["gpuc"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who == "gpuc"}
+    if not skip_peers:
+        row["peer"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who != "gpuc"}
+
+
 def _config(runs: list[dict]) -> dict:
     ok = [r for r in runs if "error" not in r]
     res = {
@@ -241,11 +267,16 @@ def _config(runs: list[dict]) -> dict:
     return res
 
 
-def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace) -> dict:
-    """Every configuration of one case (see the module's docstring); one result row."""
-    cores_ = [int(c) for c in args.cores.split(",") if c]
+def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace,
+                 progress: Callable[[dict], None] | None = None) -> dict:  # fmt: skip
+    """Every configuration of one case (see the module's docstring); one result row. ``progress(row)`` is called
+    with the row so far after every process (a run cut off by a time limit keeps what it measured)."""
+    cores_ = core_counts(args.cores)
     row: dict = {"case": case, "about": tool.cases.get(case, case), "load_before": loadavg()}
-    if args.compile:
+    t_start = time.perf_counter()
+    if args.no_fill:  # the caches are filled already (gpu_check.sh's cold stage)
+        pass
+    elif args.compile:
         with tempfile.TemporaryDirectory() as cache:
             env = thread_env(None) | {"NUMBA_CACHE_DIR": cache}
             row["compile_s"] = spawn(script, "gpuc", case, env=env, timeout=args.timeout).get("first")
@@ -255,29 +286,50 @@ def side_by_side(tool: Tool, script: str, case: str, args: argparse.Namespace) -
         spawn(script, tool.peer, case, timeout=args.timeout)
     # the configurations' processes in rounds (gpuc default, peer default, gpuc c, peer c, ...), so that gpuc and the
     # peer meet the same load on a shared machine; a configuration with fewer repeats drops out of the later rounds
-    jobs = [("gpuc", "default", {"n_jobs": None, "warm_calls": args.warm_calls}, args.repeats)]
-    if not args.skip_peers:
-        jobs.append((tool.peer, "default", {"threads": None, "warm_calls": args.peer_warm_calls}, args.peer_repeats))
+    jobs = []
+    if not args.no_default:
+        jobs.append(("gpuc", "default", {"n_jobs": None, "warm_calls": args.warm_calls}, args.repeats))
+        if not args.skip_peers:
+            peer = {"threads": None, "warm_calls": args.peer_warm_calls}
+            jobs.append((tool.peer, "default", peer, args.peer_repeats))
     for c in cores_:
         jobs.append(("gpuc", str(c), {"n_jobs": c, "warm_calls": args.warm_calls}, args.repeats))
         if not args.skip_peers:
             jobs.append((tool.peer, str(c), {"threads": c, "warm_calls": args.peer_warm_calls}, args.peer_repeats))
     runs: dict[tuple[str, str], list[dict]] = {(who, cfg): [] for who, cfg, _, _ in jobs}
+    skipped = []
     for i in range(max(n for *_, n in jobs)):
         for who, cfg, kw, n in jobs:
-            if i < n:
-                runs[who, cfg].append(spawn(script, who, case, timeout=args.timeout, **kw))
-    row["gpuc"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who == "gpuc"}
-    if not args.skip_peers:
-        row["peer"] = {cfg: _config(r) for (who, cfg), r in runs.items() if who != "gpuc"}
-        if tool.extra is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                row["extra"] = tool.extra(case, tmp)
+            if i >= n:
+                continue
+            if args.budget and time.perf_counter() - t_start > args.budget:  # --budget: no process starts past it
+                skipped.append(f"{who} {cfg} #{i + 1}")
+                continue
+            runs[who, cfg].append(spawn(script, who, case, timeout=args.timeout, **kw))
+            _configs(row, runs, args.skip_peers)
+            if progress is not None:
+                progress(row | {"load_after": loadavg(), "partial": True})
+    if skipped:
+        row["budget_skipped"] = skipped
+    _configs(row, runs, args.skip_peers)
+    if not args.skip_peers and tool.extra is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            row["extra"] = tool.extra(case, tmp)
     row["load_after"] = loadavg()
     if case in tool.targets:
         row["targets"] = tool.targets[case]
     print(json.dumps(row), flush=True)
     return row
+
+
+def core_counts(spec: str, available: int | None = None) -> list[int]:
+    """The core counts of ``--cores`` that this machine has (those above its available cores are dropped)."""
+    available = available or cores()
+    wanted = [int(c) for c in spec.split(",") if c]
+    dropped = [c for c in wanted if c > available]
+    if dropped:
+        print(f"--cores {dropped}: more than the {available} cores available, left out", file=sys.stderr)
+    return [c for c in wanted if c <= available]
 
 
 def result_path(tool: Tool, out: str | Path | None = None) -> Path:
@@ -311,7 +363,13 @@ def main(tool: Tool, script: str, argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--threads", type=int, default=None, help="one: the peer's pinned threads (default: its own)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per process")
     ap.add_argument("--out", default=str(RESULTS), help="folder of the result files")
+    ap.add_argument("--no-fill", action="store_true", help="no untimed cache-filling processes (caches are full)")
+    ap.add_argument("--budget", type=float, default=0, help="seconds per case: no process starts after it")
+    ap.add_argument("--no-default", action="store_true", help="only the --cores counts, not the default threads")
+    ap.add_argument("--smoke", action="store_true", help="the tiny smoke case, gpuc only, 1 repeat (GPUC_SMOKE=1)")
     args = ap.parse_args(argv)
+    if SMOKE and args.mode == "all":
+        args.cases, args.skip_peers, args.repeats, args.warm_calls = tool.smoke_case or args.cases, True, 1, 1
     if args.mode == "one":
         print(json.dumps(one(tool, args.who, args.case, args.n_jobs, args.threads, args.warm_calls)), flush=True)
         return None
@@ -322,13 +380,20 @@ def main(tool: Tool, script: str, argv: list[str] | None = None) -> dict | None:
         "command": "python benchmarks/" + " ".join([Path(script).name, *(sys.argv[1:] if argv is None else argv)]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
-        "hardware": hardware_limits(),
-        "cores": [int(c) for c in args.cores.split(",") if c],
+        "hardware": hardware_limits(0.2 if SMOKE else 1.0),
+        "cores": core_counts(args.cores),
+        "smoke": SMOKE,
         "rows": [],
     }
+    path = result_path(tool, args.out)
     for case in args.cases.split(","):
-        payload["rows"].append(side_by_side(tool, script, case, args))
-        write_result(result_path(tool, args.out), payload)  # after each case, so a long run keeps what it has
+        done = list(payload["rows"])
+        # after every process and every case, so that a long run cut off keeps what it has
+        row = side_by_side(
+            tool, script, case, args, lambda r, done=done: write_result(path, payload | {"rows": [*done, r]})
+        )
+        payload["rows"].append(row)
+        write_result(path, payload)
     print(render(payload))
     return payload
 
@@ -395,8 +460,9 @@ def render(res: dict) -> str:
     extra_names = sorted({k for r in res["rows"] for k in r.get("extra", {})})
     head += [f"{n} s" for n in extra_names] + [f"{n} / gpuc cold" for n in extra_names]
     rows = []
+    none = {"cold_s": nan, "warm_s": nan}
     for r in res["rows"]:
-        g, p = r["gpuc"]["default"], r.get("peer", {}).get("default", {})
+        g, p = r["gpuc"].get("default", none), r.get("peer", {}).get("default", {})
         t = r.get("targets", {})
         cells = [
             f"{r['case']}: {r['about']}",
@@ -440,8 +506,8 @@ def render(res: dict) -> str:
             f"At an equal core count (gpuc `n_jobs=c`, the peer pinned to c threads):\n\n{md_table(head, rows)}"
         )
     if hw:
-        rows = [[r["case"], *_from_limit(r["gpuc"]["default"], hw), fmt_s(r["gpuc"]["default"]["warm_s"])]
-                for r in res["rows"]]  # fmt: skip
+        rows = [[r["case"], *_from_limit(r["gpuc"].get("default", none), hw),
+                 fmt_s(r["gpuc"].get("default", none)["warm_s"])] for r in res["rows"]]  # fmt: skip
         lines.append(
             f"Work of gpuc's call against this machine's limits, measured in the same run ({hw['gemm_gflops']:.3g} "
             f"GFLOP/s float64 GEMM, {hw['triad_gbps']:.3g} GB/s triad, all cores); 'x from limit' = warm time / "
@@ -449,3 +515,425 @@ def render(res: dict) -> str:
             + md_table(["case", "work (counted)", "x from limit", "gpuc warm s"], rows)
         )
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- GPU scripts
+# A GPU script (gpu_deseq.py, gpu_nmf.py, gpu_metacells.py, gpu_rsc.py, gpu_dask.py) describes itself as a
+# :class:`GpuScript`: its steps (each fills the shared report), how the report renders and when it passes, and, for
+# the cold-run mode, the calls that fill the kernel caches and the calls a fresh process times. :func:`gpu_main`
+# gives every script the same command line:
+#
+# * ``python benchmarks/gpu_X.py [--smoke] [options]`` runs the steps, writing ``$OUT/<name>.json`` and ``.md``
+#   after each (a stage cut off by its time limit keeps what it has); exit status 1 on an error or a failed check;
+# * ``python benchmarks/gpu_X.py fill DEVICE FILE`` / ``measure FILE``: the fresh processes of the cold-run mode,
+#   which ``python benchmarks/_harness.py cold`` drives for every tool (see :func:`cold_stage`).
+def out_dir() -> Path:
+    """Where the GPU scripts write: ``$OUT`` (gpu_check.sh sets it), else ``gpu_results/`` in the checkout."""
+    out = Path(os.environ.get("OUT", ROOT / "gpu_results"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def log(*a: object) -> None:
+    """Print and flush (a stage's log is read while it runs)."""
+    print(*a, flush=True)
+
+
+def device_context() -> contextlib.AbstractContextManager:
+    """The stand-in GPU in smoke mode (``device="gpu"`` resolves to it), else nothing."""
+    if SMOKE:
+        from gpuc._testing.standin import use_standin
+
+        return use_standin()
+    return contextlib.nullcontext()
+
+
+def device_info(standin: bool = True) -> dict:
+    """The GPU's name and CuPy's version (the stand-in in smoke mode; the error where no GPU is usable)."""
+    if SMOKE and not standin:
+        return {"device": "CPU (smoke mode)", "cupy": "none"}
+    if SMOKE:
+        return {"device": "stand-in GPU (gpuc._testing.standin, smoke mode)", "cupy": "none"}
+    try:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return {"device": name, "cupy": cupy.__version__}
+    except Exception as err:  # reported in the result: the script's steps then fail and say why
+        return {"device": f"no usable GPU: {type(err).__name__}: {err}"[:300], "cupy": None}
+
+
+def sync(dev: str = "gpu") -> None:
+    """Wait for the device (nothing for the CPU)."""
+    if dev != "cpu":
+        from gpuc._backend import get_backend
+
+        get_backend("gpu").synchronize()
+
+
+def timed(fn: Callable[..., object], repeats: int = 3, dev: str = "gpu", long_s: float = float("inf"),
+          setup: Callable[[], object] | None = None) -> dict:  # fmt: skip
+    """``repeats`` calls of ``fn`` (the device synchronised around each): ``{"s": median, "all": [...], "out": last}``.
+    With ``setup``, each call is ``fn(setup())``, ``setup`` outside the clock (e.g. a copy of the input). In smoke
+    mode at most 2 calls.
+
+    A first call longer than ``long_s`` is not repeated (a stage has a time limit; such a time is far from any target).
+    """
+    times: list[float] = []
+    out = None
+    for _ in range(min(repeats, 2) if SMOKE else repeats):
+        if times and times[0] > long_s:
+            break
+        args = () if setup is None else (setup(),)
+        sync(dev)
+        t = time.perf_counter()
+        out = fn(*args)
+        sync(dev)
+        times.append(time.perf_counter() - t)
+    return {"s": median(times), "all": times, "out": out}
+
+
+def rel_diff(a: object, b: object) -> float:
+    """The largest relative difference of ``a`` from ``b`` where ``b`` is finite and non-zero; inf when the NaN
+    patterns differ."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not np.array_equal(np.isnan(a), np.isnan(b)):
+        return float("inf")
+    ok = np.isfinite(b) & (np.abs(b) > 1e-300)
+    return float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok]))) if ok.any() else 0.0
+
+
+def write_gpu_result(path: Path, report: dict, render: Callable[[dict], str]) -> None:
+    """A GPU script's result JSON and, beside it, its markdown."""
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    path.with_suffix(".md").write_text(render(report))
+
+
+@dataclass
+class GpuScript:
+    """One GPU script: ``name`` (its result file stem, e.g. ``deseq_gpu``), ``steps(report, args)`` in order,
+    ``render(report)`` (markdown), ``ok(report)`` (the checks passed), ``options(parser)`` (its own options).
+
+    Cold-run mode: ``fill(dev, call)`` makes every call the later stages make, on tiny data, through
+    ``call(name, fn)`` (so that a fresh machine compiles its kernels once, into the on-disk caches); ``cold()``
+    returns ``[(name, size, prepare)]``, where ``prepare()`` builds the data and returns the call a fresh process
+    times (first call against warm calls).
+    """
+
+    name: str
+    steps: list[Callable[[dict, argparse.Namespace], None]]
+    render: Callable[[dict], str]
+    ok: Callable[[dict], bool] = lambda report: True
+    options: Callable[[argparse.ArgumentParser], None] | None = None
+    fill: Callable[[str, Callable[[str, Callable[[], object]], None]], None] | None = None
+    cold: Callable[[], list[tuple[str, str, Callable[[], Callable[[], object]]]]] | None = None
+    standin: bool = True  # smoke mode: run the steps on the stand-in GPU
+
+
+def gpu_main(script: GpuScript, file: str, argv: list[str] | None = None) -> int:
+    """The command line every GPU script shares (see above)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fill"]:
+        return cold_fill(script, argv[1], Path(argv[2]))
+    if argv[:1] == ["measure"]:
+        return cold_measure(script, Path(argv[1]))
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help="tiny data on the stand-in GPU (also GPUC_SMOKE=1)")
+    if script.options is not None:
+        script.options(ap)
+    args = ap.parse_args(argv)
+    report: dict = {
+        "kind": "gpu",
+        "script": Path(file).name,
+        **device_info(script.standin),
+        "smoke": SMOKE,
+        "command": " ".join(["python benchmarks/" + Path(file).name, *argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "errors": [],
+        "step_seconds": {},
+    }
+    path = out_dir() / f"{script.name}.json"
+    write_gpu_result(path, report, script.render)  # a stage cut off before its first step still leaves its file
+    import gpuc
+
+    gpuc.settings.progress = False
+    with device_context() if script.standin else contextlib.nullcontext():
+        for step in script.steps:
+            t0 = time.perf_counter()
+            try:
+                step(report, args)
+            except Exception as err:  # recorded; the next step still runs
+                report["errors"].append(f"{step.__name__}: {type(err).__name__}: {err}"[:500])
+                traceback.print_exc()
+            report["step_seconds"][step.__name__] = round(time.perf_counter() - t0, 3)
+            write_gpu_result(path, report, script.render)
+    log(script.render(report))
+    return 0 if not report["errors"] and script.ok(report) else 1
+
+
+# ---- the cold-run mode: fill the kernel caches, then time a fresh process's first call against its warm calls
+# A fresh device machine has no compiled kernels: CuPy compiles every elementwise/reduction kernel (NVRTC) on first
+# use, numba-cuda every ``@cuda.jit`` kernel, numba every CPU kernel. ``cold_stage`` runs every tool's ``fill`` on
+# the GPU and on the CPU, each (tool, device) in its own process, all at once (compilation is single-threaded per
+# process), so that CuPy's on-disk cache (CUPY_CACHE_DIR) and numba's (NUMBA_CACHE_DIR, which numba-cuda's
+# cache=True kernels use too) hold every kernel; then, per tool, a fresh process times each ``cold`` case's first
+# call (which should load its kernels from the caches) and two warm calls, and counts the cache files the first call
+# added. The target: the first call within 1 s of the warm call. Imports and the CUDA context (a first CuPy
+# operation) are timed apart, not charged to a tool.
+COLD_TOOLS = ("deseq", "nmf", "metacells")
+COLD_TARGET_S = 1.0
+CACHE_ROOT = HERE / "_work" / "gpu_cache"  # benchmarks/_work/ is git-ignored
+
+
+def cache_census() -> dict[str, int]:
+    """Files in the two kernel caches: CuPy's (one per compiled kernel) and numba's ``.nbc`` (one per overload)."""
+    out = {}
+    for name, var, pattern in (("cupy", "CUPY_CACHE_DIR", "*"), ("numba", "NUMBA_CACHE_DIR", "*.nbc")):
+        d = Path(os.environ.get(var, CACHE_ROOT / name))
+        out[name] = sum(1 for p in d.rglob(pattern) if p.is_file()) if d.is_dir() else 0
+    return out
+
+
+def cold_fill(script: GpuScript, dev: str, out: Path) -> int:
+    """One fill process: ``script.fill`` on ``dev``; each call's seconds (or its error) go to the JSON file ``out``."""
+    import gpuc
+
+    gpuc.settings.progress = False
+    calls: dict = {}
+
+    def call(name: str, fn: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn()
+            sync(dev)
+            calls[name] = round(time.perf_counter() - t0, 3)
+        except Exception as err:  # recorded; the fill goes on
+            calls[name] = f"error after {time.perf_counter() - t0:.1f} s: {type(err).__name__}: {err}"[:300]
+            traceback.print_exc()
+        log(f"  {name}: {calls[name]}")
+        out.write_text(json.dumps(calls))
+
+    t0 = time.perf_counter()
+    with device_context():
+        try:
+            script.fill(dev, call)
+        except Exception as err:  # outside a recorded call (data, device set-up)
+            calls["set-up"] = f"error: {type(err).__name__}: {err}"[:300]
+            traceback.print_exc()
+    out.write_text(json.dumps({"seconds": round(time.perf_counter() - t0, 2), "calls": calls}))
+    return 0
+
+
+def cold_measure(script: GpuScript, out: Path, t_start: float | None = None) -> int:
+    """The measuring process: each ``script.cold`` case's first call and two warm calls, and what the first compiled."""
+    import anndata  # noqa: F401
+
+    import gpuc
+
+    # imports (from this module's, the script's first): not charged to a tool
+    res: dict = {"import_s": round(time.perf_counter() - (t_start or _T_IMPORT), 3), "tools": {}}
+    gpuc.settings.progress = False
+    with device_context():
+        t0 = time.perf_counter()
+        if not SMOKE:
+            import cupy
+
+            cupy.zeros(1).sum().item()  # the CUDA context; cuBLAS, cuSPARSE... are created by the tools themselves
+        res["cuda_context_s"] = round(time.perf_counter() - t0, 3)
+        for name, size, prepare in script.cold():
+            r: dict = {"size": size}
+            res["tools"][name] = r
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    t0 = time.perf_counter()
+                    call = prepare()
+                    r["prepare_s"] = round(time.perf_counter() - t0, 3)
+                    before = cache_census()
+                    first = timed(call, 1)
+                    after = cache_census()
+                    warm = timed(call, 2)
+                r["first_s"], r["warm_all_s"], r["warm_s"] = first["s"], warm["all"], warm["s"]
+                r["compiled_during_first"] = {k: after[k] - before[k] for k in after}
+                r["first_minus_warm_s"] = r["first_s"] - r["warm_s"]
+                r["within_1s"] = r["first_minus_warm_s"] <= COLD_TARGET_S
+            except Exception as err:
+                r["error"] = f"{type(err).__name__}: {err}"[:300]
+                traceback.print_exc()
+            log(name, r)
+            out.write_text(json.dumps(res))
+    out.write_text(json.dumps(res))
+    return 0
+
+
+_T_IMPORT = time.perf_counter()  # a measuring process's clock starts at this module's import (its first import)
+
+
+def _wait(p: subprocess.Popen, deadline: float) -> int | str:
+    try:
+        return p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        return "timed out"
+
+
+def _limit(var: str, share: float, default: float) -> float:
+    """Seconds for one phase: ``var`` when set, else ``share`` of the stage's limit (``GPUC_STAGE_SECONDS``, which
+    gpu_check.sh sets), else ``default``."""
+    if os.environ.get(var):
+        return float(os.environ[var])
+    if os.environ.get("GPUC_STAGE_SECONDS"):
+        return share * float(os.environ["GPUC_STAGE_SECONDS"])
+    return default
+
+
+def render_cold(rep: dict) -> str:
+    """The markdown of the cold stage's ``warmup.json``."""
+    fill = rep.get("fill", {})
+    fill_rows = [
+        [task, t.get("seconds", ""), t.get("rc", ""),
+         "; ".join(f"{k}: {v}" for k, v in t.get("calls", {}).items() if isinstance(v, str))[:300]]
+        for task, t in fill.get("tasks", {}).items()
+    ]  # fmt: skip
+    lines = [
+        f"Kernel caches and a fresh process's first call ({rep.get('device', '?')}).",
+        "",
+        f"Fill ({fill.get('mode', '?')}): {fill.get('seconds', float('nan')):.1f} s; caches after it: "
+        f"{rep.get('caches_after_fill')}; after the measuring processes: {rep.get('caches_after_measure')}.",
+        "",
+        md_table(["fill task", "seconds", "exit", "errors"], fill_rows),
+    ]
+    m = rep.get("measure", {})
+    procs = "; ".join(
+        f"{t}: imports {p.get('import_s', '?')} s, CUDA context {p.get('cuda_context_s', '?')} s, exit {p.get('rc')}"
+        for t, p in m.get("processes", {}).items()
+    )
+    lines += [f"Measuring processes (one per tool; imports and CUDA context not charged to a tool): {procs}. Target: "
+              f"first call within {COLD_TARGET_S:.0f} s of the warm call.", ""]  # fmt: skip
+    rows = []
+    for name, r in m.get("tools", {}).items():
+        if "warm_s" not in r:
+            rows.append([name, r.get("size", ""), "", "", "", "", f"error: {r.get('error', 'did not finish')}"])
+            continue
+        rows.append([name, r["size"], f"{r['first_s']:.3f}", f"{r['warm_s']:.3f}", f"{r['first_minus_warm_s']:+.3f}",
+                     "yes" if r["within_1s"] else "NO", r["compiled_during_first"]])  # fmt: skip
+    head = ["tool", "size", "first call s", "warm s", "first - warm s", "within 1 s", "compiled during the first call"]
+    lines += [md_table(head, rows), f"all within 1 s: {rep.get('all_within_1s')}"]
+    return "\n".join(lines) + "\n"
+
+
+def cold_stage(tools: tuple[str, ...] = COLD_TOOLS) -> int:
+    """The cold-run stage (see above): fill every tool's kernels on both devices at once, then one fresh measuring
+    process per tool. Writes ``$OUT/warmup.json`` and ``.md``. Limits: ``GPUC_WARMUP_FILL_SECONDS`` (default 62% of
+    ``GPUC_STAGE_SECONDS``, else 90) and ``GPUC_WARMUP_MEASURE_SECONDS`` (all measuring processes; 30%, else 60)."""
+    out = out_dir()
+    for var, sub in (("CUPY_CACHE_DIR", "cupy"), ("NUMBA_CACHE_DIR", "numba")):
+        os.environ.setdefault(var, str(CACHE_ROOT / sub))
+        Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
+    rep: dict = {"kind": "gpu_cold", **device_info(), "smoke": SMOKE, "caches_before": cache_census(),
+                 "cache_dirs": {v: os.environ[v] for v in ("CUPY_CACHE_DIR", "NUMBA_CACHE_DIR")},
+                 "target": f"a second process's first call within {COLD_TARGET_S:.0f} s of its warm call"}  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="gpuc_cold_"))
+    devices = ("gpu",) if SMOKE else ("gpu", "cpu")  # the stand-in's CPU kernels are the CPU's: filled once
+    t0 = time.perf_counter()
+    deadline = t0 + _limit("GPUC_WARMUP_FILL_SECONDS", 0.62, 90.0)
+    procs = []
+    for tool in tools:
+        for dev in devices:
+            task = f"{tool}:{dev}"
+            fh = open(tmp / f"{tool}_{dev}.log", "w")  # closed once the process ends
+            cmd = [sys.executable, str(HERE / f"gpu_{tool}.py"), "fill", dev, str(tmp / f"{tool}_{dev}.json")]
+            procs.append((task, subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), fh))
+    tasks: dict = {}
+    for task, p, fh in procs:
+        rc = _wait(p, deadline)
+        fh.close()
+        stem = tmp / task.replace(":", "_")
+        got = json.loads(stem.with_suffix(".json").read_text()) if stem.with_suffix(".json").exists() else {}
+        tasks[task] = {"calls": got} if "calls" not in got else got
+        tasks[task]["rc"] = rc
+        log(f"--- fill {task} (exit {rc})\n{stem.with_suffix('.log').read_text()[-3000:]}")
+    rep["fill"] = {"mode": "one process per tool and device, concurrently", "seconds": time.perf_counter() - t0,
+                   "tasks": tasks}  # fmt: skip
+    rep["caches_after_fill"] = cache_census()
+    write_gpu_result(out / "warmup.json", rep, render_cold)
+
+    deadline = time.perf_counter() + _limit("GPUC_WARMUP_MEASURE_SECONDS", 0.3, 60.0)
+    m: dict = {"processes": {}, "tools": {}}
+    rc_all = 0
+    for tool in tools:
+        f, lg = tmp / f"measure_{tool}.json", tmp / f"measure_{tool}.log"
+        t1 = time.perf_counter()
+        with open(lg, "w") as fh:
+            p = subprocess.Popen([sys.executable, str(HERE / f"gpu_{tool}.py"), "measure", str(f)],
+                                 stdout=fh, stderr=subprocess.STDOUT)  # fmt: skip
+            rc = _wait(p, deadline)
+        got = json.loads(f.read_text()) if f.exists() else {"tools": {}}
+        m["tools"].update(got.pop("tools"))
+        m["processes"][tool] = {**got, "rc": rc, "seconds": round(time.perf_counter() - t1, 2)}
+        rc_all = rc_all or (rc != 0)
+        log(f"--- measure {tool} (exit {rc})\n{lg.read_text()[-3000:]}")
+    rep["measure"] = m
+    rep["caches_after_measure"] = cache_census()
+    done = [r for r in m["tools"].values() if "within_1s" in r]
+    rep["all_within_1s"] = bool(done) and len(done) == len(m["tools"]) and all(r["within_1s"] for r in done)
+    write_gpu_result(out / "warmup.json", rep, render_cold)
+    log(render_cold(rep))
+    fill_ok = all(t["rc"] == 0 and not any(isinstance(v, str) for v in t["calls"].values()) for t in tasks.values())
+    return 0 if fill_ok and not rc_all else 1
+
+
+GPU_SCRIPTS = ("deseq", "nmf", "metacells", "rsc", "dask")
+
+
+def smoke_all(scripts: tuple[str, ...] = GPU_SCRIPTS) -> int:
+    """Every GPU script's smoke mode in this one process (imports paid once), then each tool's cold-run measurement
+    (in this process, not a fresh one: it exercises the code; the fill is left out) and the run's summary
+    (``gpu_summary.py``), all under ``$OUT``. Exit status 1 when a script fails. ``GPUC_SMOKE=1 bash
+    benchmarks/gpu_check.sh`` runs the whole check instead, stage by stage in fresh processes (a few minutes)."""
+    import importlib
+
+    assert SMOKE, "smoke_all runs in smoke mode only (--smoke or GPUC_SMOKE=1)"
+    sys.path.insert(0, str(HERE))
+    out, rcs = out_dir(), {}
+    for name in scripts:
+        mod = importlib.import_module(f"gpu_{name}")
+        rcs[name] = gpu_main(mod.SCRIPT, mod.__file__, ["--smoke"])
+    rep: dict = {"kind": "gpu_cold", **device_info(), "smoke": True, "fill": {"mode": "left out (in-process smoke)"},
+                 "measure": {"processes": {}, "tools": {}}}  # fmt: skip
+    for name in (t for t in COLD_TOOLS if t in scripts):
+        f = out / f"_measure_{name}.json"
+        cold_measure(importlib.import_module(f"gpu_{name}").SCRIPT, f, time.perf_counter())
+        got = json.loads(f.read_text())
+        f.unlink()
+        rep["measure"]["tools"].update(got.pop("tools"))
+        rep["measure"]["processes"][name] = {**got, "rc": 0}
+    done = [r for r in rep["measure"]["tools"].values() if "within_1s" in r]
+    rep["all_within_1s"] = bool(done) and all(r["within_1s"] for r in done)
+    write_gpu_result(out / "warmup.json", rep, render_cold)
+    import gpu_summary
+
+    gpu_summary.OUT = out
+    gpu_summary.main()
+    log("smoke:", rcs)
+    return int(any(rcs.values()))
+
+
+if __name__ == "__main__":
+    # python benchmarks/_harness.py cold [--smoke] [--tools deseq,nmf,metacells]: the cold-run stage
+    # python benchmarks/_harness.py smoke [--tools ...]: every GPU script's smoke mode in one process (smoke_all)
+    _ap = argparse.ArgumentParser(description="The GPU check's cold-run stage (cold_stage) or smoke run (smoke_all).")
+    _ap.add_argument("mode", choices=["cold", "smoke"])
+    _ap.add_argument("--tools", default=None, help="cold: deseq,nmf,metacells; smoke: deseq,nmf,metacells,rsc,dask")
+    _ap.add_argument("--smoke", action="store_true")
+    _args = _ap.parse_args()
+    if _args.mode == "smoke":
+        sys.exit(smoke_all(tuple((_args.tools or ",".join(GPU_SCRIPTS)).split(","))))
+    sys.exit(cold_stage(tuple((_args.tools or ",".join(COLD_TOOLS)).split(","))))

@@ -24,7 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness
 
-CASES = {"100x10000": "100 samples x 10,000 genes", "200x20000": "200 samples x 20,000 genes"}
+CASES = {
+    "100x10000": "100 samples x 10,000 genes",
+    "200x20000": "200 samples x 20,000 genes",
+    "500x30000": "500 samples x 30,000 genes (the GPU check's CPU scaling)",
+}
 
 
 def data(case: str):
@@ -99,6 +103,7 @@ TOOL = _harness.Tool(
     default_cases=("100x10000",),
     extra=r_deseq,
     peer_fill=False,  # PyDESeq2 compiles nothing: no cache to fill
+    smoke_case="12x300",
 )
 
 if __name__ == "__main__":

@@ -129,26 +129,24 @@ class Worker:
         )
         self.info: dict = {}
 
-    def ready(self) -> dict:
+    def _reply(self, what: str) -> object:
+        """The worker's next marked JSON line (its other output is passed over)."""
         while True:
             line = self.proc.stdout.readline()
             if not line:
-                msg = "worker ended before it was ready"
+                msg = f"worker ended {what}"
                 raise RuntimeError(msg)
             if line.startswith(MARK):
-                self.info = json.loads(line[len(MARK) :])
-                return self.info
+                return json.loads(line[len(MARK) :])
+
+    def ready(self) -> dict:
+        self.info = self._reply("before it was ready")
+        return self.info
 
     def calls(self, n_jobs: int | None, n: int) -> list[dict]:
         self.proc.stdin.write(json.dumps({"n_jobs": n_jobs, "calls": n}) + "\n")
         self.proc.stdin.flush()
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                msg = "worker ended"
-                raise RuntimeError(msg)
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK) :])
+        return self._reply("during the calls")
 
     def close(self) -> None:
         if self.proc.poll() is None:

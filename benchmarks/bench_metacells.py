@@ -113,7 +113,14 @@ def prepare(who: str, case: str, n_jobs: int | None, threads: int | None, tmp: s
     return run
 
 
-TOOL = _harness.Tool(name="metacells", peer="seacells", cases=CASES, prepare=prepare, default_cases=("pbmc68k",))
+TOOL = _harness.Tool(
+    name="metacells",
+    peer="seacells",
+    cases=CASES,
+    prepare=prepare,
+    default_cases=("pbmc68k",),
+    smoke_case="manifold300",
+)
 
 if __name__ == "__main__":
     _harness.main(TOOL, __file__)

@@ -5,7 +5,8 @@ threshold 0.5):
 
 * ``small``: k=7 x 20 runs on the 700 x 500 cNMF fixture (``tests/data/nmf``, integer counts). Issue 32's target:
   gpuc >= 10x cNMF warm and >= 4x cold, at cNMF's default threads.
-* ``k7``: k=7 x 20 runs on a 6,881 x 2,000 CD34-sized matrix built from pbmc3k cells (``_nmf_data.cd34_sized``).
+* ``k7``: k=7 x 20 runs on a 6,881 x 2,000 CD34-sized matrix built from pbmc3k cells (``_nmf_data.cd34_sized``);
+  ``cd34_MxG``: the same recipe at M x G (``--smoke`` runs ``cd34_300x200``).
 
 cNMF: prepare + factorize (one worker, its default BLAS threads) + combine + consensus (no figure). gpuc's call
 counts its work from the iterations each restart used: per restart and iteration, the two sparse products
@@ -38,6 +39,8 @@ def matrix(case: str):
         return sp.csr_matrix((z["data"].astype(np.float32), z["indices"], z["indptr"]), shape=tuple(z["shape"]))
     from _nmf_data import cd34_sized
 
+    if case.startswith("cd34_"):  # cd34_MxG: an M x G CD34-like matrix (smoke: cd34_300x200)
+        return cd34_sized(*(int(v) for v in case.removeprefix("cd34_").split("x")))
     return cd34_sized()
 
 
@@ -95,6 +98,7 @@ TOOL = _harness.Tool(
     prepare=prepare,
     default_cases=("small",),
     targets={"small": {"cold": 4, "warm": 10}},
+    smoke_case="cd34_300x200",
 )
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Prepared GPU check for gpuc.tl.metacells: GPU = CPU parity on the same kernel, then timings at 7k / 50k / 200k.
+"""GPU check for gpuc.tl.metacells: GPU = CPU parity on the same kernel, then timings at 7k / 50k / 200k
+(``_harness.gpu_main``).
 
 Parity (exit status 1 when one fails): the SEACells reference trajectory on pbmc68k (RSS to 1e-10, labels equal);
 the 6,881-cell, k = 92 fit from a random A0 on both devices (RSS trajectory to 1e-8, labels agreeing for 99.9% of
@@ -9,8 +10,10 @@ differently, the smallest gap between the two lowest gradient entries those pick
 floating-point tie-breaking; larger: the GPU computes something else).
 
 Needs only CuPy (no FAISS-GPU, no cuML): kNN falls back to exact blocked products in cupy. Writes
-``$OUT/metacells_gpu.json`` and ``$OUT/metacells_gpu.md`` (``--out`` or the ``OUT`` environment variable, default
-``benchmarks/results``). Runs in a few minutes on one H100/H200-class GPU. Exit status 1 when a parity check fails.
+``$OUT/metacells_gpu.json`` and ``$OUT/metacells_gpu.md``. Runs in a few minutes on one H100/H200-class GPU.
+Cold-run mode (``python benchmarks/_harness.py cold``): ``fill`` makes this stage's and gpu_rsc.py's metacell calls
+on tiny data; ``cold`` times a fresh process's first ``tl.metacells`` on 2,000 cells. ``--smoke``: tiny data (the
+reference trajectory's first 3 iterations, 300 cells) on the stand-in GPU.
 
     python benchmarks/gpu_metacells.py                  # parity + 7k, 50k, 200k
     python benchmarks/gpu_metacells.py --sizes 6881     # parity + one size
@@ -18,27 +21,19 @@ Needs only CuPy (no FAISS-GPU, no cuML): kNN falls back to exact blocked product
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness  # first: smoke mode must be set up before numba is imported
 import numpy as np
 import scipy.sparse as sp
+from _harness import SMOKE, log, timed
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "src"))
-
-REF = ROOT / "tests" / "data" / "metacells" / "pbmc68k_reduced_seacells033_seed0.npz"
-
-
-def _log(*a: object) -> None:
-    print(*a, flush=True)
+REF = _harness.ROOT / "tests" / "data" / "metacells" / "pbmc68k_reduced_seacells033_seed0.npz"
+N, K, ITERS = (300, 8, 2) if SMOKE else (6881, 92, 8)  # the CPU = GPU fit: cells, metacells, iterations
 
 
 def _a_gaps(kmat: sp.csr_matrix, b: sp.spmatrix, a_prev, n_steps: int) -> np.ndarray:
@@ -111,8 +106,24 @@ def identical_inputs(cpu, gpu, kh: sp.csr_matrix, arche: np.ndarray, a0, iters: 
     }
 
 
-def parity(report: dict) -> bool:
-    """Reference trajectory on the GPU, and GPU = CPU on the same 6,881-cell kernel and archetypes."""
+def warm_up(report: dict, args) -> None:
+    """The kernels compiled (or loaded from the caches the cold-run stage filled) on a tiny problem, so that the
+    parity fit's and the timings' seconds are steady-state."""
+    from _metacells_data import jittered_pcs
+
+    from gpuc._backend import get_backend
+    from gpuc.metacells import run_metacells
+
+    gpu = get_backend("gpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_metacells(gpu, gpu.asarray(jittered_pcs(600)), 8, max_iter=2, min_iter=2)
+
+
+def parity(report: dict, args) -> None:
+    """Reference trajectory on the GPU, and GPU = CPU on the same kernel and archetypes."""
+    if args.skip_parity:
+        return
     from _metacells_data import jittered_pcs
 
     from gpuc._backend import get_backend
@@ -120,67 +131,43 @@ def parity(report: dict) -> bool:
     from gpuc.metacells._solver import kernel_times
 
     cpu, gpu = get_backend("cpu"), get_backend("gpu")
-    ok = True
     z = np.load(REF)
     m = sp.csr_matrix((z["kernel_data"], z["kernel_indices"], z["kernel_indptr"]), shape=(700, 700))
-    res = fit(
-        gpu,
-        gpu.asarray(m),
-        z["archetypes"],
-        a0=gpu.asarray(z["A0"]),
-        max_iter=50,
-        min_iter=10,
-        convergence_epsilon=1e-5,
-    )
+    it = {"max_iter": 3, "min_iter": 3} if SMOKE else {"max_iter": 50, "min_iter": 10}
+    res = fit(gpu, gpu.asarray(m), z["archetypes"], a0=gpu.asarray(z["A0"]), convergence_epsilon=1e-5, **it)
     a = gpu.to_host(res.A).toarray()
-    rss_rel = (
-        float(np.max(np.abs(np.asarray(res.rss) - z["rss"]) / z["rss"]))
-        if len(res.rss) == len(z["rss"])
-        else float("inf")
-    )
+    ref_rss = z["rss"][: len(res.rss)] if SMOKE else z["rss"]  # smoke: the trajectory's first iterations
+    same_len = len(res.rss) == len(ref_rss)
+    rss_rel = float(np.max(np.abs(np.asarray(res.rss) - ref_rss) / ref_rss)) if same_len else float("inf")
     labels_ok = bool(np.array_equal(np.array([f"SEACell-{j}" for j in a.argmax(0)]), z["labels"]))
-    r = {
-        "n_iter": res.n_iter,
-        "rss_max_rel_diff": rss_rel,
-        "A_max_abs_diff": float(np.abs(a - z["A"]).max()),
-        "labels_equal": labels_ok,
-    }
-    report["parity_reference_pbmc68k"] = r
-    ok &= rss_rel <= 1e-10 and labels_ok
-    _log("reference parity (GPU vs SEACells 0.3.3 trajectory):", r)
+    report["parity_reference_pbmc68k"] = r = {"n_iter": res.n_iter, "rss_max_rel_diff": rss_rel,
+                                              "A_max_abs_diff": float(np.abs(a - z["A"]).max()),
+                                              "labels_equal": labels_ok}  # fmt: skip
+    r["ok"] = bool(rss_rel <= 1e-10 and (labels_ok or SMOKE))  # smoke: 3 iterations do not reach its labels
+    log("reference parity (GPU vs SEACells 0.3.3 trajectory):", r)
 
-    x = jittered_pcs(6881)
+    x = jittered_pcs(N)
     knn = compute_knn(cpu, x, 30)
     mh, _ = build_kernel(cpu, x, knn=knn)
     kh = sp.csr_matrix(mh @ mh.T)
-    arche = initial_archetypes(cpu, kh, knn, 92, np.random.RandomState(0))
-    a0 = np.random.RandomState(1).random((92, 6881))
+    arche = initial_archetypes(cpu, kh, knn, K, np.random.RandomState(0))
+    a0 = np.random.RandomState(1).random((K, N))
     a0 /= a0.sum(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = fit(cpu, mh, arche, a0=a0.copy(), kmat=kh, max_iter=8, min_iter=8)
-        gpu.synchronize()
-        t0 = time.perf_counter()
-        rg = fit(gpu, gpu.asarray(mh), arche, a0=gpu.asarray(a0), max_iter=8, min_iter=8)
-        gpu.synchronize()
-        tg = time.perf_counter() - t0
+        rc = fit(cpu, mh, arche, a0=a0.copy(), kmat=kh, max_iter=ITERS, min_iter=ITERS)
+        t = timed(lambda: fit(gpu, gpu.asarray(mh), arche, a0=gpu.asarray(a0), max_iter=ITERS, min_iter=ITERS), 1)
+    rg = t["out"]
     diff = float(np.max(np.abs(np.asarray(rc.rss) - np.asarray(rg.rss)) / np.asarray(rc.rss)))
     a_c, a_g = cpu.to_host(rc.A).toarray(), gpu.to_host(rg.A).toarray()
     b_c, b_g = cpu.to_host(rc.B).toarray(), gpu.to_host(rg.B).toarray()
     same_labels = float(np.mean(a_c.argmax(0) == a_g.argmax(0)))
-    r = {
-        "n": 6881,
-        "k": 92,
-        "iters": 8,
-        "rss_max_rel_diff": diff,
-        "A_max_abs_diff": float(np.abs(a_c - a_g).max()),
-        "B_max_abs_diff": float(np.abs(b_c - b_g).max()),
-        "label_agreement": same_labels,
-        "gpu_fit_s": tg,
-    }
-    report["parity_cpu_gpu_cd34like"] = r
-    ok &= diff <= 1e-8 and same_labels >= 0.999
-    _log("CPU vs GPU on the same kernel:", r)
+    report["parity_cpu_gpu_cd34like"] = r = {
+        "n": N, "k": K, "iters": ITERS, "rss_max_rel_diff": diff, "A_max_abs_diff": float(np.abs(a_c - a_g).max()),
+        "B_max_abs_diff": float(np.abs(b_c - b_g).max()), "label_agreement": same_labels, "gpu_fit_s": t["s"],
+        "ok": bool(diff <= 1e-8 and same_labels >= 0.999),
+    }  # fmt: skip
+    log("CPU vs GPU on the same kernel:", r)
     # where the trajectories part: the kernel K = M M^T on each device, the GPU fit from the CPU's K, and every
     # update of the CPU fit run on both devices from identical inputs
     kg = gpu.to_host(kernel_times(gpu, gpu.asarray(mh), gpu.asarray(mh).T)).tocsr()
@@ -192,9 +179,10 @@ def parity(report: dict) -> bool:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rk = fit(gpu, gpu.asarray(mh), arche, a0=gpu.asarray(a0), kmat=gpu.asarray(kh), max_iter=8, min_iter=8)
-        same_inputs = identical_inputs(cpu, gpu, kh, arche, a0.copy(), 8)
-    r = {
+        rk = fit(gpu, gpu.asarray(mh), arche, a0=gpu.asarray(a0), kmat=gpu.asarray(kh), max_iter=ITERS,
+                 min_iter=ITERS)  # fmt: skip
+        same_inputs = identical_inputs(cpu, gpu, kh, arche, a0.copy(), ITERS)
+    report["parity_cpu_gpu_identical_inputs"] = r = {
         "K_same_pattern": same_pattern,
         "K_max_rel_diff": float(abs(kg - ks).max() / abs(ks).max()) if same_pattern else None,
         "K_gpu_symmetric_exactly": bool((kg != kg.T).nnz == 0),
@@ -203,104 +191,134 @@ def parity(report: dict) -> bool:
             np.max(np.abs(np.asarray(rc.rss) - np.asarray(rk.rss)) / np.asarray(rc.rss))
         ),
         **same_inputs,
+        "ok": same_inputs["all_picks_equal"],
     }
-    report["parity_cpu_gpu_identical_inputs"] = r
-    ok &= same_inputs["all_picks_equal"]
-    _log("CPU vs GPU from identical inputs:", json.dumps(r, default=float))
-    return ok
+    log("CPU vs GPU from identical inputs:", json.dumps(r, default=float))
 
 
-def timing(n: int, report: dict) -> None:
+def timing(report: dict, args) -> None:
+    """One ``run_metacells`` call per size (kernel + init + fit)."""
     from _metacells_data import jittered_pcs, manifold_pcs
 
     from gpuc._backend import get_backend
     from gpuc.metacells import run_metacells
 
     gpu = get_backend("gpu")
-    x = jittered_pcs(n) if n == 6881 else manifold_pcs(n)
-    k = round(n / 75)
-    eps, max_iter = (1e-5, 50) if n == 6881 else (1e-3, 100)  # 6,881: the SEACells tutorial settings
-    import cupy
+    pool = None
+    if not SMOKE:
+        import cupy
 
-    pool = cupy.get_default_memory_pool()
-    pool.free_all_blocks()
-    xg = gpu.asarray(x)
-    gpu.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t0 = time.perf_counter()
-        res = run_metacells(gpu, xg, k, max_iter=max_iter, min_iter=10, convergence_epsilon=eps)
-        gpu.synchronize()
-        total = time.perf_counter() - t0
-    r = {
-        "n": n, "k": k, "eps": eps, "max_iter": max_iter, "total_s": round(total, 3), **{f"{a}_s": round(b, 3) for a, b in res.timings.items()},
-        "n_iter": res.fit.n_iter, "converged": res.fit.converged, "rss0": res.fit.rss[0], "rss": res.fit.rss[-1],
-        "s_per_iter": round(float(np.median(res.fit.seconds_per_iter)), 4), "gpu_pool_peak_gb": round(pool.total_bytes() / 1024**3, 2), "a0": res.a0,
-    }  # fmt: skip
-    report.setdefault("timings", []).append(r)
-    _log("timing:", r)
-    del res, xg
-    pool.free_all_blocks()
+        pool = cupy.get_default_memory_pool()
+    report["timings"] = rows = []
+    for n in [300] if SMOKE else args.sizes:
+        try:
+            x = jittered_pcs(n) if n in (6881, 300) else manifold_pcs(n)
+            k = round(n / 75)
+            eps, max_iter = (1e-5, 50) if n == 6881 else (1e-3, 100)  # 6,881: the SEACells tutorial settings
+            max_iter = 3 if SMOKE else max_iter
+            if pool is not None:
+                pool.free_all_blocks()
+            kw = {"max_iter": max_iter, "min_iter": min(10, max_iter), "convergence_epsilon": eps}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                xg = gpu.asarray(x)
+                t = timed(lambda xg=xg, k=k, kw=kw: run_metacells(gpu, xg, k, **kw), 1)
+            res = t["out"]
+            r = {
+                "n": n, "k": k, "eps": eps, "max_iter": max_iter, "total_s": round(t["s"], 3),
+                **{f"{a}_s": round(b, 3) for a, b in res.timings.items()}, "n_iter": res.fit.n_iter,
+                "converged": res.fit.converged, "rss0": res.fit.rss[0], "rss": res.fit.rss[-1],
+                "s_per_iter": round(float(np.median(res.fit.seconds_per_iter)), 4), "a0": res.a0,
+                "gpu_pool_peak_gb": None if pool is None else round(pool.total_bytes() / 1024**3, 2),
+            }  # fmt: skip
+            del res, t, xg
+        except Exception as err:  # recorded; the next size still runs
+            r = {"n": n, "error": f"{type(err).__name__}: {err}"}
+        rows.append(r)
+        log("timing:", r)
+        if pool is not None:
+            pool.free_all_blocks()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+PARITY = ("parity_reference_pbmc68k", "parity_cpu_gpu_cd34like", "parity_cpu_gpu_identical_inputs")
+
+
+def render(report: dict) -> str:
+    lines = [f"GPU: {report.get('device')} (cupy {report.get('cupy')}); command: `{report.get('command')}`", ""]
+    head = ["cells", "k", "kernel s", "init s", "fit s", "total s", "iters", "s/iter", "RSS0 -> final", "GPU pool GB"]
+    rows = []
+    for r in report.get("timings", []):
+        if "error" in r:
+            rows.append([r["n"], "", "", "", "", f"error: {r['error'][:80]}", "", "", "", ""])
+            continue
+        rows.append([f"{r['n']:,}", r["k"], r.get("kernel_s"), r.get("init_s"), r.get("fit_s"), r["total_s"],
+                     r["n_iter"], r["s_per_iter"], f"{r['rss0']:.4f} -> {r['rss']:.4f}", r["gpu_pool_peak_gb"]])  # fmt: skip
+    lines.append(_harness.md_table(head, rows))
+    lines += [f"{key}: {json.dumps(report[key], default=float)}\n" for key in PARITY if key in report]
+    lines += [f"- {e}" for e in report.get("errors", [])]
+    return "\n".join(lines) + "\n"
+
+
+def options(ap) -> None:
     ap.add_argument("--sizes", type=int, nargs="*", default=[6881, 50_000, 200_000])
-    ap.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     ap.add_argument("--skip-parity", action="store_true")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    import cupy
 
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    report: dict = {
-        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
-        "cupy": cupy.__version__,
-        "command": " ".join(sys.argv),
-    }
-    _log("device:", report["device"], "cupy", cupy.__version__)
-    # warm-up: compile the kernels once on a tiny problem so timings are steady-state
+
+def fill(dev: str, call) -> None:
+    """This stage's and gpu_rsc.py's metacell calls on tiny data (cold-run mode)."""
     from _metacells_data import jittered_pcs
+    from gpu_nmf import cells
 
+    import gpuc
     from gpuc._backend import get_backend
     from gpuc.metacells import run_metacells
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_metacells(get_backend("gpu"), jittered_pcs(600), 8, max_iter=2, min_iter=2)
-    ok = True
-    if not args.skip_parity:
-        ok = parity(report)
-    for n in args.sizes:
-        try:
-            timing(n, report)
-        except Exception as err:
-            report.setdefault("timings", []).append({"n": n, "error": f"{type(err).__name__}: {err}"})
-            _log("timing failed:", n, err)
-        (out / "metacells_gpu.json").write_text(json.dumps(report, indent=1, default=float))
-    lines = [
-        f"GPU: {report['device']} (cupy {report['cupy']}); command: `{report['command']}`",
-        "",
-        "| cells | k | kernel s | init s | fit s | total s | iters | s/iter | RSS0 -> final | GPU pool GB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in report.get("timings", []):
-        if "error" in r:
-            lines.append(f"| {r['n']} | | | | | error: {r['error'][:80]} | | | | |")
-            continue
-        lines.append(
-            f"| {r['n']:,} | {r['k']} | {r['kernel_s']} | {r['init_s']} | {r['fit_s']} | {r['total_s']} | {r['n_iter']} | {r['s_per_iter']} | {r['rss0']:.4f} -> {r['rss']:.4f} | {r['gpu_pool_peak_gb']} |"
-        )
-    for key in ("parity_reference_pbmc68k", "parity_cpu_gpu_cd34like", "parity_cpu_gpu_identical_inputs"):
-        if key in report:
-            lines.append("")
-            lines.append(f"{key}: {json.dumps(report[key], default=float)}")
-    (out / "metacells_gpu.md").write_text("\n".join(lines) + "\n")
-    _log("\n".join(lines))
-    _log("PARITY", "OK" if ok else "FAILED")
-    return 0 if ok else 1
+    bk = get_backend(dev)
+    x = jittered_pcs(700)
+    for a0 in ("random", "uniform"):
+        call(f"run_metacells a0={a0}", lambda a0=a0: run_metacells(bk, bk.asarray(x), 9, max_iter=3, min_iter=2, a0=a0))
+    src = cells(700)
+    if dev == "gpu":
+        src = gpuc.get.to_gpu(src, convert_all=True, copy=True)
+        src.obsm["X_pca"] = bk.asarray(src.obsm["X_pca"])
+    where = {"device": "cpu"} if dev == "cpu" else {}
+    call("tl.metacells", lambda: gpuc.tl.metacells(src, 9, max_iter=3, min_iter=2, **where))
+    if "metacell" in src.obs:
+        call("aggregate_metacells", lambda: gpuc.tl.aggregate_metacells(src, layer="counts"))
+        call("metacell_quality",
+             lambda: gpuc.tl.metacell_quality(src, celltype_key="cell_type", inplace=False, **where))  # fmt: skip
+    grouped = cells(700)
+    call("tl.metacells groupby",
+         lambda: gpuc.tl.metacells(grouped, groupby="sample", max_iter=2, min_iter=2, device=dev, copy=True))  # fmt: skip
 
+
+def cold() -> list:
+    """A fresh process's first ``tl.metacells`` at default k."""
+    import anndata as ad
+    from _metacells_data import jittered_pcs
+
+    import gpuc
+
+    n = 300 if SMOKE else 2000
+
+    def metacells():
+        a = ad.AnnData(np.zeros((n, 1), dtype=np.float32))
+        a.obsm["X_pca"] = jittered_pcs(n)
+        kw = {"max_iter": 3, "min_iter": 2} if SMOKE else {}
+        return lambda: gpuc.tl.metacells(a, device="gpu", copy=True, **kw)
+
+    return [("tl.metacells", f"{n:,} cells, default k", metacells)]
+
+
+SCRIPT = _harness.GpuScript(
+    name="metacells_gpu",
+    steps=[warm_up, parity, timing],
+    render=render,
+    ok=lambda r: all(r[k]["ok"] for k in PARITY if k in r),
+    options=options,
+    fill=fill,
+    cold=cold,
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_harness.gpu_main(SCRIPT, __file__))

@@ -6,8 +6,11 @@ Reads the stage files under ``$OUT`` (whatever finished; a missing part is repor
 
     OUT=/tmp/out python benchmarks/gpu_summary.py
 
-Sources: ``warmup.json`` (gpu_warmup.py), ``deseq_gpu.json``, ``nmf_gpu.json``, ``metacells_gpu.json``,
-``cpu_scaling.json``, ``rsc_gpu.json``, ``dask_gpu.json``, ``pytest_gpu.log``, ``stage_status.txt``, ``gpu.txt``.
+Sources: ``warmup.json`` (the cold-run stage, ``_harness.py cold``), ``deseq_gpu.json``, ``nmf_gpu.json``,
+``metacells_gpu.json``, ``rsc_gpu.json``, ``dask_gpu.json`` (gpu_<tool>.py), ``cpu_metacells.json``, ``cpu_nmf.json``,
+``cpu_deseq.json`` (bench_<tool>.py --skip-peers at 1/4/16 threads: the CPU scaling; a recorded run's
+``cpu_scaling.json`` from the script they replaced is read as well), ``pytest_gpu.log``, ``stage_status.txt``,
+``gpu.txt``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(os.environ.get("OUT", Path(__file__).resolve().parents[1] / "gpu_results"))
+# the issue's goals for gpuc's CPU path: speed-up over one thread at 16 threads
+SCALING_GOALS = {"metacells": 6.0, "nmf": 8.0, "deseq": 8.0}
+SCALING_LABELS = {"metacells": "metacells", "nmf": "consensus NMF", "deseq": "DESeq2"}
 
 # the issue's targets on an H200 (warm, float64): (key, label, target seconds)
 TIME_TARGETS = [
@@ -51,6 +57,11 @@ def load(name: str) -> Any:
         return None
 
 
+def smoke_run() -> bool:
+    """Whether the run's files come from smoke mode (tiny data on the stand-in GPU)."""
+    return any(get(load(f), "smoke") for f in PART_FILES.values())
+
+
 def get(obj: Any, *keys: Any) -> Any:
     for k in keys:
         if isinstance(obj, dict) and k in obj:
@@ -64,6 +75,40 @@ def get(obj: Any, *keys: Any) -> Any:
 
 def num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def cpu_scaling(out: Path) -> dict | None:
+    """The CPU scaling of a run: gpuc's warm medians per thread count from the bench_<tool>.py files (one case each),
+    with the speed-up over one thread and the goal at 16 threads; None when there are none. A recorded run's
+    ``cpu_scaling.json`` (the script these replaced) is returned as it is."""
+    old = load("cpu_scaling.json")
+    if old is not None:
+        return old
+    cases, counts, machine, smoke = {}, set(), None, False
+    for tool, goal in SCALING_GOALS.items():
+        res = load(f"cpu_{tool}.json")
+        if not res or not res.get("rows"):
+            continue
+        row, machine, smoke = res["rows"][0], res.get("machine"), smoke or bool(res.get("smoke"))
+        threads = {c: cfg for c, cfg in row["gpuc"].items() if c != "default" and num(cfg.get("warm_s")) is not None
+                   and cfg["warm_s"] == cfg["warm_s"]}  # fmt: skip
+        counts |= {int(c) for c in threads}
+        base = num(get(threads, "1", "warm_s"))
+        c: dict = {"label": f"{SCALING_LABELS[tool]} {row.get('about', row['case'])}", "threads": {}}
+        for t, cfg in sorted(threads.items(), key=lambda kv: int(kv[0])):
+            c["threads"][t] = {"median_s": cfg["warm_s"], "all_s": cfg.get("warm_all", []),
+                               "cold_s": cfg.get("cold_s"), "speedup": base / cfg["warm_s"] if base else None}  # fmt: skip
+        top = get(c, "threads", "16", "speedup")
+        c["goal"] = {"speedup": goal, "value": top, "measured": "not measured: fewer than 16 cores" if top is None
+                     else f"{top:.2f}x", "met": "" if top is None else ("yes" if top >= goal else "NO")}  # fmt: skip
+        if row.get("budget_skipped"):
+            c["budget_skipped"] = row["budget_skipped"]
+        cases[tool] = c
+    if not cases:
+        return None
+    m = machine or {}
+    return {"machine": {"cpu": m.get("cpu"), "available_cores": m.get("cores"), "small": smoke},
+            "thread_counts": sorted(counts), "cases": cases}  # fmt: skip
 
 
 def fmt_s(v: float | None) -> str:
@@ -155,7 +200,7 @@ def targets(parts: dict) -> list[dict]:
 def crossover(parts: dict) -> list[dict]:
     """Per tool and size: gpuc's CPU path against its GPU path, the faster one and the ratio CPU / GPU."""
     nmf, mc, de, rsc, cs = (parts[k] for k in ("nmf", "metacells", "deseq", "rsc", "cpu_scaling"))
-    if get(cs, "machine", "small"):  # GPUC_SCALING_SMALL: other sizes than the GPU stages', not paired with them
+    if get(cs, "machine", "small"):  # small or smoke sizes: not those of the GPU stages, not paired with them
         cs = None
     mcr, der = metacells_rows(mc), deseq_rows(de)
     rows: list[dict] = []
@@ -174,14 +219,14 @@ def crossover(parts: dict) -> list[dict]:
         cpu, src = None, "not measured"
         if n == 6881:
             cpu, t = cpu_scaling_best(cs, "metacells")
-            src = f"cpu_scaling, {t} threads, warm median" if cpu is not None else src
+            src = f"CPU scaling, {t} threads, warm median" if cpu is not None else src
         for key in ("cpu_total_s", "cpu_s"):  # a CPU time the metacells stage may record beside the GPU one
             if cpu is None and num(r.get(key)) is not None:
                 cpu, src = num(r.get(key)), f"metacells_gpu.json {key}"
         add("metacells", label, cpu, num(r.get("total_s")), src, "metacells_gpu.json, one call")
     # consensus NMF, at the default dtype (float32) on both, and in float64 where both were timed
     cpu, t = cpu_scaling_best(cs, "nmf")
-    src = f"cpu_scaling, {t} threads, warm median"
+    src = f"CPU scaling, {t} threads, warm median"
     if cpu is None and num(get(nmf, "k7x20_cpu", "seconds")) is not None:
         cpu, src = (
             num(get(nmf, "k7x20_cpu", "seconds")),
@@ -200,7 +245,7 @@ def crossover(parts: dict) -> list[dict]:
         if size == "500x30000":
             c, t = cpu_scaling_best(cs, "deseq")
             if c is not None:
-                cpu, src = c, f"cpu_scaling, {t} threads, warm median"
+                cpu, src = c, f"CPU scaling, {t} threads, warm median"
         add("DESeq2", label, cpu, num(r.get("tl_deseq_gpu_s")), src, "deseq_gpu.json, median of 3")
     # every tool on pbmc3k as rapids-singlecell leaves it on the device
     for tool, r in (get(rsc, "tools") or {}).items():
@@ -253,13 +298,13 @@ def parity(parts: dict) -> list[dict]:
     mc = parts["metacells"]
     ref = get(mc, "parity_reference_pbmc68k")
     if ref:
-        ok = bool(ref.get("labels_equal")) and (num(ref.get("rss_max_rel_diff")) or 0) <= 1e-10
+        ok = ref.get("ok", bool(ref.get("labels_equal")) and (num(ref.get("rss_max_rel_diff")) or 0) <= 1e-10)
         rows.append({"stage": "metacells", "check": "GPU vs SEACells 0.3.3 trajectory (pbmc68k)", "ok": ok,
                      "detail": f"labels equal {ref.get('labels_equal')}, RSS rel. diff {fmt_g(ref.get('rss_max_rel_diff'))}"})  # fmt: skip
     cc = get(mc, "parity_cpu_gpu_cd34like")
     if cc:
         agree = num(cc.get("label_agreement"))
-        ok = agree is not None and agree >= 0.999 and (num(cc.get("rss_max_rel_diff")) or 0) <= 1e-8
+        ok = cc.get("ok", agree is not None and agree >= 0.999 and (num(cc.get("rss_max_rel_diff")) or 0) <= 1e-8)
         rows.append({"stage": "metacells", "check": "CPU vs GPU, same 6,881-cell kernel, 8 iterations", "ok": ok,
                      "detail": f"label agreement {fmt_g(agree)}, RSS rel. diff {fmt_g(cc.get('rss_max_rel_diff'))}"})  # fmt: skip
     for tool, r in (get(parts["rsc"], "tools") or {}).items():
@@ -310,6 +355,8 @@ def device_line() -> str:
 def markdown(s: dict) -> str:
     title = f"# GPU check summary ({s['device']})" if s["device"] else "# GPU check summary"
     L = [title, ""]
+    if s.get("smoke"):
+        L += ["**Smoke run** (tiny data on the stand-in GPU): the numbers say nothing of any device.", ""]
     L += [
         "## Targets (H200, warm, float64)",
         "",
@@ -339,9 +386,12 @@ def markdown(s: dict) -> str:
     wu = s.get("warmup")
     L += ["", "## Warm-up: a fresh process's first call (target: within 1 s of the warm call)", ""]
     if wu:
+        procs = get(wu, "measure", "processes") or {"all tools": get(wu, "measure") or {}}  # older runs: one process
+        procs = "; ".join(f"{t}: imports {p.get('import_s')} s, CUDA context {p.get('cuda_context_s')} s"
+                          for t, p in procs.items())  # fmt: skip
         L.append(f"Fill: {fmt_s(num(get(wu, 'fill', 'seconds')))} ({get(wu, 'fill', 'mode')}); caches after it: "
-                 f"{wu.get('caches_after_fill')}; second process: imports {get(wu, 'measure', 'import_s')} s, CUDA "
-                 f"context {get(wu, 'measure', 'cuda_context_s')} s; all within 1 s: {wu.get('all_within_1s')}.")  # fmt: skip
+                 f"{wu.get('caches_after_fill')}; measuring processes: {procs}; all within 1 s: "
+                 f"{wu.get('all_within_1s')}.")  # fmt: skip
         bad = [
             f"{t}: {k}: {v}"
             for t, r in (get(wu, "fill", "tasks") or {}).items()
@@ -380,7 +430,8 @@ def markdown(s: dict) -> str:
             cells = []
             for t in cs.get("thread_counts", []):
                 r = get(c, "threads", str(t))
-                cells.append("-" if not r else f"{r['median_s']:.3f} s ({r['speedup']:.2f}x)")
+                speedup = "" if not r or r.get("speedup") is None else f" ({r['speedup']:.2f}x)"
+                cells.append("-" if not r else f"{r['median_s']:.3f} s{speedup}")
             g = c.get("goal", {})
             L.append(
                 f"| {c.get('label', '?')} | "
@@ -388,7 +439,7 @@ def markdown(s: dict) -> str:
                 + f" | >= {g.get('speedup', 0):.0f}x | {g.get('met') or g.get('measured', '')} |"
             )
     else:
-        L.append("cpu_scaling.json missing (the stage failed, timed out or was skipped).")
+        L.append("cpu_<tool>.json missing (the CPU stages failed, timed out or were skipped).")
     L += ["", "## Parity (GPU = CPU)", "", "| stage | check | ok | detail |", "| --- | --- | --- | --- |"]
     for r in s["parity"]:
         L.append(f"| {r['stage']} | {r['check']} | {'yes' if r['ok'] else 'NO'} | {str(r['detail'])[:160]} |")
@@ -403,7 +454,6 @@ PART_FILES = {
     "deseq": "deseq_gpu.json",
     "nmf": "nmf_gpu.json",
     "metacells": "metacells_gpu.json",
-    "cpu_scaling": "cpu_scaling.json",
     "rsc": "rsc_gpu.json",
     "dask": "dask_gpu.json",
 }
@@ -411,9 +461,12 @@ PART_FILES = {
 
 def summarise() -> dict:
     parts = {k: load(f) for k, f in PART_FILES.items()}
+    parts["cpu_scaling"] = cpu_scaling(OUT)
     cross = crossover(parts)
     s = {
+        "kind": "gpu_summary",
         "device": device_line(),
+        "smoke": smoke_run(),
         "targets": targets(parts),
         "speedups": speedups(cross),
         "crossover": cross,
@@ -422,7 +475,7 @@ def summarise() -> dict:
         "parity": parity(parts),
         "parts": {
             f: ("present" if parts[k] is not None else "missing (failed, timed out or skipped)")
-            for k, f in PART_FILES.items()
+            for k, f in {**PART_FILES, "cpu_scaling": "cpu_<tool>.json"}.items()
         },
         "stages": (OUT / "stage_status.txt").read_text().strip() if (OUT / "stage_status.txt").exists() else "",
     }

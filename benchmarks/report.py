@@ -7,9 +7,12 @@ A block of the page::
     <!-- /generated: cpu_nmf -->
 
 is replaced by the rendering of ``results/cpu_nmf.json``: a side-by-side result (``_harness.render``: the tables at
-default threads and at equal core counts, the work against the machine's limits, the machine and the load), or, for
-any other result, the markdown file the script wrote beside it (``results/NAME.md``). Text outside the blocks is
-left as it is; a block whose result file is missing is left as it is and named on stderr.
+default threads and at equal core counts, the work against the machine's limits, the machine and the load); a GPU
+script's result (``gpu_<tool>.py``'s ``render``: a ``kind: gpu`` file names its script, a recorded run's older
+``<tool>_gpu.json`` is matched by its name), the cold-run stage's ``warmup.json`` (``_harness.render_cold``) and a
+device run's ``summary.json`` (``gpu_summary.markdown``); for any other result, the markdown file the script wrote
+beside it (``results/NAME.md``). NAME may name a folder under ``results/`` (``gpu_h200/h200-run2/deseq_gpu``). Text
+outside the blocks is left as it is; a block whose result file is missing is left as it is and named on stderr.
 
     python benchmarks/report.py                 # rewrite docs/benchmarks.md
     python benchmarks/report.py --check         # exit 1 when the page is not what the results render to
@@ -18,6 +21,7 @@ left as it is; a block whose result file is missing is left as it is and named o
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
@@ -30,6 +34,20 @@ DOC = _harness.ROOT / "docs" / "benchmarks.md"
 BLOCK = re.compile(r"(<!-- generated: ([\w./-]+) -->\n)(.*?)(<!-- /generated: \2 -->)", re.DOTALL)
 
 
+GPU_STEMS = {f"{t}_gpu": f"gpu_{t}" for t in _harness.GPU_SCRIPTS}  # result file stem -> GPU script module
+
+
+def gpu_renderer(res: dict, stem: str):
+    """The function that renders a GPU result, None for other results."""
+    kind = res.get("kind")
+    if kind == "gpu_cold" or (kind is None and stem == "warmup" and "measure" in res):
+        return _harness.render_cold
+    if kind == "gpu_summary" or (kind is None and stem == "summary" and "crossover" in res):
+        return importlib.import_module("gpu_summary").markdown
+    module = Path(res["script"]).stem if kind == "gpu" and res.get("script") else GPU_STEMS.get(stem)
+    return importlib.import_module(module).render if module else None
+
+
 def render_result(name: str, results: Path) -> str | None:
     """The markdown of result ``name`` under ``results``; None when it has no file."""
     js, md = results / f"{name}.json", results / f"{name}.md"
@@ -37,6 +55,9 @@ def render_result(name: str, results: Path) -> str | None:
         res = json.loads(js.read_text())
         if res.get("kind") == "side_by_side":
             return _harness.render(res)
+        render = gpu_renderer(res, js.stem)
+        if render is not None:
+            return render(res)
     return md.read_text() if md.exists() else None
 
 

@@ -111,3 +111,20 @@ def test_report_fills_blocks(harness, report, result, tmp_path):
     assert new.startswith("# Page\n\nhand-written\n\n") and "\n\nbetween\n" in new and new.endswith("end\n")
     # rendering again changes nothing
     assert report.main(["--doc", str(doc), "--results", str(tmp_path), "--check"]) == 0
+
+
+def test_summary_reads_cpu_scaling(harness, result, tmp_path, monkeypatch):
+    # the GPU check's CPU stages write bench_<tool>.py results; the summary turns gpuc's warm medians per thread count
+    # into speed-ups over one thread (2 cores here: no 16-thread goal to judge)
+    result["rows"][0]["gpuc"]["4"] = _config(0.2, 0.1)
+    harness.write_result(tmp_path / "cpu_nmf.json", result)
+    summary = _load("gpu_summary")
+    monkeypatch.setattr(summary, "OUT", tmp_path)
+    cs = summary.cpu_scaling(tmp_path)
+    assert cs["thread_counts"] == [1, 4] and set(cs["cases"]) == {"nmf"}
+    threads = cs["cases"]["nmf"]["threads"]
+    assert threads["1"]["median_s"] == 0.3 and threads["4"]["speedup"] == pytest.approx(3.0)
+    assert cs["cases"]["nmf"]["goal"]["met"] == ""
+    assert "| consensus NMF 700 x 500, k=7 x 20 | 0.300 s (1.00x) | 0.100 s (3.00x) |" in summary.markdown(
+        summary.summarise()
+    )
