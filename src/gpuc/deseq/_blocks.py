@@ -26,7 +26,6 @@ again from here when its worker dies, so a killed worker costs a rerun of its un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,9 +35,9 @@ from gpuc._backend import Backend, is_sparse, to_host
 from gpuc._dask import map_units, resolve_client
 from gpuc._utils import threaded
 from gpuc.deseq._analysis import Analysis, AnalysisPlan, tabulate
-from gpuc.deseq._dispersion import DispersionFunction
 from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
+    FitGlobals,
     _fit_dispersions,
     assemble_fit,
     check_design,
@@ -67,19 +66,6 @@ def default_block_genes(n_samples: int, block_bytes: float = BLOCK_BYTES) -> int
 def gene_spans(n_genes: int, block_genes: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive blocks of ``block_genes`` genes (the last one may be shorter)."""
     return [(lo, min(lo + block_genes, n_genes)) for lo in range(0, n_genes, block_genes)]
-
-
-@dataclass(frozen=True)
-class BlockGlobals:
-    """What the units of step 4 share besides the data: the global results of step 3 and the fit options."""
-
-    trend: DispersionFunction
-    prior_var: float
-    var_log_disp: float
-    refit_cooks: bool
-    min_replicates: int
-    max_iter: int
-    reduced: np.ndarray | None
 
 
 def _label(lo: int, hi: int) -> str:
@@ -208,20 +194,19 @@ def fit_block(
     backend: Backend,
     size_factors: np.ndarray,
     design: np.ndarray,
-    globals_: BlockGlobals,
+    globals_: FitGlobals,
     n_jobs: int | None = None,
 ) -> dict[str, Any]:
     """Unit of step 4 on the same block: :func:`fit_genes` with the block's genewise results and trend values and
-    the global trend and prior variance, returned as the block's rows of the :class:`DeseqFit` arrays.
+    the global trend and prior variance (``globals_``), returned as the block's rows of the :class:`DeseqFit` arrays.
     """
     bk = backend
-    reduced = globals_.reduced
     _, nonzero, yz = _block_counts(bk, y, lo)
     sf = bk.asarray(size_factors)
     xd = bk.asarray(design)
     norm, base_mean, base_var = gene_moments(bk, yz, sf)
-    max_disp = max(10.0, float(design.shape[0]))
-    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU)
+    g = globals_
+    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu)
     parts = fit_genes(
         bk,
         yz,
@@ -235,16 +220,7 @@ def fit_block(
         mu_disp=mu_disp,
         gw_state=tuple(bk.asarray(s) for s in genewise["state"]),
         fitted=bk.xp.array(fitted),
-        trend=globals_.trend,
-        prior_var=globals_.prior_var,
-        var_log_disp=globals_.var_log_disp,
-        refit_cooks=globals_.refit_cooks,
-        min_replicates=globals_.min_replicates,
-        min_mu=MIN_MU,
-        min_disp=MIN_DISP,
-        max_disp=max_disp,
-        reduced=reduced,
-        max_iter=globals_.max_iter,
+        glob=g,
     )
     return gene_fields(bk, parts, nonzero, y.shape[0])
 
@@ -358,9 +334,10 @@ def run_analysis_blocked(
     edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
 
     # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
-    globals_ = BlockGlobals(
-        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced
-    )
+    globals_ = FitGlobals(
+        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced, MIN_MU,
+        MIN_DISP, max(10.0, float(n)),
+    )  # fmt: skip
     units = [
         (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]]))
         for i, (lab, d, (lo, _), g) in enumerate(zip(labels, data, spans, gws, strict=True))
