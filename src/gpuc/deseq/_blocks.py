@@ -34,7 +34,7 @@ import pandas as pd
 from gpuc._backend import Backend, is_sparse, to_host
 from gpuc._dask import map_units, resolve_client
 from gpuc._utils import threaded
-from gpuc.deseq._analysis import Analysis, AnalysisPlan, tabulate
+from gpuc.deseq._analysis import Analysis, AnalysisOptions, AnalysisPlan, tabulate
 from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
     FitGlobals,
@@ -237,19 +237,8 @@ def run_analysis_blocked(
     client: Any = None,
     block_genes: int | None = None,
     gene_names: pd.Index,
-    size_factors: str | np.ndarray = "ratio",
-    fit_type: str = "parametric",
-    refit_cooks: bool = True,
-    min_replicates: int = 7,
-    max_iter: int = 100,
-    alpha: float = 0.05,
-    cooks_filter: bool = True,
-    independent_filter: bool = True,
-    lfc_threshold: float = 0.0,
-    alt_hypothesis: str = "greaterAbs",
-    lfc_shrink: str | None = None,
-    random_state: int = 2,
     n_jobs: int | None = None,
+    **options: Any,
 ) -> Analysis:
     """:func:`gpuc.deseq._analysis.run_analysis` with the per-gene steps on blocks of ``block_genes`` genes.
 
@@ -270,10 +259,13 @@ def run_analysis_blocked(
         process), as :func:`gpuc._dask.resolve_client`.
     block_genes
         Genes per block; ``None`` sizes a block's working memory to about 256 MB (:func:`default_block_genes`).
-    gene_names, size_factors, fit_type, refit_cooks, min_replicates, max_iter, alpha, cooks_filter, independent_filter, lfc_threshold, alt_hypothesis, lfc_shrink
-        As :func:`run_analysis`. ``size_factors="iterative"`` and ``lfc_shrink`` run in this process on all genes.
+    gene_names
+        As :func:`run_analysis`.
     n_jobs
         CPU threads of each block (inside a worker at most the worker's threads) and of the steps here.
+    options
+        Those of :class:`gpuc.deseq._analysis.AnalysisOptions`, as :func:`run_analysis`. ``size_factors="iterative"``
+        and ``lfc_shrink`` run in this process on all genes.
 
     Returns
     -------
@@ -283,10 +275,14 @@ def run_analysis_blocked(
     ------
     ValueError
         For a block with negative or non-finite counts (in this process), and as :func:`run_analysis`.
+    TypeError
+        For an unknown option, before any fit.
     gpuc._dask.DaskTaskError
         When a block fails on the cluster; the message names its genes (``"genes 100-199"``).
     """
     bk = backend
+    opts = AnalysisOptions(**options)
+    size_factors = opts.size_factors
     dask_client = resolve_client(client)
     x, n, p = check_design(plan.design.matrix)
     reduced, lrt_df = check_reduced(None if plan.reduced is None else plan.reduced.matrix, p)
@@ -326,17 +322,17 @@ def run_analysis_blocked(
         np.concatenate([g["gw"] for g in gws]),
         n,
         p,
-        fit_type=fit_type,
+        fit_type=opts.fit_type,
         min_disp=MIN_DISP,
         messages=messages,
-        random_state=random_state,
+        random_state=opts.random_state,
     )
     edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
 
     # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
     globals_ = FitGlobals(
-        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced, MIN_MU,
-        MIN_DISP, max(10.0, float(n)),
+        prior.trend, prior.prior_var, prior.var_log_disp, opts.refit_cooks, opts.min_replicates, opts.max_iter, reduced,
+        MIN_MU, MIN_DISP, max(10.0, float(n)),
     )  # fmt: skip
     units = [
         (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]]))
@@ -358,15 +354,4 @@ def run_analysis_blocked(
     )
 
     # ---- 5. tests, filtering, BH (here)
-    return tabulate(
-        bk,
-        fit,
-        plan,
-        gene_names=gene_names,
-        alpha=alpha,
-        cooks_filter=cooks_filter,
-        independent_filter=independent_filter,
-        lfc_threshold=lfc_threshold,
-        alt_hypothesis=alt_hypothesis,
-        lfc_shrink=lfc_shrink,
-    )
+    return tabulate(bk, fit, plan, gene_names=gene_names, options=opts)
