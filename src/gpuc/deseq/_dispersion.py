@@ -14,6 +14,7 @@ and series for the count terms, which do not cancel at small alpha).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -361,10 +362,13 @@ def _fit_log_alpha(
     xx = outer_rows(x)
     lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
     la = xp.clip(xp.log(alpha0), lo, hi)
-    pm_all = prior_mean
 
-    def pm(i: Any) -> Any:
-        return None if pm_all is None else pm_all[i]
+    def grid(i: Any) -> Any:
+        """R's grid search of the genes ``i`` (same objective, prior included), from the minimum dispersion up."""
+        pm = None if prior_mean is None else prior_mean[i]
+        return _grid_search(
+            bk, y[i], mu[i], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm, prior_var=prior_var
+        )
 
     problem = NewtonProblem(
         y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, lo=lo, hi=hi, maxit=maxit, tol=tol,
@@ -383,9 +387,7 @@ def _fit_log_alpha(
     state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
-        la[bad] = _grid_search(
-            bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
-        )
+        la[bad] = grid(bad)
     if r_state is not None:
         la0, f0, target, f1, stuck = r_state
         f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
@@ -398,9 +400,7 @@ def _fit_log_alpha(
         regrid = stuck & (xp.exp(est) > 10 * min_disp)
         if bool(regrid.any()):
             gi = xp.nonzero(regrid)[0]
-            est[gi] = _grid_search(
-                bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var
-            )
+            est[gi] = grid(gi)
         la = est
     alpha = xp.clip(xp.exp(la), min_disp, max_disp)
     return DispFit(alpha, iters, conv, state)
@@ -548,6 +548,10 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
     def pm(i: Any) -> Any:
         return None if pm_all is None else pm_all[i]
 
+    def logpost_of(i: Any, at: Any, derivs: bool) -> tuple[Any, Any, Any]:
+        """:func:`_logpost` of the genes ``i`` at log alpha ``at``."""
+        return _logpost(bk, at, y[i], mu[i], xx, p, cr=cr, prior_mean=pm(i), prior_var=prior_var, derivs=derivs)
+
     if init_state is None:
         f, g, h = _logpost(bk, la, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=True)
     else:
@@ -561,18 +565,7 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
             h = h - 1.0 / prior_var
         redo = xp.nonzero(xp.abs(la - la_ref) > 1e-12)[0]
         if redo.shape[0]:
-            f[redo], g[redo], h[redo] = _logpost(
-                bk,
-                la[redo],
-                y[redo],
-                mu[redo],
-                xx,
-                p,
-                cr=cr,
-                prior_mean=None if pm_all is None else pm_all[redo],
-                prior_var=prior_var,
-                derivs=True,
-            )
+            f[redo], g[redo], h[redo] = logpost_of(redo, la[redo], derivs=True)
     r_state = None
     if r_flat_start:
         # R's first line-search step (kappa = 1, limited to [-30, 10]) and its log posterior on R's scale
@@ -581,18 +574,7 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
         f1 = f + g * g
         cand1 = xp.nonzero(g * g < 1e-3)[0]
         if cand1.shape[0]:
-            f1[cand1] = _logpost(
-                bk,
-                target[cand1],
-                y[cand1],
-                mu[cand1],
-                xx,
-                p,
-                cr=cr,
-                prior_mean=None if pm_all is None else pm_all[cand1],
-                prior_var=prior_var,
-                derivs=False,
-            )[0]
+            f1[cand1] = logpost_of(cand1, target[cand1], derivs=False)[0]
         armijo = f1 >= f + 1e-4 * g * (target - la)
         # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
         # gain of any step R can take is below it, whatever the rounding noise of the log posterior
@@ -716,27 +698,17 @@ def _grid_search(
             out,
         )
         return out
+
+    def values(points: Iterable[Any]) -> Any:
+        """The log posterior of every gene at each of ``points`` (per gene log alphas), genes x points."""
+        kw = {"cr": cr, "prior_mean": prior_mean, "prior_var": prior_var, "derivs": False}
+        return xp.stack([_logpost(bk, la, y, mu, xx, p, **kw)[0] for la in points], axis=1)
+
     grid = xp.linspace(lo, hi, ngrid)
-    vals = xp.stack(
-        [
-            _logpost(
-                bk, xp.full(G, float(v)), y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False
-            )[0]
-            for v in bk.to_host(grid)
-        ],
-        axis=1,
-    )
-    best = grid[xp.argmax(vals, axis=1)]
+    best = grid[xp.argmax(values(xp.full(G, float(v)) for v in bk.to_host(grid)), axis=1)]
     delta = float(grid[1] - grid[0])
     fine = best[:, None] + xp.linspace(-delta, delta, ngrid)[None, :]
-    vals = xp.stack(
-        [
-            _logpost(bk, fine[:, j], y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False)[0]
-            for j in range(ngrid)
-        ],
-        axis=1,
-    )
-    return fine[xp.arange(G), xp.argmax(vals, axis=1)]
+    return fine[xp.arange(G), xp.argmax(values(fine[:, j] for j in range(ngrid)), axis=1)]
 
 
 # --------------------------------------------------------------------------------------------------------------------
