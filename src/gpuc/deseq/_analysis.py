@@ -154,6 +154,41 @@ def plan_analysis(
     return AnalysisPlan(dsg, contrasts, red)
 
 
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """The options of one analysis (:func:`run_analysis`, :func:`gpuc.deseq._blocks.run_analysis_blocked`), with
+    their defaults: the fit's (:func:`gpuc.deseq._pipeline.run_deseq`: size factors, trend, Cook's refit, IRLS
+    iterations, the seed of R's simulated prior variance) and, for every contrast (:func:`tabulate`), R ``results()``'s
+    (``alpha`` of independent filtering, Cook's and independent filtering, the Wald test's threshold and alternative)
+    and the ``lfcShrink`` method (None: no shrunken fold changes).
+    """
+
+    size_factors: str | np.ndarray = "ratio"
+    fit_type: str = "parametric"
+    refit_cooks: bool = True
+    min_replicates: int = 7
+    max_iter: int = 100
+    random_state: int = 2
+    alpha: float = 0.05
+    cooks_filter: bool = True
+    independent_filter: bool = True
+    lfc_threshold: float = 0.0
+    alt_hypothesis: str = "greaterAbs"
+    lfc_shrink: str | None = None
+
+    def for_fit(self) -> dict[str, Any]:
+        """The keyword options of :func:`gpuc.deseq._pipeline.run_deseq`."""
+        return {k: getattr(self, k) for k in _FIT_OPTIONS}
+
+    def for_results(self) -> dict[str, Any]:
+        """The keyword options of :func:`gpuc.deseq._pipeline.results`."""
+        return {k: getattr(self, k) for k in _RESULTS_OPTIONS}
+
+
+_FIT_OPTIONS = ("size_factors", "fit_type", "refit_cooks", "min_replicates", "max_iter", "random_state")
+_RESULTS_OPTIONS = ("alpha", "cooks_filter", "independent_filter", "lfc_threshold", "alt_hypothesis")
+
+
 @threaded
 def run_analysis(
     backend: Backend,
@@ -161,91 +196,41 @@ def run_analysis(
     plan: AnalysisPlan,
     *,
     gene_names: pd.Index,
-    size_factors: str | np.ndarray = "ratio",
-    fit_type: str = "parametric",
-    refit_cooks: bool = True,
-    min_replicates: int = 7,
-    max_iter: int = 100,
-    alpha: float = 0.05,
-    cooks_filter: bool = True,
-    independent_filter: bool = True,
-    lfc_threshold: float = 0.0,
-    alt_hypothesis: str = "greaterAbs",
-    lfc_shrink: str | None = None,
-    random_state: int = 2,
     n_jobs: int | None = None,
+    **options: Any,
 ) -> Analysis:
     """Fit DESeq2 on samples x genes ``counts`` and test every contrast of ``plan`` (Wald, or the likelihood-ratio
     test when the plan has a reduced design); with ``lfc_shrink`` the tables also get shrunken fold changes.
+    ``options``: those of :class:`AnalysisOptions` (an unknown one raises :class:`TypeError` before the fit).
     ``n_jobs``: CPU threads (gene blocks in parallel, :func:`gpuc._utils.cpu_threads`); per-gene results do not depend
     on it. BLAS runs on one thread: its products here are small, per gene, and the threads go to the gene blocks.
     """
+    opts = AnalysisOptions(**options)
+    reduced = None if plan.reduced is None else plan.reduced.matrix
     with serial_blas(not backend.is_gpu):
-        fit = run_deseq(
-            backend,
-            counts,
-            plan.design.matrix,
-            size_factors=size_factors,
-            fit_type=fit_type,
-            refit_cooks=refit_cooks,
-            min_replicates=min_replicates,
-            max_iter=max_iter,
-            reduced=None if plan.reduced is None else plan.reduced.matrix,
-            random_state=random_state,
-        )
-        return tabulate(
-            backend,
-            fit,
-            plan,
-            gene_names=gene_names,
-            alpha=alpha,
-            cooks_filter=cooks_filter,
-            independent_filter=independent_filter,
-            lfc_threshold=lfc_threshold,
-            alt_hypothesis=alt_hypothesis,
-            lfc_shrink=lfc_shrink,
-        )
+        fit = run_deseq(backend, counts, plan.design.matrix, reduced=reduced, **opts.for_fit())
+        return tabulate(backend, fit, plan, gene_names=gene_names, options=opts)
 
 
 def tabulate(
-    backend: Backend,
-    fit: DeseqFit,
-    plan: AnalysisPlan,
-    *,
-    gene_names: pd.Index,
-    alpha: float = 0.05,
-    cooks_filter: bool = True,
-    independent_filter: bool = True,
-    lfc_threshold: float = 0.0,
-    alt_hypothesis: str = "greaterAbs",
-    lfc_shrink: str | None = None,
+    backend: Backend, fit: DeseqFit, plan: AnalysisPlan, *, gene_names: pd.Index, options: AnalysisOptions
 ) -> Analysis:
     """The :class:`Analysis` of a finished fit: per contrast of ``plan`` a results table (R ``results()``: Wald or
     likelihood-ratio p-values, Cook's filter, independent filtering and Benjamini-Hochberg over all genes) and its
-    filtering summary; with ``lfc_shrink`` the tables also get shrunken fold changes.
+    filtering summary; with ``options.lfc_shrink`` the tables also get shrunken fold changes.
     """
     test = "wald" if plan.reduced is None else "lrt"
     out = Analysis(plan, fit)
     for c in plan.contrasts:
-        res, info = results(
-            fit,
-            c.vector,
-            zero_groups=c.zero_groups,
-            alpha=alpha,
-            cooks_filter=cooks_filter,
-            independent_filter=independent_filter,
-            lfc_threshold=lfc_threshold,
-            alt_hypothesis=alt_hypothesis,
-            test=test,
-        )
+        res, info = results(fit, c.vector, zero_groups=c.zero_groups, test=test, **options.for_results())
         table = pd.DataFrame(
             {col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy()
         )
-        if lfc_shrink is not None:
+        if options.lfc_shrink is not None:
             from gpuc.deseq._shrink import shrink_lfc
 
             table["log2FoldChange_shrunk"], table["lfcSE_shrunk"] = shrink_lfc(
-                backend, fit, c.vector, method=lfc_shrink, design=plan.design
+                backend, fit, c.vector, method=options.lfc_shrink, design=plan.design
             )
         out.tables[c.name] = table
         out.filtering[c.name] = {

@@ -26,7 +26,6 @@ again from here when its worker dies, so a killed worker costs a rerun of its un
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,10 +34,10 @@ import pandas as pd
 from gpuc._backend import Backend, is_sparse, to_host
 from gpuc._dask import map_units, resolve_client
 from gpuc._utils import threaded
-from gpuc.deseq._analysis import Analysis, AnalysisPlan, tabulate
-from gpuc.deseq._dispersion import DispersionFunction
+from gpuc.deseq._analysis import Analysis, AnalysisOptions, AnalysisPlan, tabulate
 from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
+    FitGlobals,
     _fit_dispersions,
     assemble_fit,
     check_design,
@@ -67,19 +66,6 @@ def default_block_genes(n_samples: int, block_bytes: float = BLOCK_BYTES) -> int
 def gene_spans(n_genes: int, block_genes: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive blocks of ``block_genes`` genes (the last one may be shorter)."""
     return [(lo, min(lo + block_genes, n_genes)) for lo in range(0, n_genes, block_genes)]
-
-
-@dataclass(frozen=True)
-class BlockGlobals:
-    """What the units of step 4 share besides the data: the global results of step 3 and the fit options."""
-
-    trend: DispersionFunction
-    prior_var: float
-    var_log_disp: float
-    refit_cooks: bool
-    min_replicates: int
-    max_iter: int
-    reduced: np.ndarray | None
 
 
 def _label(lo: int, hi: int) -> str:
@@ -208,20 +194,19 @@ def fit_block(
     backend: Backend,
     size_factors: np.ndarray,
     design: np.ndarray,
-    globals_: BlockGlobals,
+    globals_: FitGlobals,
     n_jobs: int | None = None,
 ) -> dict[str, Any]:
     """Unit of step 4 on the same block: :func:`fit_genes` with the block's genewise results and trend values and
-    the global trend and prior variance, returned as the block's rows of the :class:`DeseqFit` arrays.
+    the global trend and prior variance (``globals_``), returned as the block's rows of the :class:`DeseqFit` arrays.
     """
     bk = backend
-    reduced = globals_.reduced
     _, nonzero, yz = _block_counts(bk, y, lo)
     sf = bk.asarray(size_factors)
     xd = bk.asarray(design)
     norm, base_mean, base_var = gene_moments(bk, yz, sf)
-    max_disp = max(10.0, float(design.shape[0]))
-    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU)
+    g = globals_
+    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu)
     parts = fit_genes(
         bk,
         yz,
@@ -235,16 +220,7 @@ def fit_block(
         mu_disp=mu_disp,
         gw_state=tuple(bk.asarray(s) for s in genewise["state"]),
         fitted=bk.xp.array(fitted),
-        trend=globals_.trend,
-        prior_var=globals_.prior_var,
-        var_log_disp=globals_.var_log_disp,
-        refit_cooks=globals_.refit_cooks,
-        min_replicates=globals_.min_replicates,
-        min_mu=MIN_MU,
-        min_disp=MIN_DISP,
-        max_disp=max_disp,
-        reduced=reduced,
-        max_iter=globals_.max_iter,
+        glob=g,
     )
     return gene_fields(bk, parts, nonzero, y.shape[0])
 
@@ -261,19 +237,8 @@ def run_analysis_blocked(
     client: Any = None,
     block_genes: int | None = None,
     gene_names: pd.Index,
-    size_factors: str | np.ndarray = "ratio",
-    fit_type: str = "parametric",
-    refit_cooks: bool = True,
-    min_replicates: int = 7,
-    max_iter: int = 100,
-    alpha: float = 0.05,
-    cooks_filter: bool = True,
-    independent_filter: bool = True,
-    lfc_threshold: float = 0.0,
-    alt_hypothesis: str = "greaterAbs",
-    lfc_shrink: str | None = None,
-    random_state: int = 2,
     n_jobs: int | None = None,
+    **options: Any,
 ) -> Analysis:
     """:func:`gpuc.deseq._analysis.run_analysis` with the per-gene steps on blocks of ``block_genes`` genes.
 
@@ -294,10 +259,13 @@ def run_analysis_blocked(
         process), as :func:`gpuc._dask.resolve_client`.
     block_genes
         Genes per block; ``None`` sizes a block's working memory to about 256 MB (:func:`default_block_genes`).
-    gene_names, size_factors, fit_type, refit_cooks, min_replicates, max_iter, alpha, cooks_filter, independent_filter, lfc_threshold, alt_hypothesis, lfc_shrink
-        As :func:`run_analysis`. ``size_factors="iterative"`` and ``lfc_shrink`` run in this process on all genes.
+    gene_names
+        As :func:`run_analysis`.
     n_jobs
         CPU threads of each block (inside a worker at most the worker's threads) and of the steps here.
+    options
+        Those of :class:`gpuc.deseq._analysis.AnalysisOptions`, as :func:`run_analysis`. ``size_factors="iterative"``
+        and ``lfc_shrink`` run in this process on all genes.
 
     Returns
     -------
@@ -307,10 +275,14 @@ def run_analysis_blocked(
     ------
     ValueError
         For a block with negative or non-finite counts (in this process), and as :func:`run_analysis`.
+    TypeError
+        For an unknown option, before any fit.
     gpuc._dask.DaskTaskError
         When a block fails on the cluster; the message names its genes (``"genes 100-199"``).
     """
     bk = backend
+    opts = AnalysisOptions(**options)
+    size_factors = opts.size_factors
     dask_client = resolve_client(client)
     x, n, p = check_design(plan.design.matrix)
     reduced, lrt_df = check_reduced(None if plan.reduced is None else plan.reduced.matrix, p)
@@ -350,17 +322,18 @@ def run_analysis_blocked(
         np.concatenate([g["gw"] for g in gws]),
         n,
         p,
-        fit_type=fit_type,
+        fit_type=opts.fit_type,
         min_disp=MIN_DISP,
         messages=messages,
-        random_state=random_state,
+        random_state=opts.random_state,
     )
     edges = np.cumsum([0] + [g["gw"].shape[0] for g in gws])
 
     # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
-    globals_ = BlockGlobals(
-        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced
-    )
+    globals_ = FitGlobals(
+        prior.trend, prior.prior_var, prior.var_log_disp, opts.refit_cooks, opts.min_replicates, opts.max_iter, reduced,
+        MIN_MU, MIN_DISP, max(10.0, float(n)),
+    )  # fmt: skip
     units = [
         (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]]))
         for i, (lab, d, (lo, _), g) in enumerate(zip(labels, data, spans, gws, strict=True))
@@ -381,15 +354,4 @@ def run_analysis_blocked(
     )
 
     # ---- 5. tests, filtering, BH (here)
-    return tabulate(
-        bk,
-        fit,
-        plan,
-        gene_names=gene_names,
-        alpha=alpha,
-        cooks_filter=cooks_filter,
-        independent_filter=independent_filter,
-        lfc_threshold=lfc_threshold,
-        alt_hypothesis=alt_hypothesis,
-        lfc_shrink=lfc_shrink,
-    )
+    return tabulate(bk, fit, plan, gene_names=gene_names, options=opts)

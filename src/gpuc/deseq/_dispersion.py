@@ -14,6 +14,7 @@ and series for the count terms, which do not cancel at small alpha).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,17 +193,46 @@ def _logpost(
 
     The NB part drops the alpha-free constants (sum of y log mu and log y!), so values are relative. Per-gene
     terms (digamma, trigamma and lgamma of 1/alpha) are computed once per gene; only terms in y + 1/alpha and
-    alpha * mu are elementwise.
+    alpha * mu are elementwise. On the CPU the per-gene sums come from one compiled pass (``_kernels``), elsewhere
+    from array code (:func:`_logpost_sums`); both give the same values, finished here the same way.
     """
     xp = bk.xp
+    kern = None
     if not bk.is_gpu:
         from gpuc.deseq._kernels import nb_logpost_kernel
 
         kern = nb_logpost_kernel()
-        if kern is not None:
-            return _logpost_compiled(
-                kern, la, y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=derivs
-            )
+    if kern is not None:
+        la, f, ga, ha, m, a2, a3 = _logpost_sums_compiled(kern, la, y, mu, xx, p, cr=cr, derivs=derivs)
+    else:
+        f, ga, ha, m, a2, a3 = _logpost_sums(bk, la, y, mu, xx, p, cr=cr, derivs=derivs)
+    if cr:
+        _, logdet = xp.linalg.slogdet(m)
+        f = f - 0.5 * logdet
+    if prior_mean is not None:
+        f = f - (la - prior_mean) ** 2 / (2.0 * prior_var)
+    if not derivs:
+        return f, None, None
+    if cr:
+        minv = xp.linalg.inv(m)
+        b = minv @ a2
+        ga = ga + 0.5 * xp.trace(b, axis1=1, axis2=2)
+        ha = ha + 0.5 * ((b * xp.swapaxes(b, 1, 2)).sum(axis=(1, 2)) - 2.0 * (minv * a3).sum(axis=(1, 2)))
+    alpha = xp.exp(la)
+    g = alpha * ga
+    h = alpha * alpha * ha + g
+    if prior_mean is not None:
+        g = g - (la - prior_mean) / prior_var
+        h = h - 1.0 / prior_var
+    return f, g, h
+
+
+def _logpost_sums(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, derivs: bool) -> tuple:
+    """The per-gene parts of :func:`_logpost` in array code (any device): the NB log-likelihood ``f`` and, with
+    ``derivs``, its derivatives ``ga``, ``ha`` in alpha; with ``cr`` the matrices X' W X (``m``) and, with ``derivs``,
+    X' W^2 X and X' W^3 X (``a2``, ``a3``) of the Cox-Reid term. What is not computed is None.
+    """
+    xp = bk.xp
     alpha = xp.exp(la)
     r1 = 1.0 / alpha  # per gene
     a = alpha[:, None]
@@ -215,54 +245,30 @@ def _logpost(
     d_lg, d_dg, d_tg = _nb_count_terms(bk, y, r1, derivs)
     # NB log-likelihood up to alpha-free constants: sum [lgamma(y+r) - lgamma(r)] + log(alpha) sum y - sum (y+r) l1p
     f = d_lg.sum(axis=1) + la * sum_y - (yr * l1p).sum(axis=1)
-    if cr or derivs:
-        w = mu * inv_one
+    w = mu * inv_one if cr or derivs else None
+    m = normal_matrix(w, xx, p) if cr else None
+    if not derivs:
+        return f, None, None, m, None, None
+    ym = (y - mu) * inv_one
+    base = -d_dg.sum(axis=1) + l1p.sum(axis=1)
+    ga = r1 * r1 * base + r1 * ym.sum(axis=1)
+    ha = (
+        -2.0 * r1 * r1 * r1 * base
+        + r1 * r1 * (w.sum(axis=1) + r1 * r1 * d_tg.sum(axis=1))
+        - r1 * r1 * (ym * (2.0 - inv_one)).sum(axis=1)
+    )
+    a2 = a3 = None
     if cr:
-        m = normal_matrix(w, xx, p)
-        _, logdet = xp.linalg.slogdet(m)
-        f = f - 0.5 * logdet
-    if prior_mean is not None:
-        f = f - (la - prior_mean) ** 2 / (2.0 * prior_var)
-    g = h = None
-    if derivs:
-        ym = (y - mu) * inv_one
-        base = -d_dg.sum(axis=1) + l1p.sum(axis=1)
-        ga = r1 * r1 * base + r1 * ym.sum(axis=1)
-        ha = (
-            -2.0 * r1 * r1 * r1 * base
-            + r1 * r1 * (w.sum(axis=1) + r1 * r1 * d_tg.sum(axis=1))
-            - r1 * r1 * (ym * (2.0 - inv_one)).sum(axis=1)
-        )
-        if cr:
-            minv = xp.linalg.inv(m)
-            w2 = w * w
-            a2 = normal_matrix(w2, xx, p)
-            a3 = normal_matrix(w2 * w, xx, p)
-            b = minv @ a2
-            ga = ga + 0.5 * xp.trace(b, axis1=1, axis2=2)
-            ha = ha + 0.5 * ((b * xp.swapaxes(b, 1, 2)).sum(axis=(1, 2)) - 2.0 * (minv * a3).sum(axis=(1, 2)))
-        g = alpha * ga
-        h = alpha * alpha * ha + g
-        if prior_mean is not None:
-            g = g - (la - prior_mean) / prior_var
-            h = h - 1.0 / prior_var
-    return f, g, h
+        w2 = w * w
+        a2 = normal_matrix(w2, xx, p)
+        a3 = normal_matrix(w2 * w, xx, p)
+    return f, ga, ha, m, a2, a3
 
 
-def _logpost_compiled(
-    kern: Any,
-    la: Any,
-    y: Any,
-    mu: Any,
-    xx: Any,
-    p: int,
-    *,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    derivs: bool,
-) -> tuple[Any, Any, Any]:
-    """:func:`_logpost` on the CPU with the per-gene sums from one compiled pass (``_kernels``); same values."""
+def _logpost_sums_compiled(kern: Any, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, derivs: bool) -> tuple:
+    """:func:`_logpost_sums` on the CPU from one compiled pass (``_kernels``), same values; returns ``la`` as the
+    kernel read it (float64, contiguous) first.
+    """
     la = np.ascontiguousarray(la, dtype=np.float64)
     G = la.shape[0]
     y = np.ascontiguousarray(y, dtype=np.float64)
@@ -276,26 +282,8 @@ def _logpost_compiled(
     a2 = np.empty((G, pp) if cr and derivs else (0, pp))
     a3 = np.empty((G, pp) if cr and derivs else (0, pp))
     kern(la, y, mu, xx, derivs, cr, f, ga, ha, m, a2, a3)
-    if cr:
-        m = m.reshape(G, p, p)
-        _, logdet = np.linalg.slogdet(m)
-        f -= 0.5 * logdet
-    if prior_mean is not None:
-        f -= (la - prior_mean) ** 2 / (2.0 * prior_var)
-    if not derivs:
-        return f, None, None
-    if cr:
-        minv = np.linalg.inv(m)
-        b = minv @ a2.reshape(G, p, p)
-        ga += 0.5 * np.trace(b, axis1=1, axis2=2)
-        ha += 0.5 * ((b * np.swapaxes(b, 1, 2)).sum(axis=(1, 2)) - 2.0 * (minv * a3.reshape(G, p, p)).sum(axis=(1, 2)))
-    alpha = np.exp(la)
-    g = alpha * ga
-    h = alpha * alpha * ha + g
-    if prior_mean is not None:
-        g -= (la - prior_mean) / prior_var
-        h -= 1.0 / prior_var
-    return f, g, h
+    m, a2, a3 = (v.reshape(G, p, p) if use else None for v, use in ((m, cr), (a2, cr and derivs), (a3, cr and derivs)))
+    return la, f, ga, ha, m, a2, a3
 
 
 @dataclass
@@ -374,10 +362,13 @@ def _fit_log_alpha(
     xx = outer_rows(x)
     lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
     la = xp.clip(xp.log(alpha0), lo, hi)
-    pm_all = prior_mean
 
-    def pm(i: Any) -> Any:
-        return None if pm_all is None else pm_all[i]
+    def grid(i: Any) -> Any:
+        """R's grid search of the genes ``i`` (same objective, prior included), from the minimum dispersion up."""
+        pm = None if prior_mean is None else prior_mean[i]
+        return _grid_search(
+            bk, y[i], mu[i], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm, prior_var=prior_var
+        )
 
     problem = NewtonProblem(
         y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, lo=lo, hi=hi, maxit=maxit, tol=tol,
@@ -396,9 +387,7 @@ def _fit_log_alpha(
     state = (la.copy(), f.copy(), g.copy(), h.copy())
     if bool((~conv).any()):
         bad = xp.nonzero(~conv)[0]
-        la[bad] = _grid_search(
-            bk, y[bad], mu[bad], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(bad), prior_var=prior_var
-        )
+        la[bad] = grid(bad)
     if r_state is not None:
         la0, f0, target, f1, stuck = r_state
         f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
@@ -411,9 +400,7 @@ def _fit_log_alpha(
         regrid = stuck & (xp.exp(est) > 10 * min_disp)
         if bool(regrid.any()):
             gi = xp.nonzero(regrid)[0]
-            est[gi] = _grid_search(
-                bk, y[gi], mu[gi], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm(gi), prior_var=prior_var
-            )
+            est[gi] = grid(gi)
         la = est
     alpha = xp.clip(xp.exp(la), min_disp, max_disp)
     return DispFit(alpha, iters, conv, state)
@@ -561,6 +548,10 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
     def pm(i: Any) -> Any:
         return None if pm_all is None else pm_all[i]
 
+    def logpost_of(i: Any, at: Any, derivs: bool) -> tuple[Any, Any, Any]:
+        """:func:`_logpost` of the genes ``i`` at log alpha ``at``."""
+        return _logpost(bk, at, y[i], mu[i], xx, p, cr=cr, prior_mean=pm(i), prior_var=prior_var, derivs=derivs)
+
     if init_state is None:
         f, g, h = _logpost(bk, la, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=True)
     else:
@@ -574,18 +565,7 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
             h = h - 1.0 / prior_var
         redo = xp.nonzero(xp.abs(la - la_ref) > 1e-12)[0]
         if redo.shape[0]:
-            f[redo], g[redo], h[redo] = _logpost(
-                bk,
-                la[redo],
-                y[redo],
-                mu[redo],
-                xx,
-                p,
-                cr=cr,
-                prior_mean=None if pm_all is None else pm_all[redo],
-                prior_var=prior_var,
-                derivs=True,
-            )
+            f[redo], g[redo], h[redo] = logpost_of(redo, la[redo], derivs=True)
     r_state = None
     if r_flat_start:
         # R's first line-search step (kappa = 1, limited to [-30, 10]) and its log posterior on R's scale
@@ -594,18 +574,7 @@ def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
         f1 = f + g * g
         cand1 = xp.nonzero(g * g < 1e-3)[0]
         if cand1.shape[0]:
-            f1[cand1] = _logpost(
-                bk,
-                target[cand1],
-                y[cand1],
-                mu[cand1],
-                xx,
-                p,
-                cr=cr,
-                prior_mean=None if pm_all is None else pm_all[cand1],
-                prior_var=prior_var,
-                derivs=False,
-            )[0]
+            f1[cand1] = logpost_of(cand1, target[cand1], derivs=False)[0]
         armijo = f1 >= f + 1e-4 * g * (target - la)
         # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
         # gain of any step R can take is below it, whatever the rounding noise of the log posterior
@@ -729,27 +698,17 @@ def _grid_search(
             out,
         )
         return out
+
+    def values(points: Iterable[Any]) -> Any:
+        """The log posterior of every gene at each of ``points`` (per gene log alphas), genes x points."""
+        kw = {"cr": cr, "prior_mean": prior_mean, "prior_var": prior_var, "derivs": False}
+        return xp.stack([_logpost(bk, la, y, mu, xx, p, **kw)[0] for la in points], axis=1)
+
     grid = xp.linspace(lo, hi, ngrid)
-    vals = xp.stack(
-        [
-            _logpost(
-                bk, xp.full(G, float(v)), y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False
-            )[0]
-            for v in bk.to_host(grid)
-        ],
-        axis=1,
-    )
-    best = grid[xp.argmax(vals, axis=1)]
+    best = grid[xp.argmax(values(xp.full(G, float(v)) for v in bk.to_host(grid)), axis=1)]
     delta = float(grid[1] - grid[0])
     fine = best[:, None] + xp.linspace(-delta, delta, ngrid)[None, :]
-    vals = xp.stack(
-        [
-            _logpost(bk, fine[:, j], y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, derivs=False)[0]
-            for j in range(ngrid)
-        ],
-        axis=1,
-    )
-    return fine[xp.arange(G), xp.argmax(vals, axis=1)]
+    return fine[xp.arange(G), xp.argmax(values(fine[:, j] for j in range(ngrid)), axis=1)]
 
 
 # --------------------------------------------------------------------------------------------------------------------

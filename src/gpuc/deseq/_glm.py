@@ -154,6 +154,8 @@ def _fit_nb_glm(
         rr = 1.0 / alpha[:, None]
         ll_const = (bk.special.gammaln(y + rr) - bk.special.gammaln(rr) - bk.special.gammaln(y + 1.0)).sum(axis=1)
     loga = xp.log(alpha)
+    # what both compiled IRLS loops take after beta: the limits, and the per-gene outputs they fill
+    limits_out = (float(min_mu), int(maxit), float(tol), float(large), iters, converged, failed, dev)
     if kern is not None:
         # the same IRLS, one compiled pass per gene and iteration (CPU)
         beta = np.ascontiguousarray(beta, dtype=np.float64)
@@ -169,14 +171,7 @@ def _fit_nb_glm(
             np.ascontiguousarray(ll_const, dtype=np.float64),
             np.ascontiguousarray(lam, dtype=np.float64),
             beta,
-            float(min_mu),
-            int(maxit),
-            float(tol),
-            float(large),
-            iters,
-            converged,
-            failed,
-            dev,
+            *limits_out,
         )
         idx = idx[:0]
     elif gk is not None:
@@ -192,14 +187,7 @@ def _fit_nb_glm(
             ll_const,
             lam,
             beta,
-            float(min_mu),
-            int(maxit),
-            float(tol),
-            float(large),
-            iters,
-            converged,
-            failed,
-            dev,
+            *limits_out,
         )
         idx = idx[:0]
     else:

@@ -68,6 +68,24 @@ class DispersionPrior:
     method: str
 
 
+@dataclass(frozen=True)
+class FitGlobals:
+    """What every gene's fit after the dispersion prior (:func:`fit_genes`) shares besides its own data: the global
+    results of :func:`dispersion_prior`, the dispersion bounds and the fit options (the same for every gene block).
+    """
+
+    trend: DispersionFunction
+    prior_var: float
+    var_log_disp: float
+    refit_cooks: bool
+    min_replicates: int
+    max_iter: int
+    reduced: np.ndarray | None
+    min_mu: float
+    min_disp: float
+    max_disp: float
+
+
 POSCOUNTS_NOTE = "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
 
 
@@ -132,19 +150,12 @@ def _fit_dispersions(
 
 
 def _fit_map(
-    bk: Backend,
-    y: Any,
-    mu: Any,
-    x: Any,
-    gw: Any,
-    fitted: Any,
-    *,
-    prior_var: float,
-    var_log_disp: float,
-    min_disp: float,
-    max_disp: float,
-    state: tuple | None = None,
-) -> tuple[Any, Any, Any, Any]:
+    bk: Backend, y: Any, sf: Any, mu: Any, x: Any, gw: Any, fitted: Any, state: tuple | None, glob: FitGlobals
+) -> tuple[Any, Any, Any, Any, Any]:
+    """MAP dispersions warm-started from the genewise fit (``gw``, Newton ``state``) towards the trend values
+    ``fitted``, R's dispersion outliers (which keep their genewise value), the final dispersions, and the NB GLM
+    fitted with them.
+    """
     xp = bk.xp
     start = xp.where(gw > 0.1 * fitted, gw, fitted)
     mp = fit_log_alpha(
@@ -153,15 +164,16 @@ def _fit_map(
         mu,
         x,
         start,
-        min_disp=min_disp,
-        max_disp=max_disp,
+        min_disp=glob.min_disp,
+        max_disp=glob.max_disp,
         prior_mean=xp.log(fitted),
-        prior_var=prior_var,
+        prior_var=glob.prior_var,
         init_state=state,
     )
-    outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(var_log_disp)
-    final = xp.clip(xp.where(outlier, gw, mp.alpha), min_disp, max_disp)
-    return mp.alpha, mp.converged, outlier, final
+    outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(glob.var_log_disp)
+    final = xp.clip(xp.where(outlier, gw, mp.alpha), glob.min_disp, glob.max_disp)
+    fit = fit_nb_glm(bk, y, sf, x, final, min_mu=glob.min_mu, maxit=glob.max_iter)
+    return mp.alpha, mp.converged, outlier, final, fit
 
 
 def run_deseq(
@@ -231,6 +243,10 @@ def run_deseq(
     )
 
     # ---- MAP, GLM, Cook's, refit, LRT
+    glob = FitGlobals(
+        prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced, min_mu,
+        min_disp, max_disp,
+    )  # fmt: skip
     parts = fit_genes(
         bk,
         y,
@@ -244,16 +260,7 @@ def run_deseq(
         mu_disp=mu_disp,
         gw_state=gw_state,
         fitted=bk.asarray(prior.fitted),
-        trend=prior.trend,
-        prior_var=prior.prior_var,
-        var_log_disp=prior.var_log_disp,
-        refit_cooks=refit_cooks,
-        min_replicates=min_replicates,
-        min_mu=min_mu,
-        min_disp=min_disp,
-        max_disp=max_disp,
-        reduced=reduced,
-        max_iter=max_iter,
+        glob=glob,
     )
     return assemble_fit(
         gene_fields(bk, parts, nonzero, G),
@@ -373,33 +380,21 @@ def fit_genes(
     mu_disp: Any,
     gw_state: tuple,
     fitted: Any,
-    trend: DispersionFunction,
-    prior_var: float,
-    var_log_disp: float,
-    refit_cooks: bool,
-    min_replicates: int,
-    min_mu: float,
-    min_disp: float,
-    max_disp: float,
-    reduced: np.ndarray | None,
-    max_iter: int,
+    glob: FitGlobals,
 ) -> dict[str, Any]:
     """Every per-gene step after the dispersion prior, on gene-major counts ``y`` of genes with a count: MAP
     dispersions, the GLM, Cook's distances, outlier replacement and refit, and (with a ``reduced`` model matrix) the
-    likelihood-ratio test.
+    likelihood-ratio test (``glob.reduced``).
 
     A gene's results depend only on its own counts, genewise fit and trend value and on the global values passed in
-    (size factors, design, trend, prior variance), so any split of the genes into blocks gives the same values.
-    Returns the per-gene arrays (the LRT statistic and p-value on the host, None without ``reduced``). On the CPU
+    (size factors, design, ``glob``), so any split of the genes into blocks gives the same values.
+    Returns the per-gene arrays (the LRT statistic and p-value on the host, None without a reduced model). On the CPU
     the genes run in spans (:func:`gpuc.deseq._threads.stage_blocks`), in parallel.
     """
     blocks = stage_blocks(bk, y.shape[0], y.shape[1])
     if blocks is not None:
         per_gene = {"norm": norm, "base_mean": base_mean, "base_var": base_var, "gw": gw, "gw_conv": gw_conv}
         per_gene |= {"mu_disp": mu_disp, "fitted": fitted}
-        options = {"trend": trend, "prior_var": prior_var, "var_log_disp": var_log_disp, "refit_cooks": refit_cooks}
-        options |= {"min_replicates": min_replicates, "min_mu": min_mu, "min_disp": min_disp, "max_disp": max_disp}
-        options |= {"reduced": reduced, "max_iter": max_iter}
         parts = map_blocks(
             blocks,
             lambda s: fit_genes(
@@ -409,29 +404,17 @@ def fit_genes(
                 x,
                 **{k: v[s] for k, v in per_gene.items()},
                 gw_state=tuple(v[s] for v in gw_state),
-                **options,
+                glob=glob,
             ),
         )
         return {k: None if parts[0][k] is None else np.concatenate([q[k] for q in parts]) for k in parts[0]}
     xp = bk.xp
     n, p = x.shape
     xd = bk.asarray(x)
-    dmap, map_conv, outlier, disp = _fit_map(
-        bk,
-        y,
-        mu_disp,
-        xd,
-        gw,
-        fitted,
-        prior_var=prior_var,
-        var_log_disp=var_log_disp,
-        min_disp=min_disp,
-        max_disp=max_disp,
-        state=gw_state,
-    )
+    min_mu, max_iter, reduced = glob.min_mu, glob.max_iter, glob.reduced
 
-    # ---- GLM
-    fit = fit_nb_glm(bk, y, sf, xd, disp, min_mu=min_mu, maxit=max_iter)
+    # ---- MAP dispersions and the GLM
+    dmap, map_conv, outlier, disp, fit = _fit_map(bk, y, sf, mu_disp, xd, gw, fitted, gw_state, glob)
     beta, cov, mu, dev = fit.beta, fit.cov, fit.mu, fit.deviance
     beta_conv, beta_iter = fit.converged, fit.iters
 
@@ -449,10 +432,10 @@ def fit_genes(
 
     replace = xp.zeros(y.shape[0], dtype=bool)
     refitted = xp.zeros(y.shape[0], dtype=bool)
-    replaceable = n_or_more_in_cell(x, min_replicates)
+    replaceable = n_or_more_in_cell(x, glob.min_replicates)
     y_fit = y
     new_all_zero = xp.zeros(y.shape[0], dtype=bool)
-    if refit_cooks and replaceable.any():
+    if glob.refit_cooks and replaceable.any():
         y_new, replace = replace_outliers(bk, y, sf, cooks, bk.asarray(replaceable), cutoff)
         if bool(replace.any()):
             y_fit = y_new
@@ -462,23 +445,10 @@ def fit_genes(
             if ridx.shape[0] > 0:
                 yr = y_new[ridx]
                 gw_r, gwc_r, mu_r, gw_state_r = _fit_dispersions(
-                    bk, yr, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
+                    bk, yr, sf, xd, min_disp=glob.min_disp, max_disp=glob.max_disp, min_mu=min_mu
                 )
-                fitted_r = bk.asarray(trend(np.asarray(bk.to_host(base_mean[ridx]))))
-                dmap_r, mapc_r, out_r, disp_r = _fit_map(
-                    bk,
-                    yr,
-                    mu_r,
-                    xd,
-                    gw_r,
-                    fitted_r,
-                    prior_var=prior_var,
-                    var_log_disp=var_log_disp,
-                    min_disp=min_disp,
-                    max_disp=max_disp,
-                    state=gw_state_r,
-                )
-                fit_r = fit_nb_glm(bk, yr, sf, xd, disp_r, min_mu=min_mu, maxit=max_iter)
+                fitted_r = bk.asarray(glob.trend(np.asarray(bk.to_host(base_mean[ridx]))))
+                dmap_r, mapc_r, out_r, disp_r, fit_r = _fit_map(bk, yr, sf, mu_r, xd, gw_r, fitted_r, gw_state_r, glob)
                 gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = (
                     gw_r,
                     gwc_r,
