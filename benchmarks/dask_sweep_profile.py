@@ -86,9 +86,11 @@ def run_config(adata, ks, n_runs, n_workers: int, threads: int, repeats: int, re
                     "load_after": os.getloadavg()[0],
                     "identical_to_in_process": None if ref is None else _same(tab, ref),
                     "suggested_k": out.uns["nmf_k_sweep"]["suggested_k"],
+                    "table": tab,
                 }
             )
-            print(f"  {n_workers} worker(s) x {threads} thread(s): {json.dumps(reps[-1], default=float)}", flush=True)
+            shown = {k: v for k, v in reps[-1].items() if k != "table"}
+            print(f"  {n_workers} worker(s) x {threads} thread(s): {json.dumps(shown, default=float)}", flush=True)
     finally:
         client.close()
         cluster.close()
@@ -130,8 +132,13 @@ def main() -> None:
         t0 = time.perf_counter()
         load0 = os.getloadavg()[0]
         ref = _table(_sweep(adata, ks, a.n_runs, None))
-        out["in_process"] = {"wall_s": time.perf_counter() - t0, "load_before": load0, "load_after": os.getloadavg()[0]}
-        print(f"in process: {json.dumps(out['in_process'])}", flush=True)
+        out["in_process"] = {
+            "wall_s": time.perf_counter() - t0,
+            "load_before": load0,
+            "load_after": os.getloadavg()[0],
+            "table": ref,
+        }
+        print(f"in process: wall {out['in_process']['wall_s']:.1f} s, load {load0:.2f}", flush=True)
     out["configs"] = {}
     for w in (int(x) for x in a.workers.split(",")):
         out["configs"][f"{w}x{a.threads}"] = run_config(adata, ks, a.n_runs, w, a.threads, a.repeats, ref)

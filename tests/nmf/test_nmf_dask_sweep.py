@@ -41,8 +41,12 @@ def test_plan_one_balanced_unit_per_worker(workers):
     assert max(loads) <= share * (1 + SPLIT_SLACK) + unit_cost(max(ks), 1)
     if workers == 1:  # one task fitting every rank together, as in process
         assert units == [[(k, range(n_runs)) for k in sorted(ks, reverse=True)]]
-    if workers <= 2:  # the 2..12 sweep deals evenly with whole ranks: every consensus runs where its rank was fitted
-        assert set().union(*owned_ranks(units, n_runs)) == set(ks)
+    if workers == 2:  # the three costliest ranks in halves, the others whole (their consensus runs in the unit)
+        assert set().union(*owned_ranks(units, n_runs)) == set(range(2, 10))
+        assert [[(k, r) for k, r in u if k >= 10] for u in units] == [
+            [(k, range(0, 10)) for k in (12, 11, 10)],
+            [(k, range(10, 20)) for k in (12, 11, 10)],
+        ]
 
 
 def test_plan_splits_only_sparse_ranks():
@@ -77,14 +81,14 @@ def _planted(n_cells: int = 160, n_genes: int = 50, seed: int = 0) -> AnnData:
 
 @pytest.mark.filterwarnings("ignore::gpuc.ConvergenceWarning")
 @pytest.mark.parametrize(
-    "ks",
-    [[2, 3, 4, 5], [2, 8]],  # whole ranks per unit; every rank split between the two units (rows as extra tasks)
-    ids=["whole", "split"],
+    ("ks", "whole"),
+    # ranks spread over both units (their rows as extra tasks) beside ranks kept whole; every rank split
+    [(list(range(2, 9)), {2, 3, 4}), ([2, 8], set())],
+    ids=["mixed", "all-split"],
 )
-def test_sweep_on_two_workers_equals_in_process(client, ks):
+def test_sweep_on_two_workers_equals_in_process(client, ks, whole):
     a = _planted()
-    split = set().union(*owned_ranks(plan_units(SPARSE, ks, 4, 2), 4)) != set(ks)
-    assert split == (ks == [2, 8])
+    assert set().union(*owned_ranks(plan_units(SPARSE, ks, 4, 2), 4)) == whole
     kw = {"n_runs": 4, "mask_var": None, "max_iter": 60, "random_state": 3, "copy": True}
     want = gpuc.tl.nmf_k_sweep(a, ks, **kw).uns["nmf_k_sweep"]
     got = gpuc.tl.nmf_k_sweep(a, ks, client=client, **kw).uns["nmf_k_sweep"]

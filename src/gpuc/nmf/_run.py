@@ -8,6 +8,7 @@ result is the in-process one.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,11 @@ SWEEP_BATCH_BYTES = 1 << 30  # factor state of one batch of a k sweep (see gpuc.
 # a restart's relative cost grows faster than its rank: its products with V grow with k, its Gram sweeps with k^2,
 # and larger ranks take more iterations to converge
 COST_POWER = 1.5
-# a rank is split between units (sparse data only) when keeping it whole would put a unit this far above its share
+# on sparse data a rank whose restarts cost more than this fraction of a unit's share is spread evenly over the units,
+# so that the units' balance does not rest on the estimated cost of the largest ranks
+SPREAD_FRACTION = 0.25
+# a smaller rank is split between units (sparse data only) when keeping it whole would put a unit this far above its
+# share
 SPLIT_SLACK = 0.05
 
 Group = tuple[int, range]  # (k, runs): restarts `runs` of rank k
@@ -72,11 +77,14 @@ def plan_units(op: Operator, ks: Sequence[int], n_runs: int, workers: int) -> li
 
     Ranks are dealt costliest first (:func:`unit_cost`) to the unit with the least work so far, whole, so that a
     unit holds all the restarts of most of its ranks (their consensus can run where they were fitted). On sparse
-    data a rank that would put its unit more than :data:`SPLIT_SLACK` above an even share is split: its runs fill
-    the least loaded units up to their share, in run order. A sparse run's iterates do not depend on the other runs
-    of its batch (per-row sums in a fixed order). Dense products go through BLAS, which may round a column
-    differently with the width of a rank's block, so there a rank is never split and its runs are bit-identical to
-    the in-process fit. Units that would be empty (fewer ranks than workers on dense data) are left out.
+    data two kinds of rank are split: one costing more than :data:`SPREAD_FRACTION` of a unit's share is spread in
+    even parts over the units (the cost of a large rank is the least certain: its iterations to convergence vary
+    most, and a misjudged large rank alone unbalances the units), and one that would put its unit more than
+    :data:`SPLIT_SLACK` above its share fills the least loaded units up to their share, in run order. A sparse
+    run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order). Dense products go
+    through BLAS, which may round a column differently with the width of a rank's block, so there a rank is never
+    split and its runs are bit-identical to the in-process fit. Units that would be empty (fewer ranks than workers
+    on dense data) are left out.
     """
     ks = sorted({int(k) for k in ks}, reverse=True)
     n_units = max(1, min(int(workers), len(ks) * n_runs if op.sparse else len(ks)))
@@ -87,22 +95,29 @@ def plan_units(op: Operator, ks: Sequence[int], n_runs: int, workers: int) -> li
     def least() -> int:
         return min(range(n_units), key=lambda i: (load[i], i))
 
+    def add(j: int, k: int, runs: range) -> None:
+        if units[j] and units[j][-1][0] == k and units[j][-1][1].stop == runs.start:  # adjacent runs: one group
+            units[j][-1] = (k, range(units[j][-1][1].start, runs.stop))
+        else:
+            units[j].append((k, runs))
+        load[j] += unit_cost(k, len(runs))
+
     for k in ks:
+        if op.sparse and n_units > 1 and unit_cost(k, n_runs) > share * SPREAD_FRACTION:
+            bounds = np.linspace(0, n_runs, min(n_units, n_runs) + 1).round().astype(int)
+            parts = sorted((range(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)), key=len, reverse=True)
+            for runs in parts:  # the larger parts to the less loaded units
+                add(least(), k, runs)
+            continue
         j = least()
         if not op.sparse or load[j] + unit_cost(k, n_runs) <= share * (1 + SPLIT_SLACK):
-            units[j].append((k, range(n_runs)))
-            load[j] += unit_cost(k, n_runs)
+            add(j, k, range(n_runs))
             continue
         start = 0
         while start < n_runs:
             j = least()
-            room = max(1, round((share - load[j]) / unit_cost(k, 1)))
-            stop = min(n_runs, start + room)
-            if units[j] and units[j][-1][0] == k and units[j][-1][1].stop == start:  # adjacent runs: one group
-                units[j][-1] = (k, range(units[j][-1][1].start, stop))
-            else:
-                units[j].append((k, range(start, stop)))
-            load[j] += unit_cost(k, stop - start)
+            stop = min(n_runs, start + max(1, round((share - load[j]) / unit_cost(k, 1))))
+            add(j, k, range(start, stop))
             start = stop
     return [u for u in units if u]
 
