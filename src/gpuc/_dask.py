@@ -164,10 +164,14 @@ class Scattered:
 
 
 def _scatter(client: Any, value: Any) -> Any:
-    """``value`` broadcast to every worker under a key of its own (``hash=False``: a random key, so two calls, or
-    two threads, scattering the same data never share, and never cancel, each other's copy).
+    """``value`` broadcast to every worker under a key of its own, so two calls, or two threads, scattering the same
+    data never share, and never cancel, each other's copy.
+
+    ``hash=False`` gives a random key, but ``Client.scatter`` takes a dict as one object per entry under the
+    entry's name (``options={"random_state": 0}`` would be scattered as key ``"random_state"``, the same in every
+    call); wrapped in a list, the value is scattered whole under a random key.
     """
-    return client.scatter(value, broadcast=True, hash=False)
+    return client.scatter([value], broadcast=True, hash=False)[0]
 
 
 @contextlib.contextmanager

@@ -105,6 +105,14 @@ def test_scattered_data_have_keys_of_their_own(client):
     x = np.arange(1000.0)
     with scattered(client, {"data": x}) as first, scattered(client, {"data": x}) as second:
         assert first["data"].future.key != second["data"].future.key  # the same data, two copies: no shared key
+        # a dict (the options every unit takes) is scattered whole under a random key, not one key per entry
+        with (
+            scattered(client, {"options": {"random_state": 0}}) as opts,
+            scattered(client, {"o": {"random_state": 0}}) as again,
+        ):
+            assert opts["options"].future.key != again["o"].future.key
+            assert "random_state" not in (opts["options"].future.key, again["o"].future.key)
+            assert opts["options"].future.result() == {"random_state": 0}
         # calls at once on the same data, two with scatters of their own and two reusing the handles: none cancels
         # another's copy
         out = {}
