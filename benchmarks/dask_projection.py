@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import itertools
 import json
 import math
 from pathlib import Path
@@ -168,50 +167,49 @@ def _nmf_units(units: list[dict]) -> tuple[dict[int, float], dict[int, float]]:
     return fit, row
 
 
-def _restart_plan(ks: list[int], n_runs: int, w: int) -> list[tuple[int, int]]:
-    """(k, runs) per unit as ``gpuc.nmf._run.restart_chunks`` splits a sparse sweep for ``w`` workers: units of
-    about equal work (runs x k), about four per worker."""
-    target = sum(k * n_runs for k in ks) / (4.0 * w)
-    out = []
-    for k in ks:
-        size = max(1, min(n_runs, round(target / k)))
-        n_units = -(-n_runs // size)
-        bounds = np.linspace(0, n_runs, n_units + 1).round().astype(int)
-        out += [(k, int(hi - lo)) for lo, hi in itertools.pairwise(bounds)]
-    return out
+def _restart_plan(ks: list[int], n_runs: int, w: int) -> list[list[tuple[int, int, bool]]]:
+    """Units as ``gpuc.nmf._run.plan_units`` deals a sparse sweep to ``w`` workers (one per worker, ranks dealt
+    costliest first, a rank split only to balance): per unit ``(k, runs, whole)``; ``whole``: the unit holds all of
+    the rank's restarts, so its consensus runs there."""
+    from types import SimpleNamespace
+
+    from gpuc.nmf._run import plan_units
+
+    units = plan_units(SimpleNamespace(sparse=True), ks, n_runs, w)
+    return [[(k, len(r), len(r) == n_runs) for k, r in u] for u in units]
 
 
 def project_nmf(res: dict, bw: float, cells_to: int, n_runs: int = 20) -> dict:
+    """A unit's time is the sum of its groups' restart times (measured one rank per task, so an upper bound: a unit
+    fits its ranks in the same passes over the data) plus the rows of the ranks it holds whole; the rows of split
+    ranks run after the units, one task each, their restarts through the driver."""
     r1 = _rep(res, "1 worker")
     cells_meas = res["_meta"]["shape"][0]
     f = cells_to / cells_meas  # HALS (and the usages shipped) scale with the cells (nnz) at fixed genes and ranks
     fit, row = _nmf_units(r1["tasks"]["units"])
     st1 = r1["units"][0]
     shared_b = st1["shared_MB"] * 1e6 * f
-    res_b = st1["unit_result_MB_total"] * 1e6 * f  # restarts to the driver, then out again to the row units
+    res_b = st1["unit_result_MB_total"] * 1e6 * f  # every rank's restarts (the measured run sent them all back)
     wall = r1["steps"]["nmf_k_sweep"]["wall_s"]
     serial = wall - sum(fit.values()) - sum(row.values())
     ks = sorted(fit)
-    out = {}
-    for w in WORKERS:
-        t1 = [fit[k] * f * n / n_runs for k, n in _restart_plan(ks, n_runs, w)]
-        size = max(n for _, n in _restart_plan(ks, n_runs, w))
-        mk1 = lpt(t1, w)
-        mk2 = lpt([row[k] for k in ks], w)  # the consensus clusters k x n_runs spectra over the genes: not scaled
-        tr = broadcast_s(shared_b, w, bw) + 2 * res_b / bw
-        n_tasks = len(t1) + len(ks)
-        out[w] = {"total": serial * f + mk1 + mk2 + n_tasks * SCHED_S + tr,
-                  "parts": {"serial": serial * f, "restarts": mk1, "rows": mk2, "transfer": tr,
-                            "n_units": n_tasks, "runs_per_unit": size}}  # fmt: skip
-    check = {}
-    for w in (1, 2):
-        t1 = [fit[k] * n / n_runs for k, n in _restart_plan(ks, n_runs, w)]
-        check[w] = (
-            serial
-            + lpt(t1, w)
-            + lpt([row[k] for k in ks], w)
-            + (broadcast_s(st1["shared_MB"] * 1e6, w, bw) + 2 * st1["unit_result_MB_total"] * 1e6 / bw)
-        )
+    k_weight = sum(k for k in ks)
+
+    def model(w: int, scale: float, shared: float, results: float) -> dict:
+        plan = _restart_plan(ks, n_runs, w)
+        # the consensus clusters k x n_runs spectra over the genes: not scaled
+        t1 = [sum(fit[k] * scale * n / n_runs + (row[k] if whole else 0.0) for k, n, whole in u) for u in plan]
+        split = sorted({k for u in plan for k, _, whole in u if not whole})
+        mk1 = max(t1)
+        mk2 = lpt([row[k] for k in split], w)
+        tr = broadcast_s(shared, w, bw) + 2 * results * sum(split) / k_weight / bw
+        n_tasks = len(plan) + len(split)
+        return {"total": serial * scale + mk1 + mk2 + n_tasks * SCHED_S + tr,
+                "parts": {"serial": serial * scale, "restarts": mk1, "rows": mk2, "transfer": tr,
+                          "n_units": n_tasks, "split_ranks": len(split)}}  # fmt: skip
+
+    out = {w: model(w, f, shared_b, res_b) for w in WORKERS}
+    check = {w: model(w, 1.0, st1["shared_MB"] * 1e6, st1["unit_result_MB_total"] * 1e6)["total"] for w in (1, 2)}
     meas = {c: _wall(_rep(res, c), ["nmf_k_sweep"]) for c in res if not c.startswith("_")}
     info = {"cells_measured": cells_meas, "cells_projected": cells_to, "restart_s_per_k": fit,
             "row_s_per_k": row, "serial_s": serial, "shared_MB_projected": shared_b / 1e6,
@@ -249,7 +247,7 @@ def main() -> None:
                                                          "de_tasks", "de_transfer", "deseq", "total"]),
         ("metacells", lambda r: project_metacells(r, bw, a.metacells_samples, full, a.metacells_loop_s),
          ["serial", "serial_as_is", "tasks", "transfer", "scheduler", "total", "total_as_is"]),
-        ("nmf", lambda r: project_nmf(r, bw, a.nmf_cells), ["n_units", "runs_per_unit", "serial", "restarts",
+        ("nmf", lambda r: project_nmf(r, bw, a.nmf_cells), ["n_units", "split_ranks", "serial", "restarts",
                                                             "rows", "transfer", "total"]),
     ):  # fmt: skip
         try:

@@ -11,11 +11,12 @@ Nothing here imports dask or distributed at module import: ``import gpuc`` works
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,47 @@ def _run_unit(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], n_
     return UnitResult(value, [(w.category, str(w.message)) for w in caught])
 
 
+@dataclass(frozen=True)
+class Scattered:
+    """Data already on every worker (:func:`scattered`): its future there and this process's copy (scattered again
+    from it when a worker holding it was lost).
+    """
+
+    value: Any
+    future: Any
+
+
+def _scatter(client: Any, value: Any) -> Any:
+    """``value`` broadcast to every worker under a key of its own, so two calls, or two threads, scattering the same
+    data never share, and never cancel, each other's copy.
+
+    ``hash=False`` gives a random key, but ``Client.scatter`` takes a dict as one object per entry under the
+    entry's name (``options={"random_state": 0}`` would be scattered as key ``"random_state"``, the same in every
+    call); wrapped in a list, the value is scattered whole under a random key.
+    """
+    return client.scatter([value], broadcast=True, hash=False)[0]
+
+
+@contextlib.contextmanager
+def scattered(client: Any, shared: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """``shared`` scattered once to every worker for several :func:`map_units` calls (pass the yielded dict as their
+    ``shared``); released on exit. Without a client the values are yielded as they are.
+    """
+    if client is None:
+        yield dict(shared)
+        return
+    handles = {k: Scattered(v, _scatter(client, v)) for k, v in shared.items()}
+    try:
+        yield handles
+    finally:
+        client.cancel([h.future for h in handles.values()])
+
+
+def _plain(shared: Mapping[str, Any]) -> dict[str, Any]:
+    """``shared`` with every :class:`Scattered` handle replaced by its value (the in-process path)."""
+    return {k: v.value if isinstance(v, Scattered) else v for k, v in shared.items()}
+
+
 # a unit whose input or worker was lost (a worker killed, e.g. by its memory limit, taking the scattered data with
 # it) is resubmitted from the client, with its data scattered again, at most this many times
 MAX_RESUBMITS = 2
@@ -184,7 +226,17 @@ def _run_on_cluster(
     results: list[UnitResult | None] = [None] * len(units)
     for attempt in range(MAX_RESUBMITS + 1):
         pending = [i for i, r in enumerate(results) if r is None]
-        futures_shared = {k: client.scatter(v, broadcast=True, hash=False) for k, v in shared.items()}
+        # data scattered before the call (Scattered) are used as they are on the first attempt and belong to the
+        # caller; the rest, and everything on a later attempt (its copies may have died with a worker), are
+        # scattered here and released after the attempt
+        futures_shared: dict[str, Any] = {}
+        owned_shared: list[Any] = []
+        for k, v in shared.items():
+            if isinstance(v, Scattered) and attempt == 0:
+                futures_shared[k] = v.future
+            else:
+                futures_shared[k] = _scatter(client, v.value if isinstance(v, Scattered) else v)
+                owned_shared.append(futures_shared[k])
         # a unit's own data as one scattered object (the task resolves it to its argument tuple), scattered afresh on
         # every attempt from this process's copy: the copy on a dead worker is gone with it
         args = (
@@ -219,8 +271,8 @@ def _run_on_cluster(
                     msg = f"{what} failed on {label or 'its only unit'}: {type(err).__name__}: {err}"
                     raise DaskTaskError(msg) from err
         finally:
-            scattered = list(args.values()) if scatter_args else []
-            client.cancel(list(futures.values()) + list(futures_shared.values()) + scattered)
+            unit_data = list(args.values()) if scatter_args else []
+            client.cancel(list(futures.values()) + owned_shared + unit_data)
         if not lost:
             break
         names = ", ".join(units[i][0] or "its only unit" for i in lost)
@@ -260,7 +312,8 @@ def map_units(
         A ``distributed.Client`` (from :func:`resolve_client`) or ``None`` to run the units here, in order.
     shared
         Keyword arguments every unit takes (the data of a sweep, the design): on a cluster they are scattered once to
-        every worker (``broadcast=True``), not shipped with each task.
+        every worker (``broadcast=True``), not shipped with each task. A value that is a :class:`Scattered` handle
+        (from :func:`scattered`) is already there and is reused, so several calls share one copy per worker.
     n_jobs
         CPU threads of each unit; inside a worker never more than the worker's threads.
     what
@@ -292,6 +345,7 @@ def map_units(
     """
     shared = dict(shared or {})
     if client is None:
+        shared = _plain(shared)
         out = []
         for label, args in units:
             try:

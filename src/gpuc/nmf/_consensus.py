@@ -21,10 +21,21 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_samples
 
 from gpuc._backend import Backend, get_backend, to_host
-from gpuc._dask import map_units, n_workers
+from gpuc._dask import map_units, n_workers, scattered
 from gpuc._utils import SMALL_BLAS_FLOPS, serial_blas, threaded
 from gpuc.nmf._hals import HalsOptions, HalsResult, Operator, nnls_refit
-from gpuc.nmf._run import fit_on_cluster, fit_ranks, fit_restarts, restart_chunks
+from gpuc.nmf._run import (
+    SWEEP_BATCH_BYTES,
+    Group,
+    fit_groups,
+    fit_ranks,
+    join_restarts,
+    join_units,
+    owned_ranks,
+    plan_units,
+    unit_cost,
+    unit_label,
+)
 
 Metric = Literal["cosine", "euclidean"]
 Target = Literal["spectra", "usage"]
@@ -435,9 +446,6 @@ class KSweepRow:
     n_converged: int
 
 
-SWEEP_BATCH_BYTES = 1 << 30  # factor state of one batch of a k sweep (see sweep_batches)
-
-
 def sweep_batches(
     ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsize: int, budget_bytes: int = SWEEP_BATCH_BYTES
 ) -> list[list[int]]:
@@ -571,20 +579,26 @@ def sweep_rows(
     )
 
 
-def _fit_and_row_unit(
+def _sweep_unit(
     backend: Backend,
-    k: int,
-    runs: range,
+    groups: list[Group],
+    owned: set[int],
     *,
     op: Operator,
     random_state: int,
     options: dict,
     rule: dict,
     n_jobs: int | None,
-) -> dict:
-    """One Dask unit of a k sweep whose rank is not split: its restarts, then its row, on the same worker."""
-    fits = fit_restarts(backend, k, runs, op=op, random_state=random_state, options=options, n_jobs=n_jobs)
-    return vars(sweep_row(backend, op, fits.moved(backend.asarray), k, **rule, n_jobs=n_jobs))
+) -> list[Any]:
+    """One Dask unit of a k sweep: the restarts of its groups fitted together, then, on the same worker, the row
+    (a dict) of every rank ``owned`` (all its restarts are here); for a part of a split rank its restarts, on the
+    host.
+    """
+    fits = fit_groups(backend, op, groups, random_state, options)
+    return [
+        vars(sweep_row(backend, op, f, k, **rule, n_jobs=n_jobs)) if k in owned else f.moved(to_host)
+        for (k, _), f in zip(groups, fits, strict=True)
+    ]
 
 
 def sweep_on_cluster(
@@ -599,26 +613,38 @@ def sweep_on_cluster(
     *,
     n_jobs: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows of a k sweep on a Dask cluster: one task per rank that fits its restarts and computes its row there,
-    so the data are scattered once and only the rows come back (no round trip of the factors through this
-    process). When a rank is split into several units (:func:`gpuc.nmf._run.restart_chunks`: fewer workers than
-    ranks' worth of work), the restarts run first and the rows as one task per rank after them. The rows equal
-    the in-process sweep's.
+    """The rows of a k sweep on a Dask cluster: one task per worker (:func:`gpuc.nmf._run.plan_units`) that fits
+    its restarts together (one pass over the data per iteration for all of them) and computes there the rows of
+    the ranks whose restarts it holds all of, so only those rows come back. A rank split between units (sparse
+    data, when keeping it whole would unbalance the workers) has its restarts joined here and its row computed as
+    one small task after them. The data are scattered once to every worker and stay there for both steps. The rows
+    equal the in-process sweep's.
     """
     ks = [int(k) for k in ks]
-    chunks = restart_chunks(op, ks, n_runs, n_workers(client))
-    if len(chunks) > len(ks):
-        fits = fit_on_cluster(client, backend, op, ks, n_runs, random_state, options, "nmf_k_sweep", n_jobs)
-        return sweep_rows(backend, op, ks, [fits[k] for k in ks], rule, client=client, n_jobs=n_jobs)
-    return map_units(
-        _fit_and_row_unit,
-        [(f"k={k}", (backend, k, r)) for k, r in chunks],
-        client=client,
-        shared={"op": op, "random_state": random_state, "options": options.kwargs(), "rule": rule.kwargs()},
-        n_jobs=n_jobs,
-        what="nmf_k_sweep",
-        costs=[k * len(r) for k, r in chunks],
-    )
+    units = plan_units(op, ks, n_runs, n_workers(client))
+    owned = owned_ranks(units, n_runs)
+    with scattered(client, {"op": op}) as data:
+        parts = map_units(
+            _sweep_unit,
+            [(unit_label(u, n_runs), (backend, u, o)) for u, o in zip(units, owned, strict=True)],
+            client=client,
+            shared={**data, "random_state": random_state, "options": options.kwargs(), "rule": rule.kwargs()},
+            n_jobs=n_jobs,
+            what="nmf_k_sweep",
+            costs=[sum(unit_cost(k, len(r)) for k, r in u) for u in units],
+        )
+        by_k = join_units(units, parts, ks)
+        mine = set().union(*owned)
+        rows = {k: by_k[k][0] for k in ks if k in mine}
+        split = [k for k in ks if k not in mine]
+        if split:
+            fits = [join_restarts(by_k[k]) for k in split]
+            rows.update(
+                zip(
+                    split, sweep_rows(backend, data["op"], split, fits, rule, client=client, n_jobs=n_jobs), strict=True
+                )
+            )
+    return [rows[k] for k in ks]
 
 
 SUGGEST_TOL = 0.05

@@ -39,7 +39,7 @@ class FitPlan:
         The ranks, sorted.
     batches
         The ranks fitted together, one batch after the other, in this process (every rank in one batch on a Dask
-        cluster, where :func:`gpuc.nmf._run.restart_chunks` splits them into tasks).
+        cluster, where :func:`gpuc.nmf._run.plan_units` deals them into one task per worker).
     """
 
     backend: Backend

@@ -1,8 +1,9 @@
 """Where the restarts of a fit run: in this process (all ranks in the same data products) or as Dask tasks.
 
-On a cluster the restarts of every rank become units (:func:`restart_chunks`), the data scattered once to every
-worker (:func:`gpuc._dask.map_units`); each unit's factors come back to the host and a rank's units are joined in
-run order (:func:`join_restarts`), so the result is the in-process one.
+On a cluster the restarts of every rank are dealt into one unit per worker (:func:`plan_units`), the data scattered
+once to every worker (:func:`gpuc._dask.map_units`); a unit fits all its restarts together, as the in-process fit
+does, its factors come back to the host and a rank's parts are joined in run order (:func:`join_restarts`), so the
+result is the in-process one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,25 @@ from gpuc._backend import Backend, to_host
 from gpuc._dask import map_units, n_workers
 from gpuc._utils import derive_seed
 from gpuc.nmf._hals import HalsOptions, HalsResult, Operator, fit_hals_groups
+
+SWEEP_BATCH_BYTES = 1 << 30  # factor state of one batch of a k sweep (see gpuc.nmf._consensus.sweep_batches)
+
+# a restart's relative cost grows faster than its rank: its products with V grow with k, its Gram sweeps with k^2,
+# and larger ranks take more iterations to converge
+COST_POWER = 1.5
+# on sparse data a rank whose restarts cost more than this fraction of a unit's share is spread evenly over the units,
+# so that the units' balance does not rest on the estimated cost of the largest ranks
+SPREAD_FRACTION = 0.25
+# a smaller rank is split between units (sparse data only) when keeping it whole would put a unit this far above its
+# share
+SPLIT_SLACK = 0.05
+
+# factor columns (k x runs) of one batch inside a unit: wider batches share each pass over the data among more runs,
+# but past a few hundred columns the factors no longer stay in cache (CPU, one thread, the 2..12 x 20 sweep on
+# 6,881 x 2,000: one rank per batch 54.1 s, batches of <= 480 columns 49.6 s, all 1,540 columns in one 62.0 s)
+MAX_BATCH_COLUMNS = 480
+
+Group = tuple[int, range]  # (k, runs): restarts `runs` of rank k
 
 
 def seeds_of(random_state: int, k: int, runs: Sequence[int]) -> list[np.random.SeedSequence]:
@@ -51,34 +71,113 @@ def fit_ranks(
     return [fits[int(k)].moved(backend.asarray) for k in ks]
 
 
-def restart_chunks(op: Operator, ks: Sequence[int], n_runs: int, workers: int) -> list[tuple[int, range]]:
-    """The units of a distributed fit: ``(k, runs)`` pairs covering every restart of every rank.
+def unit_cost(k: int, n: int) -> float:
+    """Relative cost of ``n`` restarts of rank ``k`` (:data:`COST_POWER`)."""
+    return n * float(k) ** COST_POWER
 
-    On sparse data a run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order), so
-    restarts are grouped into units of at most about half a worker's share of the work (a run's cost grows with its
-    k), so that the units, started costliest first, balance the workers; a rank's runs stay together up to that size,
-    as they share the passes over the data (a split rank passes over it once per unit). Dense products go through
-    BLAS, which may round a column differently with the width of the product: there each rank stays one unit, so the
-    runs are bit-identical to the in-process fit.
+
+def plan_units(op: Operator, ks: Sequence[int], n_runs: int, workers: int) -> list[list[Group]]:
+    """The units of a distributed fit: one per worker, each a list of ``(k, runs)`` groups fitted together, covering
+    every restart of every rank once.
+
+    Ranks are dealt costliest first (:func:`unit_cost`) to the unit with the least work so far, whole, so that a
+    unit holds all the restarts of most of its ranks (their consensus can run where they were fitted). On sparse
+    data two kinds of rank are split: one costing more than :data:`SPREAD_FRACTION` of a unit's share is spread in
+    even parts over the units (the cost of a large rank is the least certain: its iterations to convergence vary
+    most, and a misjudged large rank alone unbalances the units), and one that would put its unit more than
+    :data:`SPLIT_SLACK` above its share fills the least loaded units up to their share, in run order. A sparse
+    run's iterates do not depend on the other runs of its batch (per-row sums in a fixed order). Dense products go
+    through BLAS, which may round a column differently with the width of a rank's block, so there a rank is never
+    split and its runs are bit-identical to the in-process fit. Units that would be empty (fewer ranks than workers
+    on dense data) are left out.
     """
-    if not op.sparse:
-        return [(k, range(n_runs)) for k in ks]
-    target = sum(k * n_runs for k in ks) / (2.0 * workers)  # work per unit, in run-ranks
-    out = []
+    ks = sorted({int(k) for k in ks}, reverse=True)
+    n_units = max(1, min(int(workers), len(ks) * n_runs if op.sparse else len(ks)))
+    share = sum(unit_cost(k, n_runs) for k in ks) / n_units
+    units: list[list[Group]] = [[] for _ in range(n_units)]
+    load = [0.0] * n_units
+
+    def least() -> int:
+        return min(range(n_units), key=lambda i: (load[i], i))
+
+    def add(j: int, k: int, runs: range) -> None:
+        if units[j] and units[j][-1][0] == k and units[j][-1][1].stop == runs.start:  # adjacent runs: one group
+            units[j][-1] = (k, range(units[j][-1][1].start, runs.stop))
+        else:
+            units[j].append((k, runs))
+        load[j] += unit_cost(k, len(runs))
+
     for k in ks:
-        size = max(1, min(n_runs, round(target / k)))
-        n_units = -(-n_runs // size)
-        bounds = np.linspace(0, n_runs, n_units + 1).round().astype(int)  # even split of the k's runs
-        out += [(k, range(int(lo), int(hi))) for lo, hi in itertools.pairwise(bounds)]
+        if op.sparse and n_units > 1 and unit_cost(k, n_runs) > share * SPREAD_FRACTION:
+            bounds = np.linspace(0, n_runs, min(n_units, n_runs) + 1).round().astype(int)
+            parts = sorted((range(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)), key=len, reverse=True)
+            for runs in parts:  # the larger parts to the less loaded units
+                add(least(), k, runs)
+            continue
+        j = least()
+        if not op.sparse or load[j] + unit_cost(k, n_runs) <= share * (1 + SPLIT_SLACK):
+            add(j, k, range(n_runs))
+            continue
+        start = 0
+        while start < n_runs:
+            j = least()
+            stop = min(n_runs, start + max(1, round((share - load[j]) / unit_cost(k, 1))))
+            add(j, k, range(start, stop))
+            start = stop
+    return [u for u in units if u]
+
+
+def owned_ranks(units: list[list[Group]], n_runs: int) -> list[set[int]]:
+    """Per unit, the ranks whose every restart it holds (their consensus can run in that unit)."""
+    return [{k for k, r in u if len(r) == n_runs} for u in units]
+
+
+def pack_groups(
+    groups: list[Group], shape: tuple[int, int], itemsize: int, budget_bytes: int, max_columns: int = MAX_BATCH_COLUMNS
+) -> list[list[Group]]:
+    """A unit's groups in batches fitted one after the other, in order, each of at most ``max_columns`` factor
+    columns and ``budget_bytes`` of factor state (as :func:`gpuc.nmf._consensus.sweep_batches`; a group alone is
+    always allowed).
+    """
+    per_column = 6 * (shape[0] + shape[1]) * itemsize
+    batches: list[list[Group]] = []
+    cols = 0
+    for k, r in groups:
+        c = k * len(r)
+        if batches and cols + c <= max_columns and (cols + c) * per_column <= budget_bytes:
+            batches[-1].append((k, r))
+            cols += c
+        else:
+            batches.append([(k, r)])
+            cols = c
+    return batches
+
+
+def fit_groups(
+    backend: Backend, op: Operator, groups: list[Group], random_state: int, options: dict
+) -> list[HalsResult]:
+    """The restarts of ``groups`` (one result per group, on ``backend``'s device), in batches of bounded width
+    (:func:`pack_groups`); a run's iterates do not depend on the other runs of its batch, so the batching does not
+    change the result.
+    """
+    out: list[HalsResult] = []
+    for batch in pack_groups(groups, op.shape, op.dtype.itemsize, SWEEP_BATCH_BYTES):
+        seeded = [(k, seeds_of(random_state, k, r)) for k, r in batch]
+        out += fit_hals_groups(backend, op, seeded, **options)
     return out
 
 
-def fit_restarts(
-    backend: Backend, k: int, runs: range, *, op: Operator, random_state: int, options: dict, n_jobs: int | None
-) -> HalsResult:
-    """One unit: restarts ``runs`` of rank ``k``, factors brought to the host (``n_jobs``: set by the unit runner)."""
-    groups = [(k, seeds_of(random_state, k, runs))]
-    return fit_hals_groups(backend, op, groups, **options)[0].moved(to_host)
+def fit_unit(
+    backend: Backend,
+    groups: list[Group],
+    *,
+    op: Operator,
+    random_state: int,
+    options: dict,
+    n_jobs: int | None,
+) -> list[HalsResult]:
+    """One unit: the restarts of its groups, factors brought to the host (``n_jobs``: set by the unit runner)."""
+    return [f.moved(to_host) for f in fit_groups(backend, op, groups, random_state, options)]
 
 
 def join_restarts(parts: list[HalsResult]) -> HalsResult:
@@ -95,6 +194,20 @@ def join_restarts(parts: list[HalsResult]) -> HalsResult:
     )
 
 
+def join_units(units: list[list[Group]], parts: list[list[Any]], ks: Sequence[int]) -> dict[int, list[Any]]:
+    """Per rank, its groups' values from the units' results, in run order."""
+    by_k: dict[int, list[tuple[int, Any]]] = {int(k): [] for k in ks}
+    for groups, values in zip(units, parts, strict=True):
+        for (k, r), v in zip(groups, values, strict=True):
+            by_k[k].append((r.start, v))
+    return {k: [v for _, v in sorted(vs, key=lambda t: t[0])] for k, vs in by_k.items()}
+
+
+def unit_label(groups: list[Group], n_runs: int) -> str:
+    """A unit's name in errors, warnings and the dashboard, e.g. ``k=12, k=9, k=3 runs 0-9``."""
+    return ", ".join(f"k={k}" if len(r) == n_runs else f"k={k} runs {r.start}-{r.stop - 1}" for k, r in groups)
+
+
 def fit_on_cluster(
     client: Any,
     backend: Backend,
@@ -106,18 +219,17 @@ def fit_on_cluster(
     what: str,
     n_jobs: int | None = None,
 ) -> dict[int, HalsResult]:
-    """Every restart of ranks ``ks`` as Dask tasks (the data scattered once per worker); ``{k: restarts}`` on the
-    host.
+    """Every restart of ranks ``ks`` as Dask tasks, one unit per worker (the data scattered once per worker);
+    ``{k: restarts}`` on the host.
     """
-    chunks = restart_chunks(op, ks, n_runs, n_workers(client))
-    units = [(f"k={k} runs {r.start}-{r.stop - 1}", (backend, k, r)) for k, r in chunks]
+    units = plan_units(op, ks, n_runs, n_workers(client))
     parts = map_units(
-        fit_restarts,
-        units,
+        fit_unit,
+        [(unit_label(u, n_runs), (backend, u)) for u in units],
         client=client,
         shared={"op": op, "random_state": random_state, "options": options.kwargs()},
         n_jobs=n_jobs,
         what=what,
-        costs=[k * len(r) for k, r in chunks],
+        costs=[sum(unit_cost(k, len(r)) for k, r in u) for u in units],
     )
-    return {k: join_restarts([p for (kk, _), p in zip(chunks, parts, strict=True) if kk == k]) for k in ks}
+    return {k: join_restarts(v) for k, v in join_units(units, parts, ks).items()}

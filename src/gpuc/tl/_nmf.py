@@ -329,7 +329,7 @@ def nmf_k_sweep(
     be, op = plan.backend, plan.op
     start, t0 = _log_start(f"NMF k sweep: k={ks}, {n_runs} runs each", op, be, dask_client)
     with interruptible("nmf_k_sweep"):
-        if dask_client is not None:  # one task per rank: its restarts and its row on one worker
+        if dask_client is not None:  # one task per worker: its restarts and the rows of its ranks
             rows = sweep_on_cluster(dask_client, be, op, ks, n_runs, random_state, hals, rule, n_jobs=n_jobs)
         else:
             rows = []
