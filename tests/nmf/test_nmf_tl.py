@@ -268,3 +268,26 @@ def test_nmf_k_sweep_gpu_matches_cpu(cnmf_counts):
     gpu = gpuc.tl.nmf_k_sweep(cnmf_counts, device="gpu", **kw).uns["nmf_k_sweep"]["table"]
     np.testing.assert_allclose(gpu["best_error"], cpu["best_error"], atol=1e-5)
     np.testing.assert_allclose(gpu["stability"], cpu["stability"], atol=0.05)
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_nmf_k_sweep_in_column_capped_batches_equals_one_batch(program_factory, monkeypatch, sparse):
+    # on the CPU the sweep's ranks are fitted in batches of at most MAX_BATCH_COLUMNS factor columns (for the cache);
+    # a restart's iterates do not depend on the other ranks of its batch, so every output is the one-batch output
+    import gpuc.nmf._plan as plan
+
+    ad = program_factory(160, 60, sparse=sparse)
+    kw = {"n_runs": 5, "layer": "counts", "device": "cpu", "random_state": 1, "copy": True}
+    monkeypatch.setattr(plan, "MAX_BATCH_COLUMNS", 10**6)
+    one = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
+    monkeypatch.setattr(plan, "MAX_BATCH_COLUMNS", 25)
+    capped = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
+    assert plan.sweep_batches(range(2, 8), 5, (160, 60), 4, max_columns=25) == [[2, 3], [4], [5], [6], [7]]
+    pd.testing.assert_frame_equal(one.uns["nmf_k_sweep"]["table"], capped.uns["nmf_k_sweep"]["table"], check_exact=True)
+    for key in one.uns["nmf_k_sweep"]:
+        if isinstance(one.uns["nmf_k_sweep"][key], np.ndarray):
+            np.testing.assert_array_equal(one.uns["nmf_k_sweep"][key], capped.uns["nmf_k_sweep"][key])
+    for key in set(one.varm) | set(one.obsm):
+        store = one.varm if key in one.varm else one.obsm
+        other = capped.varm if key in capped.varm else capped.obsm
+        np.testing.assert_array_equal(store[key], other[key])

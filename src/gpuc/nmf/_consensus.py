@@ -447,21 +447,29 @@ class KSweepRow:
 
 
 def sweep_batches(
-    ks: Sequence[int], n_runs: int, shape: tuple[int, int], itemsize: int, budget_bytes: int = SWEEP_BATCH_BYTES
+    ks: Sequence[int],
+    n_runs: int,
+    shape: tuple[int, int],
+    itemsize: int,
+    budget_bytes: int = SWEEP_BATCH_BYTES,
+    max_columns: int | None = None,
 ) -> list[list[int]]:
-    """Split the ranks of a sweep into batches fitted together, each holding at most ``budget_bytes`` of factors.
+    """Split the ranks of a sweep into batches fitted together, each holding at most ``budget_bytes`` of factors
+    and, when given, at most ``max_columns`` factor columns (the CPU's cache-friendly width,
+    :data:`gpuc.nmf._run.MAX_BATCH_COLUMNS`).
 
     A batch of ranks holds ``C = n_runs * sum(k)`` factor columns of ``m + n`` rows in about six arrays (current,
-    extrapolated and output factors); ranks are packed in order until the next one would exceed the budget (a rank
-    alone is always allowed). On pbmc3k the whole 2..12 sweep is one batch (~90 MB); at a million cells each rank
-    is its own batch.
+    extrapolated and output factors); ranks are packed in order until the next one would exceed a bound (a rank
+    alone is always allowed). On pbmc3k the whole 2..12 sweep fits one batch by memory (~90 MB); at a million cells
+    each rank is its own batch.
     """
     per_column = 6 * (shape[0] + shape[1]) * itemsize
     batches: list[list[int]] = []
     cols = 0
     for k in ks:
         c = int(k) * n_runs
-        if batches and batches[-1] and (cols + c) * per_column <= budget_bytes:
+        fits = (cols + c) * per_column <= budget_bytes and (max_columns is None or cols + c <= max_columns)
+        if batches and batches[-1] and fits:
             batches[-1].append(int(k))
             cols += c
         else:
