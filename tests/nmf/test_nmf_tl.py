@@ -272,15 +272,15 @@ def test_nmf_k_sweep_gpu_matches_cpu(cnmf_counts):
 
 @pytest.mark.parametrize("sparse", [True, False])
 def test_nmf_k_sweep_in_column_capped_batches_equals_one_batch(program_factory, monkeypatch, sparse):
-    # on the CPU the sweep's ranks are fitted in batches of at most MAX_BATCH_COLUMNS factor columns (for the cache);
+    # on the CPU the sweep's ranks are fitted in batches of at most cpu_batch_columns factor columns (for the cache);
     # a restart's iterates do not depend on the other ranks of its batch, so every output is the one-batch output
     import gpuc.nmf._plan as plan
 
     ad = program_factory(160, 60, sparse=sparse)
     kw = {"n_runs": 5, "layer": "counts", "device": "cpu", "random_state": 1, "copy": True}
-    monkeypatch.setattr(plan, "MAX_BATCH_COLUMNS", 10**6)
+    monkeypatch.setattr(plan, "cpu_batch_columns", lambda shape, itemsize: 10**6)
     one = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
-    monkeypatch.setattr(plan, "MAX_BATCH_COLUMNS", 25)
+    monkeypatch.setattr(plan, "cpu_batch_columns", lambda shape, itemsize: 25)
     capped = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
     assert plan.sweep_batches(range(2, 8), 5, (160, 60), 4, max_columns=25) == [[2, 3], [4], [5], [6], [7]]
     pd.testing.assert_frame_equal(one.uns["nmf_k_sweep"]["table"], capped.uns["nmf_k_sweep"]["table"], check_exact=True)
@@ -291,3 +291,19 @@ def test_nmf_k_sweep_in_column_capped_batches_equals_one_batch(program_factory, 
         store = one.varm if key in one.varm else one.obsm
         other = capped.varm if key in capped.varm else capped.obsm
         np.testing.assert_array_equal(store[key], other[key])
+
+
+def test_cpu_batches_keep_their_factor_rows_in_cache():
+    from gpuc.nmf._consensus import sweep_batches
+    from gpuc.nmf._run import CPU_BATCH_FACTOR_BYTES, cpu_batch_columns
+
+    ks = list(range(2, 13))
+    # pbmc3k-sized (2,638 x 2,000, 10 runs: 770 columns, 14 MB of factor rows) stays one batch
+    assert sweep_batches(ks, 10, (2638, 2000), 4, max_columns=cpu_batch_columns((2638, 2000), 4)) == [ks]
+    # 6,881 x 2,000 with 20 runs (1,540 columns, 55 MB) is split into batches whose factor rows fit the budget
+    width = cpu_batch_columns((6881, 2000), 4)
+    batches = sweep_batches(ks, 20, (6881, 2000), 4, max_columns=width)
+    assert len(batches) > 1 and [k for b in batches for k in b] == ks
+    assert all(20 * sum(b) * (6881 + 2000) * 4 <= CPU_BATCH_FACTOR_BYTES for b in batches)
+    # at 100,000 cells no useful width fits: memory alone bounds the batches
+    assert cpu_batch_columns((100_000, 2000), 4) is None

@@ -456,7 +456,7 @@ def sweep_batches(
 ) -> list[list[int]]:
     """Split the ranks of a sweep into batches fitted together, each holding at most ``budget_bytes`` of factors
     and, when given, at most ``max_columns`` factor columns (the CPU's cache-friendly width,
-    :data:`gpuc.nmf._run.MAX_BATCH_COLUMNS`).
+    :func:`gpuc.nmf._run.cpu_batch_columns`).
 
     A batch of ranks holds ``C = n_runs * sum(k)`` factor columns of ``m + n`` rows in about six arrays (current,
     extrapolated and output factors); ranks are packed in order until the next one would exceed a bound (a rank

@@ -31,10 +31,22 @@ SPREAD_FRACTION = 0.25
 # share
 SPLIT_SLACK = 0.05
 
-# factor columns (k x runs) of one batch inside a unit: wider batches share each pass over the data among more runs,
-# but past a few hundred columns the factors no longer stay in cache (CPU, one thread, the 2..12 x 20 sweep on
-# 6,881 x 2,000: one rank per batch 54.1 s, batches of <= 480 columns 49.6 s, all 1,540 columns in one 62.0 s)
-MAX_BATCH_COLUMNS = 480
+# factor state (cells + genes rows x factor columns, in the working precision) of one batch on the CPU: wider
+# batches share each pass over the data among more runs, but once the factor rows they gather outgrow the last-level
+# cache (32 MiB on the machines measured) every gather misses; docs/benchmarks.md has the measurements
+CPU_BATCH_FACTOR_BYTES = 16 << 20
+# below this many columns in that budget (about 100,000 cells at 2,000 genes) the factors miss the cache at any useful
+# width, and batches are bounded by memory alone, sharing each pass over the data among as many ranks as fit
+MIN_CACHED_COLUMNS = 120
+
+
+def cpu_batch_columns(shape: tuple[int, int], itemsize: int) -> int | None:
+    """The most factor columns of a batch fitted on the CPU (:data:`CPU_BATCH_FACTOR_BYTES` of factor rows), or
+    None (no bound but memory) when fewer than :data:`MIN_CACHED_COLUMNS` would fit.
+    """
+    cols = CPU_BATCH_FACTOR_BYTES // ((int(shape[0]) + int(shape[1])) * int(itemsize))
+    return int(cols) if cols >= MIN_CACHED_COLUMNS else None
+
 
 Group = tuple[int, range]  # (k, runs): restarts `runs` of rank k
 
@@ -133,18 +145,19 @@ def owned_ranks(units: list[list[Group]], n_runs: int) -> list[set[int]]:
 
 
 def pack_groups(
-    groups: list[Group], shape: tuple[int, int], itemsize: int, budget_bytes: int, max_columns: int = MAX_BATCH_COLUMNS
+    groups: list[Group], shape: tuple[int, int], itemsize: int, budget_bytes: int, max_columns: int | None = None
 ) -> list[list[Group]]:
     """A unit's groups in batches fitted one after the other, in order, each of at most ``max_columns`` factor
-    columns and ``budget_bytes`` of factor state (as :func:`gpuc.nmf._consensus.sweep_batches`; a group alone is
-    always allowed).
+    columns (None: no bound) and ``budget_bytes`` of factor state (as :func:`gpuc.nmf._consensus.sweep_batches`; a
+    group alone is always allowed).
     """
     per_column = 6 * (shape[0] + shape[1]) * itemsize
     batches: list[list[Group]] = []
     cols = 0
     for k, r in groups:
         c = k * len(r)
-        if batches and cols + c <= max_columns and (cols + c) * per_column <= budget_bytes:
+        fits = (cols + c) * per_column <= budget_bytes and (max_columns is None or cols + c <= max_columns)
+        if batches and fits:
             batches[-1].append((k, r))
             cols += c
         else:
@@ -157,11 +170,12 @@ def fit_groups(
     backend: Backend, op: Operator, groups: list[Group], random_state: int, options: dict
 ) -> list[HalsResult]:
     """The restarts of ``groups`` (one result per group, on ``backend``'s device), in batches of bounded width
-    (:func:`pack_groups`); a run's iterates do not depend on the other runs of its batch, so the batching does not
-    change the result.
+    (:func:`pack_groups`; :func:`cpu_batch_columns` on the CPU); a run's iterates do not depend on the other runs of
+    its batch, so the batching does not change the result.
     """
     out: list[HalsResult] = []
-    for batch in pack_groups(groups, op.shape, op.dtype.itemsize, SWEEP_BATCH_BYTES):
+    width = None if backend.is_gpu else cpu_batch_columns(op.shape, op.dtype.itemsize)
+    for batch in pack_groups(groups, op.shape, op.dtype.itemsize, SWEEP_BATCH_BYTES, width):
         seeded = [(k, seeds_of(random_state, k, r)) for k, r in batch]
         out += fit_hals_groups(backend, op, seeded, **options)
     return out
