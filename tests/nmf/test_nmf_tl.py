@@ -275,12 +275,13 @@ def test_nmf_k_sweep_in_column_capped_batches_equals_one_batch(program_factory, 
     # on the CPU the sweep's ranks are fitted in batches of at most cpu_batch_columns factor columns (for the cache);
     # a restart's iterates do not depend on the other ranks of its batch, so every output is the one-batch output
     import gpuc.nmf._plan as plan
+    import gpuc.nmf._run as run
 
     ad = program_factory(160, 60, sparse=sparse)
     kw = {"n_runs": 5, "layer": "counts", "device": "cpu", "random_state": 1, "copy": True}
-    monkeypatch.setattr(plan, "cpu_batch_columns", lambda shape, itemsize: 10**6)
+    monkeypatch.setattr(run, "cpu_batch_columns", lambda shape, itemsize: 10**6)
     one = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
-    monkeypatch.setattr(plan, "cpu_batch_columns", lambda shape, itemsize: 25)
+    monkeypatch.setattr(run, "cpu_batch_columns", lambda shape, itemsize: 25)
     capped = gpuc.tl.nmf_k_sweep(ad, range(2, 8), **kw)
     assert plan.sweep_batches(range(2, 8), 5, (160, 60), 4, max_columns=25) == [[2, 3], [4], [5], [6], [7]]
     pd.testing.assert_frame_equal(one.uns["nmf_k_sweep"]["table"], capped.uns["nmf_k_sweep"]["table"], check_exact=True)

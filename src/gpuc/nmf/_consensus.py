@@ -32,6 +32,7 @@ from gpuc.nmf._run import (
     join_restarts,
     join_units,
     owned_ranks,
+    pack_groups,
     plan_units,
     unit_cost,
     unit_label,
@@ -463,19 +464,8 @@ def sweep_batches(
     alone is always allowed). On pbmc3k the whole 2..12 sweep fits one batch by memory (~90 MB); at a million cells
     each rank is its own batch.
     """
-    per_column = 6 * (shape[0] + shape[1]) * itemsize
-    batches: list[list[int]] = []
-    cols = 0
-    for k in ks:
-        c = int(k) * n_runs
-        fits = (cols + c) * per_column <= budget_bytes and (max_columns is None or cols + c <= max_columns)
-        if batches and batches[-1] and fits:
-            batches[-1].append(int(k))
-            cols += c
-        else:
-            batches.append([int(k)])
-            cols = c
-    return batches
+    whole = [(int(k), range(n_runs)) for k in ks]
+    return [[k for k, _ in batch] for batch in pack_groups(whole, shape, itemsize, budget_bytes, max_columns)]
 
 
 def fit_peak_bytes(k_cols: int, shape: tuple[int, int], itemsize: int) -> float:

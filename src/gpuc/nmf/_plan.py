@@ -19,7 +19,7 @@ from gpuc._errors import GpucWarning
 from gpuc._validate import check_int, check_memory
 from gpuc.nmf._consensus import consensus_peak_bytes, fit_peak_bytes, sweep_batches
 from gpuc.nmf._hals import Operator
-from gpuc.nmf._run import cpu_batch_columns
+from gpuc.nmf._run import batch_columns
 
 # the largest |V|**2 * n_cells * n_genes (a bound on ||V||^2 and on the products HALS forms) each precision holds with
 # a margin of 1000 below its largest finite value
@@ -81,9 +81,7 @@ def plan_fit(
     """
     backend, op = backend_and_op(block, device, dtype, stacklevel=5)
     ks = sorted(int(k) for k in ks)
-    # on the CPU a batch's factor rows should stay in cache (cpu_batch_columns); a GPU wants its batches wide
-    max_columns = None if backend.is_gpu else cpu_batch_columns(op.shape, op.dtype.itemsize)
-    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize, max_columns=max_columns)
+    batches = sweep_batches(ks, n_runs, op.shape, op.dtype.itemsize, max_columns=batch_columns(backend, op))
     check_fit_memory(backend, op, batches, n_runs, target)
     return FitPlan(backend, op, ks, [ks] if distributed else batches)
 

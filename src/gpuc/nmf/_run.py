@@ -48,6 +48,13 @@ def cpu_batch_columns(shape: tuple[int, int], itemsize: int) -> int | None:
     return int(cols) if cols >= MIN_CACHED_COLUMNS else None
 
 
+def batch_columns(backend: Backend, op: Operator) -> int | None:
+    """The most factor columns of one batch of fits of ``op`` on ``backend``: the cache's bound on the CPU
+    (:func:`cpu_batch_columns`), none on a GPU, which wants its batches wide.
+    """
+    return None if backend.is_gpu else cpu_batch_columns(op.shape, op.dtype.itemsize)
+
+
 Group = tuple[int, range]  # (k, runs): restarts `runs` of rank k
 
 
@@ -148,8 +155,8 @@ def pack_groups(
     groups: list[Group], shape: tuple[int, int], itemsize: int, budget_bytes: int, max_columns: int | None = None
 ) -> list[list[Group]]:
     """A unit's groups in batches fitted one after the other, in order, each of at most ``max_columns`` factor
-    columns (None: no bound) and ``budget_bytes`` of factor state (as :func:`gpuc.nmf._consensus.sweep_batches`; a
-    group alone is always allowed).
+    columns (None: no bound) and ``budget_bytes`` of factor state in about six ``(m + n)``-row arrays (a group
+    alone is always allowed; :func:`gpuc.nmf._consensus.sweep_batches` packs whole ranks with it).
     """
     per_column = 6 * (shape[0] + shape[1]) * itemsize
     batches: list[list[Group]] = []
@@ -174,7 +181,7 @@ def fit_groups(
     its batch, so the batching does not change the result.
     """
     out: list[HalsResult] = []
-    width = None if backend.is_gpu else cpu_batch_columns(op.shape, op.dtype.itemsize)
+    width = batch_columns(backend, op)
     for batch in pack_groups(groups, op.shape, op.dtype.itemsize, SWEEP_BATCH_BYTES, width):
         seeded = [(k, seeds_of(random_state, k, r)) for k, r in batch]
         out += fit_hals_groups(backend, op, seeded, **options)
