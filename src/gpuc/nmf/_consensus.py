@@ -266,10 +266,16 @@ def consensus(
     *,
     target: Target = "spectra",
     metric: Metric = "cosine",
+    density_threshold: float = 0.5,
     neighborhood: float = 0.3,
+    normalization: Normalization = "sum",
+    kmeans_n_init: int = 10,
+    random_state: int = 0,
+    refit_max_iter: int = 1000,
+    refit_tol: float = 1e-6,
     density: PoolDensity | None = None,
+    refit: bool = True,
     n_jobs: int | None = None,
-    **of_pool: Any,
 ) -> ConsensusResult:
     """Consensus programmes from a batch of restarts.
 
@@ -282,8 +288,7 @@ def consensus(
     normalising each cell's usage to sum 1 (cNMF's order). ``n_jobs``: CPU threads (:func:`gpuc._utils.cpu_threads`);
     the k-means runs on one thread whatever it is (scikit-learn merges its threads' partial sums in whichever order
     they finish, so its result could depend on the thread count). ``density``: the pool's local density, when already
-    computed (:func:`pool_density`). ``of_pool``: the other keywords of :func:`consensus_of_pool` (threshold,
-    normalization, k-means and refit options), with its defaults.
+    computed (:func:`pool_density`).
 
     Raises
     ------
@@ -299,7 +304,21 @@ def consensus(
         density = local_density(
             hb, hb.asarray(backend.to_host(pool)), run, comp, n_runs, metric=metric, neighborhood=neighborhood
         )
-    return consensus_of_pool(backend, op, density, k, target=target, metric=metric, **of_pool)
+    return consensus_of_pool(
+        backend,
+        op,
+        density,
+        k,
+        target=target,
+        metric=metric,
+        density_threshold=density_threshold,
+        normalization=normalization,
+        kmeans_n_init=kmeans_n_init,
+        random_state=random_state,
+        refit_max_iter=refit_max_iter,
+        refit_tol=refit_tol,
+        refit=refit,
+    )
 
 
 def stored_pool(backend: Backend, fits: HalsResult, target: Target) -> np.ndarray:
