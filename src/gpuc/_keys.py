@@ -131,10 +131,18 @@ def metacell_quality(key: str) -> str:
 METACELL_SOURCE = "metacell_source"  # uns[key] of the AnnData returned by gpuc.tl.aggregate_metacells
 
 
+def metacell_assignment_columns(key: str) -> dict[str, str]:
+    """``obs`` columns of :func:`gpuc.tl.metacell_assignment_quality`, by statistic."""
+    return {"entropy": f"{key}_entropy", "max_weight": f"{key}_max_weight", "n_assigned": f"{key}_n_assigned"}
+
+
+METACELL_ASSIGNMENT_QUALITY = "assignment_quality"  # its entry in uns[key] (the metacells' own uns dict)
+
+
 def metacell_outputs(key: str) -> dict[str, list[str]]:
     """Everything :func:`gpuc.tl.metacells` writes under ``key``, and the default quality table derived from it."""
     return {
-        "obs": [key],
+        "obs": [key, *metacell_assignment_columns(key).values()],
         "obsm": [metacell_weights(key), metacell_archetypes(key)],
         "obsp": [metacell_kernel(key)],
         "uns": [key, metacell_quality(key)],

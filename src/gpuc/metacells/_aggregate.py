@@ -40,13 +40,53 @@ def hard_membership(labels: pd.Series) -> tuple[sp.csr_matrix, list[str]]:
     return agg, names
 
 
-def soft_membership(weights: Any, names: list[str]) -> tuple[sp.csr_matrix, list[str]]:
-    """The transposed cells x metacells assignment ``weights`` (host or device), without metacells that no cell
-    is assigned to: (metacells x cells, their names among ``names``).
+def sparsify_weights(weights: Any, minimum_weight: float = 0.05, *, percentile: float = 95.0) -> sp.csr_matrix:
+    """SEACells 0.3.3 ``core.sparsify_assignments(A, thresh=minimum_weight)`` on cells x metacells ``weights``.
+
+    Per cell, the cut is ``min(minimum_weight, p)`` with ``p`` the ``percentile``-th percentile (numpy's linear
+    interpolation) of the cell's non-zero weights; weights below the cut become 0 and the cell's remaining weights
+    are rescaled to sum to 1. The percentile is SEACells' fallback for cells whose weight is spread thinly: their
+    largest weights survive even when all lie below ``minimum_weight``. ``minimum_weight=0`` keeps every weight.
+    Returns a host CSR matrix (float64); cells without weight stay empty.
     """
-    agg = sp.csr_matrix(sp.csr_matrix(to_host(weights)).T)
+    w = sp.csr_matrix(to_host(weights), dtype=np.float64, copy=True)
+    w.eliminate_zeros()
+    n = w.shape[0]
+    nnz = np.diff(w.indptr)
+    cut = np.zeros(n)
+    # SEACells takes the percentile over the non-zero entries of each dense row (zeros set to NaN); rows are
+    # grouped by their number of non-zeros so that numpy computes each group's percentiles in one call
+    for m in np.unique(nnz[nnz > 0]):
+        rows = np.flatnonzero(nnz == m)
+        vals = w.data[w.indptr[rows][:, None] + np.arange(m)[None, :]]
+        cut[rows] = np.percentile(vals, percentile, axis=1)
+    cut = np.minimum(cut, minimum_weight)
+    row_of = np.repeat(np.arange(n), nnz)
+    w.data[w.data < cut[row_of]] = 0.0
+    w.eliminate_zeros()
+    total = np.asarray(w.sum(axis=1)).ravel()
+    w.data /= total[np.repeat(np.arange(n), np.diff(w.indptr))]
+    return w
+
+
+def soft_membership(
+    weights: Any, names: list[str], *, minimum_weight: float | None = None
+) -> tuple[sp.csr_matrix, list[str]]:
+    """The transposed cells x metacells assignment ``weights`` (host or device), without metacells that no cell
+    is assigned to: (metacells x cells, their names among ``names``). With ``minimum_weight``, the weights are
+    first sparsified as SEACells does (:func:`sparsify_weights`).
+    """
+    w = sp.csr_matrix(to_host(weights)) if minimum_weight is None else sparsify_weights(weights, minimum_weight)
+    agg = sp.csr_matrix(w.T)
     keep = np.asarray(agg.sum(axis=1)).ravel() > 0
     return agg[keep], [nm for nm, kp in zip(names, keep, strict=True) if kp]
+
+
+def divided_rows(sums: Any, size: np.ndarray) -> Any:
+    """``sums`` (dense or CSR, metacells x genes) with row i divided by ``size[i]``: the weighted means."""
+    if sp.issparse(sums):
+        return sp.csr_matrix(sp.diags(1.0 / size) @ sums)
+    return sums / size[:, None]
 
 
 def summed(agg: sp.csr_matrix, mat: Any) -> Any:

@@ -37,17 +37,96 @@ def compactness(dc: np.ndarray, labels: np.ndarray, order: list[str]) -> pd.Seri
     return var.reindex(order).rename("compactness")
 
 
+def _centroids(dc: np.ndarray, labels: np.ndarray, order: list[str]) -> np.ndarray:
+    """Mean diffusion components of the cells of each metacell of ``order`` (rows of NaN for absent ones)."""
+    return pd.DataFrame(dc).groupby(labels, observed=True).mean().reindex(order).to_numpy()
+
+
+def _nth_neighbors(points: np.ndarray, nth: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distance to and position of each point's ``nth`` nearest other point (exact Euclidean, as scikit-learn's
+    ``NearestNeighbors.kneighbors()`` that SEACells calls); NaN and -1 when there are not ``nth`` others.
+    """
+    from scipy.spatial import cKDTree
+
+    m = points.shape[0]
+    dist, idx = np.full(m, np.nan), np.full(m, -1)
+    if m <= nth:
+        return dist, idx
+    d, i = cKDTree(points).query(points, k=nth + 1)
+    # each point is its own first neighbour; a duplicate centroid may be listed before it, so drop the point
+    # itself wherever it appears and keep the nth of the others
+    others = i != np.arange(m)[:, None]
+    col = np.argmax(np.cumsum(others, axis=1) == nth, axis=1)
+    return d[np.arange(m), col], i[np.arange(m), col]
+
+
 def separation(dc: np.ndarray, labels: np.ndarray, order: list[str], *, nth_neighbor: int = 1) -> pd.Series:
-    """Per metacell: distance from its centroid to the ``nth_neighbor``-th nearest other centroid."""
-    cent = pd.DataFrame(dc).groupby(labels, observed=True).mean().reindex(order).to_numpy()
-    m = cent.shape[0]
-    if m <= nth_neighbor:
-        return pd.Series(np.nan, index=order, name="separation")
-    d2 = (cent * cent).sum(1)[:, None] - 2 * cent @ cent.T + (cent * cent).sum(1)[None, :]
-    d = np.sqrt(np.maximum(d2, 0))
-    np.fill_diagonal(d, np.inf)
-    sep = np.sort(d, axis=1)[:, nth_neighbor - 1]
+    """Per metacell: distance from its centroid to the ``nth_neighbor``-th nearest other centroid (SEACells
+    ``evaluate.separation``)."""
+    cent = _centroids(dc, labels, order)
+    sep, _ = _nth_neighbors(cent, nth_neighbor)
     return pd.Series(sep, index=order, name="separation")
+
+
+def cluster_separation(
+    dc: np.ndarray,
+    labels: np.ndarray,
+    order: list[str],
+    majority: np.ndarray,
+    *,
+    nth_neighbor: int = 1,
+    mode: str = "neighbor",
+) -> pd.Series:
+    """Separation among metacells of one cell type: ``majority`` holds each metacell's majority label (``order``).
+
+    ``mode="neighbor"`` is SEACells 0.3.3 ``evaluate.separation(cluster=...)``: the distance to the
+    ``nth_neighbor``-th nearest other centroid, kept only where that metacell has the same majority label (NaN
+    elsewhere; SEACells leaves those metacells out). ``mode="nearest"``: the distance to the ``nth_neighbor``-th
+    nearest centroid among the metacells of the same majority label (NaN when there are not that many).
+    """
+    cent = _centroids(dc, labels, order)
+    majority = np.asarray(majority, dtype=object)
+    out = np.full(len(order), np.nan)
+    if mode == "neighbor":
+        dist, nbr = _nth_neighbors(cent, nth_neighbor)
+        ok = (nbr >= 0) & (majority != None)  # noqa: E711  (elementwise test of an object array)
+        same = np.zeros(len(order), dtype=bool)
+        same[ok] = majority[nbr[ok]] == majority[ok]
+        out[same] = dist[same]
+    else:
+        for t in pd.unique(majority[majority != None]):  # noqa: E711
+            members = np.flatnonzero(majority == t)
+            out[members] = _nth_neighbors(cent[members], nth_neighbor)[0]
+    return pd.Series(out, index=order, name="separation")
+
+
+def assignment_stats(weights: Any, *, threshold: float = 0.1) -> dict[str, np.ndarray]:
+    """Per cell, from the cells x metacells soft assignments (host or device, dense or sparse):
+
+    ``entropy``
+        ``scipy.stats.entropy`` of the cell's weights (natural log, weights rescaled to sum to 1): the
+        ``obs["Metacell_Entropy"]`` of the pre-release SEACells model, which SEACells 0.3.3's
+        ``plot.plot_assignment_entropy`` plots. 0 for a cell wholly in one metacell, ``log(k)`` for even weights.
+    ``max_weight``
+        The largest weight (the first column of the SEACells tutorial's "top 5 strongest assignments").
+    ``n_assigned``
+        The number of weights above ``threshold``: the tutorial's "non-trivial (> 0.1) assignments per cell"
+        (SEACells issue #43: many cells with none suggests too many metacells).
+    """
+    from gpuc._backend import to_host
+
+    w = sp.csr_matrix(to_host(weights), dtype=np.float64)
+    w.eliminate_zeros()
+    n = w.shape[0]
+    row = np.repeat(np.arange(n), np.diff(w.indptr))
+    total = np.bincount(row, weights=w.data, minlength=n)
+    p = w.data / total[row]
+    entropy = -np.bincount(row, weights=p * np.log(p), minlength=n)
+    entropy[total == 0] = np.nan
+    max_weight = np.zeros(n)
+    np.maximum.at(max_weight, row, w.data)
+    n_assigned = np.bincount(row, weights=w.data > threshold, minlength=n).astype(np.int64)
+    return {"entropy": entropy, "max_weight": max_weight, "n_assigned": n_assigned}
 
 
 def purity_from_membership(membership: Any, celltypes: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -91,11 +170,16 @@ def quality_table(
     nth_neighbor: int = 1,
     celltypes: pd.Series | None = None,
     celltype_key: str | None = None,
+    clusters: pd.Series | None = None,
+    cluster_key: str | None = None,
+    cluster_mode: str = "neighbor",
     n_jobs: int | None = None,
 ) -> pd.DataFrame:
     """One row per metacell of ``order``: ``size``, ``compactness`` and ``separation`` in the diffusion space of
-    ``x`` (:func:`diffusion_space`), and with ``celltypes`` the majority type and its fraction (columns
-    ``celltype_key`` and ``celltype_key + "_purity"``). ``labels``: each cell's metacell as a string.
+    ``x`` (:func:`diffusion_space`), with ``celltypes`` the majority type and its fraction (columns
+    ``celltype_key`` and ``celltype_key + "_purity"``), and with ``clusters`` the separation among metacells of
+    one majority cluster (column ``cluster_key + "_separation"``, :func:`cluster_separation` in ``cluster_mode``).
+    ``labels``: each cell's metacell as a string.
     """
     dc = diffusion_space(backend, backend.asarray(x), n_jobs=n_jobs)
     df = pd.DataFrame(index=pd.Index(order, name="metacell"))
@@ -106,4 +190,10 @@ def quality_table(
         pur = purity(labels, celltypes, order, celltype_key)
         df[celltype_key] = pur[celltype_key].to_numpy()
         df[f"{celltype_key}_purity"] = pur[f"{celltype_key}_purity"].to_numpy().astype(float)
+    if clusters is not None:
+        # SEACells takes each metacell's most frequent label among its (hard) cells
+        majority = purity(labels, clusters, order, "majority")["majority"].to_numpy()
+        df[f"{cluster_key}_separation"] = cluster_separation(
+            dc, labels, order, majority, nth_neighbor=nth_neighbor, mode=cluster_mode
+        ).to_numpy()
     return df

@@ -11,13 +11,22 @@ from gpuc._exports import lazy_exports
 
 if TYPE_CHECKING:
     from gpuc.pl._deseq import dispersion, ma, volcano
-    from gpuc.pl._metacells import metacell_convergence, metacell_quality, metacell_sizes, metacells
+    from gpuc.pl._metacells import (
+        metacell_assignment_quality,
+        metacell_convergence,
+        metacell_initialization,
+        metacell_quality,
+        metacell_sizes,
+        metacells,
+    )
     from gpuc.pl._nmf import nmf_clustergram, nmf_density, nmf_k_sweep, nmf_programs, nmf_usage
 
 __all__ = [
     "dispersion",
     "ma",
+    "metacell_assignment_quality",
     "metacell_convergence",
+    "metacell_initialization",
     "metacell_quality",
     "metacell_sizes",
     "metacells",
@@ -32,7 +41,9 @@ __all__ = [
 _EXPORTS = {
     "dispersion": "._deseq",
     "ma": "._deseq",
+    "metacell_assignment_quality": "._metacells",
     "metacell_convergence": "._metacells",
+    "metacell_initialization": "._metacells",
     "metacell_quality": "._metacells",
     "metacell_sizes": "._metacells",
     "metacells": "._metacells",

@@ -185,7 +185,8 @@ def metacell_quality(
     show: bool | None = None,
     save: str | bool | None = None,
 ) -> Figure | None:
-    """Distributions of compactness, separation and (if computed) purity, one panel each.
+    """Distributions of compactness, separation and (if computed) the separation within cell types and purity, one
+    panel each.
 
     Compactness and separation are drawn on a log axis when they span more than a factor of 30 (isolated metacells
     would otherwise flatten the boxes); every metacell is a dot over the box.
@@ -199,14 +200,14 @@ def metacell_quality(
     quality_key
         ``uns`` key of the quality table (default ``key + "_quality"``).
     ax
-        One Axes per panel (compactness, separation, then each purity column), e.g. from
+        One Axes per panel (compactness, separation, then each ``*_separation`` and purity column), e.g. from
         ``plt.subplots(1, 3)``; a new figure when ``None``.
     {show_save}
 
     {returns_figure}
     """
     df = metacell_quality_table(adata, key, quality_key)
-    cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith("_purity")]
+    cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith(("_separation", "_purity"))]
     fig, axes = panels(ax, len(cols), f"one per panel: {', '.join(cols)}", (3.2, 3.4))
     ylabels = {
         "compactness": "variance within the metacell\n(diffusion components)",
@@ -216,6 +217,8 @@ def metacell_quality(
         v = pd.to_numeric(df[c], errors="coerce").dropna().to_numpy()
         # compactness and separation span orders of magnitude (a few isolated metacells are far from the rest): a
         # log axis shows the bulk and the outliers together
+        if c.endswith("_separation"):
+            ylabels[c] = f"distance to a metacell of the same\n{c.removesuffix('_separation')} (diffusion components)"
         log = c in ylabels and v.size > 0 and (v > 0).all() and v.max() / v.min() > 30
         a.boxplot(v, widths=0.5, showfliers=False)
         a.scatter(np.random.default_rng(0).normal(1, 0.05, v.size), v, s=8, alpha=0.6, color="#4c72b0")
@@ -223,6 +226,8 @@ def metacell_quality(
             a.set_yscale("log")
         a.set_xticks([])
         better = "lower is better" if c == "compactness" else "higher is better"
+        if c.endswith("_separation") and v.size < len(df):
+            better += f"; {len(df) - v.size} NaN"
         a.set_title(f"{c}\n({better})", fontsize=10)
         a.set_ylabel(
             ylabels.get(c, f"fraction of cells of the majority {c.removesuffix('_purity')}")
@@ -262,4 +267,143 @@ def metacell_convergence(
     ax.set_xlabel("iteration (0 = initialisation)")
     ax.set_ylabel("RSS  ||M - MBA||")
     ax.set_title("metacell convergence")
+    return finish(ax, show, save=save)
+
+
+@plot_function
+def metacell_assignment_quality(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    bins: int = 30,
+    ax: Sequence[Axes] | None = None,
+    show: bool | None = None,
+    save: str | bool | None = None,
+) -> Figure | None:
+    """How clearly cells belong to their metacells: entropy of the soft assignments, the largest weight, and the
+    number of non-trivial weights per cell (the SEACells tutorial's checks), one panel each.
+
+    The third panel draws the cells without any weight above the threshold in red: many of them suggest too many
+    metacells for the data (SEACells issue #43).
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacell_assignment_quality` ran.
+    key
+        ``key_added`` of the metacell run.
+    bins
+        Histogram bins of the first two panels.
+    ax
+        Three Axes (entropy, largest weight, number of non-trivial weights), e.g. from ``plt.subplots(1, 3)``; a new
+        figure when ``None``.
+    {show_save}
+
+    {returns_figure}
+    """
+    metacell_labels(adata, key)
+    info = tool_output(adata, key, "metacells")
+    cols = _keys.metacell_assignment_columns(key)
+    if _keys.METACELL_ASSIGNMENT_QUALITY not in info or any(c not in adata.obs for c in cols.values()):
+        msg = f"No assignment checks for {key!r}: run gpuc.tl.metacell_assignment_quality(adata, {key!r}) first."
+        raise KeyError(msg)
+    bins = check_int("bins", bins, minimum=1)
+    threshold = float(info[_keys.METACELL_ASSIGNMENT_QUALITY]["params"]["threshold"])
+    fig, axes = panels(ax, 3, "one per panel: entropy, largest weight, non-trivial weights", (3.4, 3.2))
+    k = adata.obsm[_keys.metacell_weights(key)].shape[1]
+    ent = np.asarray(adata.obs[cols["entropy"]], dtype=float)
+    ent = ent[np.isfinite(ent)]
+    axes[0].hist(ent, bins=bins, color="#4c72b0", edgecolor="white")
+    axes[0].axvline(np.median(ent), color="black", ls="--", lw=1, label=f"median {np.median(ent):.2f}")
+    axes[0].set_xlabel("entropy of the weights (nats)")
+    axes[0].set_title(f"assignment entropy\n(lower is clearer; even over {k}: {np.log(k):.1f})", fontsize=10)
+    mx = np.asarray(adata.obs[cols["max_weight"]], dtype=float)
+    axes[1].hist(mx, bins=np.linspace(0, 1, bins + 1), color="#4c72b0", edgecolor="white")
+    axes[1].axvline(np.median(mx), color="black", ls="--", lw=1, label=f"median {np.median(mx):.2f}")
+    axes[1].set_xlim(0, 1)
+    axes[1].set_xlabel("largest weight of the cell")
+    axes[1].set_title("strongest assignment\n(higher is clearer)", fontsize=10)
+    for a in axes[:2]:
+        a.set_ylabel("cells")
+        a.legend(frameon=False, fontsize=8)
+    n = np.asarray(adata.obs[cols["n_assigned"]], dtype=np.int64)
+    counts = np.bincount(n)
+    colours = ["#c44e52"] + ["#4c72b0"] * (counts.size - 1)
+    axes[2].bar(np.arange(counts.size), counts, color=colours, edgecolor="white", width=0.9)
+    axes[2].set_xticks(np.arange(counts.size))
+    axes[2].set_xlabel(f"weights > {threshold:g}")
+    axes[2].set_ylabel("cells")
+    axes[2].set_title(
+        f"non-trivial (> {threshold:g}) assignments\n{counts[0]} cells ({100 * counts[0] / max(n.size, 1):.1f}%) with none",
+        fontsize=10,
+    )
+    return finish(fig, show, save=save, layout=ax is None)
+
+
+@plot_function
+def metacell_initialization(
+    adata: AnnData,
+    basis: str = "umap",
+    *,
+    key: str = _keys.METACELL,
+    size: float | None = None,
+    archetype_size: float = 20.0,
+    ax: Axes | None = None,
+    show: bool | None = None,
+    save: str | bool | None = None,
+) -> Axes | None:
+    """The initial archetypes (the cells the fit started from) over the cells on an embedding, as SEACells'
+    ``plot.plot_initialization``: they should spread over the whole phenotypic space.
+
+    Parameters
+    ----------
+    adata
+        AnnData on which :func:`gpuc.tl.metacells` ran.
+    basis
+        Embedding: ``obsm["X_" + basis]`` (or ``obsm[basis]``), first two columns.
+    key
+        ``key_added`` of the metacell run.
+    size
+        Cell marker size (default scales with the number of cells).
+    archetype_size
+        Marker size of the initial archetypes.
+    {ax_show_save}
+
+    {returns_axes}
+    """
+    metacell_labels(adata, key)
+    info = tool_output(adata, key, "metacells")
+    emb_key = basis if basis in adata.obsm else f"X_{basis}"
+    if emb_key not in adata.obsm:
+        msg = f"basis {basis!r} not found in adata.obsm (looked for {basis!r} and 'X_{basis}')."
+        raise KeyError(msg)
+    if size is not None:
+        size = check_number("size", size, low=0, strict=True)
+    archetype_size = check_number("archetype_size", archetype_size, low=0)
+    table = info["metacells"]
+    if not isinstance(table, pd.DataFrame) and hasattr(table, "to_memory"):
+        table = table.to_memory()
+    names = np.asarray(table["initial_archetype"], dtype=str)
+    names = names[names != ""]
+    if not adata.obs_names.is_unique:
+        msg = "the initial archetypes are stored by obs name, and adata.obs_names are not unique."
+        raise ValueError(msg)
+    pos = adata.obs_names.get_indexer(names)
+    if (pos < 0).any():
+        msg = f"initial archetypes not among adata.obs_names: {list(names[pos < 0][:5])} (was adata subset?)."
+        raise KeyError(msg)
+    ax = single_ax(ax, "the embedding", (5, 5))
+    xy = np.asarray(adata.obsm[emb_key], dtype=float)[:, :2]
+    s = size if size is not None else max(1.0, 120000 / max(adata.n_obs, 1) / 20)
+    ax.scatter(xy[:, 0], xy[:, 1], s=s, color="lightgrey", linewidths=0, rasterized=True, label="cells")
+    ax.scatter(
+        xy[pos, 0], xy[pos, 1], s=archetype_size, color="#c44e52", edgecolors="black", linewidths=0.5, zorder=3,
+        label="initial archetypes",
+    )  # fmt: skip
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(f"{basis.upper()}1")
+    ax.set_ylabel(f"{basis.upper()}2")
+    ax.set_title(f"{pos.size} initial archetypes ({key})")
+    ax.legend(loc="best", frameon=False, fontsize=8, markerscale=1.5)
     return finish(ax, show, save=save)

@@ -11,13 +11,14 @@ from gpuc._exports import lazy_exports
 
 if TYPE_CHECKING:
     from gpuc.tl._deseq import deseq, pseudobulk, vst
-    from gpuc.tl._metacells import aggregate_metacells, metacell_quality, metacells
+    from gpuc.tl._metacells import aggregate_metacells, metacell_assignment_quality, metacell_quality, metacells
     from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
 
 __all__ = [
     "aggregate_metacells",
     "consensus_nmf",
     "deseq",
+    "metacell_assignment_quality",
     "metacell_quality",
     "metacells",
     "nmf_k_sweep",
@@ -30,6 +31,7 @@ _EXPORTS = {
     "aggregate_metacells": "._metacells",
     "consensus_nmf": "._nmf",
     "deseq": "._deseq",
+    "metacell_assignment_quality": "._metacells",
     "metacell_quality": "._metacells",
     "metacells": "._metacells",
     "nmf_k_sweep": "._nmf",

@@ -39,11 +39,18 @@ from gpuc._validate import (
     get_matrix,
     resolve_random_state,
 )
-from gpuc.metacells._aggregate import hard_membership, member_means, non_integer, soft_membership, summed
+from gpuc.metacells._aggregate import (
+    divided_rows,
+    hard_membership,
+    member_means,
+    non_integer,
+    soft_membership,
+    summed,
+)
 from gpuc.metacells._groups import fit_groups
 from gpuc.metacells._plan import archetype_positions, check_plan_memory, plan_groups, scaled_to_range
 from gpuc.metacells._plan import n_distinct as _n_distinct  # noqa: F401  (importable here, as before the split)
-from gpuc.metacells._quality import purity_from_membership, quality_table
+from gpuc.metacells._quality import assignment_stats, purity_from_membership, quality_table
 
 _GRAPHS = ("union", "intersection")
 _INITS = ("waypoint", "greedy", "random")
@@ -366,10 +373,12 @@ def aggregate_metacells(
     key: str = _keys.METACELL,
     *,
     layer: str | None = None,
-    soft: bool = False,
+    soft: bool | Literal["mean", "sum"] = False,
+    minimum_weight: float = 0.05,
     celltype_key: str | None = None,
 ) -> AnnData:
-    """Metacell x gene AnnData of summed counts (SEACells ``summarize_by_SEACell`` / ``summarize_by_soft_SEACell``).
+    """Metacell x gene AnnData of the metacells' counts, as SEACells ``summarize_by_SEACell`` (hard labels) or
+    ``summarize_by_soft_SEACell`` (soft assignments) compute them.
 
     Parameters
     ----------
@@ -380,31 +389,59 @@ def aggregate_metacells(
         A dask array (``anndata.experimental.read_lazy`` or ``read_elem_lazy``) is summed chunk by chunk, never
         loaded whole.
     soft
-        False: sum the cells labelled with each metacell. True: every cell contributes to every metacell with its
-        assignment weight (``obsm[key + "_weights"]``), so the total counts are preserved.
+        ``False`` (default): the sum of the counts of the cells labelled with each metacell, SEACells 0.3.3
+        ``core.summarize_by_SEACell``; integer counts give integer sums, ready for :func:`gpuc.tl.deseq`.
+
+        ``"mean"`` (or ``True``): SEACells 0.3.3 ``core.summarize_by_soft_SEACell(ad, A,
+        minimum_weight=minimum_weight)``. The soft assignments (``obsm[key + "_weights"]``) are first sparsified as
+        SEACells' ``sparsify_assignments`` does (see ``minimum_weight``), then every metacell gets the weighted
+        *mean* of its cells' counts, ``sum_i w_i x_i / sum_i w_i`` (SEACells' docstring says "summing", its code
+        divides by the total weight): a profile on the scale of one cell.
+
+        ``"sum"``: the weighted *sum* ``sum_i w_i x_i`` with the same sparsified weights (``"mean"`` times
+        ``obs['size']``). Each cell's kept weights sum to 1, so the metacells' totals add up to the cells' total
+        counts: pseudobulk counts of soft metacells. They are not integers; :func:`gpuc.tl.deseq` (like R's
+        DESeq2) accepts only integer counts, so round them first (``mc.X = np.rint(mc.X)``, or ``.rint()`` on a
+        sparse matrix), or use the hard sums (``soft=False``), which are integer already.
+    minimum_weight
+        With ``soft``: SEACells' cut on the soft assignments (its default, 0.05). Per cell, weights below
+        ``min(minimum_weight, p95)`` are set to 0, where ``p95`` is the 95th percentile of the cell's non-zero
+        weights (SEACells 0.3.3's fallback, so that a cell whose weight is spread thinly keeps its largest
+        weights), and the cell's remaining weights are rescaled to sum to 1. ``0`` keeps every weight (each cell
+        contributes to every metacell it has weight in). Ignored without ``soft``.
     celltype_key
-        ``obs`` column; adds the majority cell type per metacell and its purity (weighted by the assignments when
-        ``soft``).
+        ``obs`` column; adds the majority cell type per metacell and its purity (with ``soft``, weighted by the
+        sparsified assignments, as SEACells' ``celltype`` and ``celltype_purity``).
 
     Returns
     -------
     AnnData with one row per metacell (obs_names = labels) and the genes of ``adata``:
 
     ``X``
-        Summed (or weighted-summed) counts, sparse CSR when the input is sparse.
+        Summed counts (``soft=False``), weighted means (``"mean"``) or weighted sums (``"sum"``), sparse CSR when
+        the input is sparse, float64.
     ``obs['size']``
-        Cells per metacell (sum of weights when ``soft``); ``obs['group']`` with groupby; ``obs[celltype_key]`` and
-        ``obs[celltype_key + '_purity']`` when ``celltype_key`` is given.
+        Cells per metacell; with ``soft``, the sum of its sparsified weights (SEACells' ``Pseudo-sizes``).
+        ``obs['group']`` with groupby; ``obs[celltype_key]`` and ``obs[celltype_key + '_purity']`` when
+        ``celltype_key`` is given.
     ``obsm[<basis>]``
-        Member mean (weighted mean when ``soft``) of every dense 2-D ``obsm`` array named ``X_*`` (``X_pca``,
+        Member mean (weighted mean with ``soft``) of every dense 2-D ``obsm`` array named ``X_*`` (``X_pca``,
         ``X_umap``...), so metacells can be drawn over cells; not the cells' :func:`consensus_nmf` usages (their
         ``uns`` result stays with the cells; run consensus_nmf on the metacells instead).
     ``uns['metacell_source']``
-        The arguments of the call (key, layer, soft, celltype_key): ``aggregate_metacells(adata, **source)`` redoes it.
+        The arguments of the call (key, layer, soft, minimum_weight, celltype_key):
+        ``aggregate_metacells(adata, **source)`` redoes it.
+
+    Metacells that keep no weight after the cut (SEACells returns a row of NaN for them) are left out, as are
+    metacells no cell is labelled with in the hard case.
     """
     # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
-    check_bool("soft", soft)
+    if not (isinstance(soft, bool | np.bool_) or soft in ("mean", "sum")):
+        msg = f"soft={soft!r} is not valid; choose False, True, 'mean' or 'sum'."
+        raise ValueError(msg)
+    summary = soft if isinstance(soft, str) else ("mean" if soft else False)  # True is SEACells' soft summary
+    minimum_weight = check_number("minimum_weight", minimum_weight, low=0, high=1)
     mat = get_matrix(adata, layer=layer)
     if celltype_key is not None:
         check_key(adata.obs, celltype_key, "adata.obs")
@@ -422,19 +459,23 @@ def aggregate_metacells(
         table = table.to_memory()  # anndata.experimental.read_lazy gives uns tables as xarray-backed Dataset2D
 
     # ---- plan: the metacells x cells membership (ones, or the assignment weights when soft) --------------------------
-    if soft:
+    if summary:
         wkey = _keys.metacell_weights(key)
-        # (n, k), a result (host unless moved); a lazily read one is small (k entries per cell at most): loaded
-        agg, names = soft_membership(load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]"), list(table.index))
+        # (n, k), a result (host unless moved); a lazily read one is small (k entries per cell at most): loaded;
+        # sparsified as SEACells' sparsify_assignments does
+        weights = load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]")
+        agg, names = soft_membership(weights, list(table.index), minimum_weight=minimum_weight)
     else:
         agg, names = hard_membership(adata.obs[key])
 
     # ---- one engine call: the sums, where the matrix lives (chunk by chunk when lazy) --------------------------------
     sums = summed(agg, mat)
+    size = np.asarray(agg.sum(axis=1)).ravel()
+    if summary == "mean":
+        sums = divided_rows(sums, size)
 
     # ---- write: a new AnnData ----------------------------------------------------------------------------------------
-    size = np.asarray(agg.sum(axis=1)).ravel()
-    obs = pd.DataFrame({"size": size if soft else size.astype(np.int64)}, index=pd.Index(names, name=None))
+    obs = pd.DataFrame({"size": size if summary else size.astype(np.int64)}, index=pd.Index(names, name=None))
     if "group" in table and (table["group"] != "").any():
         obs["group"] = pd.Categorical(table.loc[names, "group"].to_numpy())
     if celltype_key is not None:
@@ -446,7 +487,9 @@ def aggregate_metacells(
     out = AnnData(X=sums, obs=obs, var=adata.var.copy())
     for name, mean in member_means(agg, _cell_embeddings(adata), size).items():
         out.obsm[name] = mean
-    out.uns[_keys.METACELL_SOURCE] = {"key": key, "layer": layer, "soft": soft, "celltype_key": celltype_key}
+    out.uns[_keys.METACELL_SOURCE] = {
+        "key": key, "layer": layer, "soft": summary, "minimum_weight": minimum_weight, "celltype_key": celltype_key,
+    }  # fmt: skip
     return out
 
 
@@ -473,6 +516,8 @@ def metacell_quality(
     celltype_key: str | None = None,
     use_rep: str | None = None,
     nth_neighbor: int = 1,
+    separation_key: str | None = None,
+    separation_mode: Literal["neighbor", "nearest"] = "neighbor",
     device: Device | None = None,
     n_jobs: int | None = None,
     key_added: str | None = None,
@@ -493,6 +538,17 @@ def metacell_quality(
         Embedding for the diffusion space; default: the one the metacells were built on.
     nth_neighbor
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
+    separation_key
+        ``obs`` column of cell types or clusters (SEACells' ``separation(cluster=...)``); adds the column
+        ``<separation_key>_separation``: separation among metacells of the same majority label (each metacell's
+        most frequent label among its cells; ties go to the first label in sorted order).
+    separation_mode
+        How ``separation_key`` restricts the separation. ``"neighbor"`` (default), SEACells 0.3.3
+        ``evaluate.separation(cluster=separation_key, nth_nbr=nth_neighbor)``: the distance to the
+        ``nth_neighbor``-th nearest other metacell, kept only where that metacell has the same majority label
+        (NaN for the others, which SEACells leaves out of its result). ``"nearest"``: the distance to the
+        ``nth_neighbor``-th nearest metacell *of the same majority label*, whichever metacells of other labels lie
+        closer (NaN where fewer than ``nth_neighbor`` others share the label).
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     {n_jobs}
@@ -509,18 +565,26 @@ def metacell_quality(
 
     Returns
     -------
-    With ``inplace=False`` the table: one row per metacell; columns ``size``, ``compactness`` (lower is better),
-    ``separation`` (higher is better), and ``<celltype_key>``, ``<celltype_key>_purity``. Otherwise ``None`` (or
-    the modified copy with ``copy=True``), having written the table to ``adata.uns[key_added]``.
+    With ``inplace=False`` the table: one row per metacell; columns ``size``, ``compactness`` (lower is better,
+    SEACells ``evaluate.compactness``), ``separation`` (higher is better, ``evaluate.separation``), with
+    ``celltype_key`` the columns ``<celltype_key>`` and ``<celltype_key>_purity`` (``compute_celltype_purity``), and
+    with ``separation_key`` the column ``<separation_key>_separation``. Otherwise ``None`` (or the modified copy
+    with ``copy=True``), having written the table to ``adata.uns[key_added]``.
+
+    See Also
+    --------
+    metacell_assignment_quality : per-cell checks of the soft assignments (entropy, maximum weight).
     """
     # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
     use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
     x = _embedding(adata, use_rep)
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
-    if celltype_key is not None:
-        check_key(adata.obs, celltype_key, "adata.obs")
-        check_printable_labels(adata.obs[celltype_key], f"adata.obs[{celltype_key!r}]")
+    for col in (celltype_key, separation_key):
+        if col is not None:
+            check_key(adata.obs, col, "adata.obs")
+            check_printable_labels(adata.obs[col], f"adata.obs[{col!r}]")
+    check_choice("separation_mode", separation_mode, ("neighbor", "nearest"))
     key_added = check_key_added(_keys.metacell_quality(key) if key_added is None else key_added)
     if not isinstance(inplace, bool) or not isinstance(copy, bool):
         msg = "inplace and copy must be True or False."
@@ -546,6 +610,8 @@ def metacell_quality(
         df = quality_table(
             backend, x, labels, order, nth_neighbor=nth_neighbor, n_jobs=n_jobs,
             celltypes=None if celltype_key is None else adata.obs[celltype_key], celltype_key=celltype_key,
+            clusters=None if separation_key is None else adata.obs[separation_key], cluster_key=separation_key,
+            cluster_mode=separation_mode,
         )  # fmt: skip
     logg.info(
         f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, "
@@ -557,4 +623,79 @@ def metacell_quality(
         return df
     adata = adata.copy() if copy else adata
     adata.uns[key_added] = df
+    return adata if copy else None
+
+
+@doc_params(metacells_run=_METACELLS_RUN)
+def metacell_assignment_quality(
+    adata: AnnData,
+    key: str = _keys.METACELL,
+    *,
+    threshold: float = 0.1,
+    copy: bool = False,
+) -> AnnData | None:
+    """Per-cell checks of the soft assignments: entropy, largest weight and number of non-trivial weights.
+
+    The checks of the SEACells tutorial and of its ``plot.plot_assignment_entropy``, from the soft assignments
+    ``obsm[key + "_weights"]`` (SEACells' ``A`` transposed). Cells with low entropy and a large maximum weight
+    belong clearly to one metacell; many cells without a single weight above ``threshold`` suggest too many
+    metacells for the data (SEACells issue #43). Draw them with :func:`gpuc.pl.metacell_assignment_quality`.
+
+    Parameters
+    ----------
+    {metacells_run}
+    threshold
+        A weight above it counts as a non-trivial assignment (the tutorial's 0.1).
+    copy
+        Write into a copy and return it.
+
+    Returns
+    -------
+    None, or the modified copy when ``copy=True``. Writes
+
+    ``adata.obs[key + "_entropy"]``
+        ``scipy.stats.entropy`` of the cell's weights (natural log; 0 = wholly in one metacell, ``log(k)`` = even
+        over ``k``): ``scipy.stats.entropy(A, axis=0)``, the ``Metacell_Entropy`` column that the pre-release
+        SEACells model wrote and that SEACells 0.3.3's ``plot_assignment_entropy`` expects (nothing in 0.3.3 writes
+        it).
+    ``adata.obs[key + "_max_weight"]``
+        The cell's largest weight (the first column of the tutorial's "strength of top 5 strongest
+        assignments", ``np.sort(np.partition(A.T, -5)[:, -5:])[:, ::-1]``).
+    ``adata.obs[key + "_n_assigned"]``
+        Number of the cell's weights above ``threshold``: the tutorial's ``(A.T > 0.1).sum(axis=1)``, "non-trivial
+        (> 0.1) assignments per cell".
+    ``adata.uns[key]["assignment_quality"]``
+        ``params`` (``threshold``) and the fraction of cells without a non-trivial assignment.
+
+    A new :func:`metacells` run under ``key`` removes these columns.
+    """
+    # ---- validate ----------------------------------------------------------------------------------------------------
+    info = _check_metacells(adata, key)
+    threshold = check_number("threshold", threshold, low=0, high=1, high_open=True)
+    check_bool("copy", copy)
+    cols = _keys.metacell_assignment_columns(key)
+    mine = isinstance(info, Mapping) and _keys.METACELL_ASSIGNMENT_QUALITY in info
+    present = [c for c in cols.values() if c in adata.obs.columns]
+    if present and not mine:
+        msg = (
+            f"gpuc.tl.metacell_assignment_quality would overwrite adata.obs columns {present}, which it did not "
+            "write. Rename or delete them first if they may go."
+        )
+        raise ValueError(msg)
+    wkey = _keys.metacell_weights(key)
+    weights = load(adata.obsm[wkey], f"adata.obsm[{wkey!r}]")
+
+    # ---- one engine call ---------------------------------------------------------------------------------------------
+    stats = assignment_stats(weights, threshold=threshold)
+    unassigned = float(np.mean(stats["n_assigned"] == 0))
+    logg.info(
+        f"metacell assignments: entropy median {np.nanmedian(stats['entropy']):.3g}, max weight median "
+        f"{np.median(stats['max_weight']):.3g}, {100 * unassigned:.1f}% of cells without a weight > {threshold:g}"
+    )
+
+    # ---- write -------------------------------------------------------------------------------------------------------
+    adata = adata.copy() if copy else adata
+    for name, col in cols.items():
+        adata.obs[col] = stats[name]
+    adata.uns[key][_keys.METACELL_ASSIGNMENT_QUALITY] = {"params": {"threshold": threshold}, "unassigned": unassigned}
     return adata if copy else None
