@@ -132,11 +132,13 @@ METACELL_SOURCE = "metacell_source"  # uns[key] of the AnnData returned by gpuc.
 
 
 def metacell_assignment_columns(key: str) -> dict[str, str]:
-    """``obs`` columns of :func:`gpuc.tl.metacell_assignment_quality`, by statistic."""
+    """``obs`` columns of :func:`gpuc.tl.metacell_assignment_quality` (``key`` = its ``key_added``), by statistic."""
     return {"entropy": f"{key}_entropy", "max_weight": f"{key}_max_weight", "n_assigned": f"{key}_n_assigned"}
 
 
-METACELL_ASSIGNMENT_QUALITY = "assignment_quality"  # its entry in uns[key] (the metacells' own uns dict)
+def metacell_assignment_quality(key: str) -> str:
+    """``uns`` key of the parameters of :func:`gpuc.tl.metacell_assignment_quality` (``key`` = its ``key_added``)."""
+    return f"{key}_assignment_quality"
 
 
 def metacell_outputs(key: str) -> dict[str, list[str]]:
@@ -145,7 +147,7 @@ def metacell_outputs(key: str) -> dict[str, list[str]]:
         "obs": [key, *metacell_assignment_columns(key).values()],
         "obsm": [metacell_weights(key), metacell_archetypes(key)],
         "obsp": [metacell_kernel(key)],
-        "uns": [key, metacell_quality(key)],
+        "uns": [key, metacell_quality(key), metacell_assignment_quality(key)],
     }
 
 

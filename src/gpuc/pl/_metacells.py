@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -207,7 +207,8 @@ def metacell_quality(
     {returns_figure}
     """
     df = metacell_quality_table(adata, key, quality_key)
-    cols = ["compactness", "separation"] + [c for c in df.columns if c.endswith(("_separation", "_purity"))]
+    cols = ["compactness", "separation"]
+    cols += [c for c in df.columns if c.endswith("_separation")] + [c for c in df.columns if c.endswith("_purity")]
     fig, axes = panels(ax, len(cols), f"one per panel: {', '.join(cols)}", (3.2, 3.4))
     ylabels = {
         "compactness": "variance within the metacell\n(diffusion components)",
@@ -275,6 +276,7 @@ def metacell_assignment_quality(
     adata: AnnData,
     key: str = _keys.METACELL,
     *,
+    quality_key: str | None = None,
     bins: int = 30,
     ax: Sequence[Axes] | None = None,
     show: bool | None = None,
@@ -292,6 +294,8 @@ def metacell_assignment_quality(
         AnnData on which :func:`gpuc.tl.metacell_assignment_quality` ran.
     key
         ``key_added`` of the metacell run.
+    quality_key
+        ``key_added`` of :func:`gpuc.tl.metacell_assignment_quality` (default ``key``).
     bins
         Histogram bins of the first two panels.
     ax
@@ -302,13 +306,16 @@ def metacell_assignment_quality(
     {returns_figure}
     """
     metacell_labels(adata, key)
-    info = tool_output(adata, key, "metacells")
-    cols = _keys.metacell_assignment_columns(key)
-    if _keys.METACELL_ASSIGNMENT_QUALITY not in info or any(c not in adata.obs for c in cols.values()):
-        msg = f"No assignment checks for {key!r}: run gpuc.tl.metacell_assignment_quality(adata, {key!r}) first."
+    qk = key if quality_key is None else quality_key
+    cols = _keys.metacell_assignment_columns(qk)
+    entry = adata.uns.get(_keys.metacell_assignment_quality(qk))
+    if not isinstance(entry, Mapping) or "threshold" not in entry.get("params", {}) or any(
+        c not in adata.obs for c in cols.values()
+    ):
+        msg = f"No assignment checks under {qk!r}: run gpuc.tl.metacell_assignment_quality(adata, {key!r}) first."
         raise KeyError(msg)
     bins = check_int("bins", bins, minimum=1)
-    threshold = float(info[_keys.METACELL_ASSIGNMENT_QUALITY]["params"]["threshold"])
+    threshold = float(entry["params"]["threshold"])
     fig, axes = panels(ax, 3, "one per panel: entropy, largest weight, non-trivial weights", (3.4, 3.2))
     k = adata.obsm[_keys.metacell_weights(key)].shape[1]
     ent = np.asarray(adata.obs[cols["entropy"]], dtype=float)
@@ -316,7 +323,7 @@ def metacell_assignment_quality(
     axes[0].hist(ent, bins=bins, color="#4c72b0", edgecolor="white")
     axes[0].axvline(np.median(ent), color="black", ls="--", lw=1, label=f"median {np.median(ent):.2f}")
     axes[0].set_xlabel("entropy of the weights (nats)")
-    axes[0].set_title(f"assignment entropy\n(lower is clearer; even over {k}: {np.log(k):.1f})", fontsize=10)
+    axes[0].set_title(f"assignment entropy\n(lower is clearer; even over all {k}: {np.log(k):.1f})", fontsize=10)
     mx = np.asarray(adata.obs[cols["max_weight"]], dtype=float)
     axes[1].hist(mx, bins=np.linspace(0, 1, bins + 1), color="#4c72b0", edgecolor="white")
     axes[1].axvline(np.median(mx), color="black", ls="--", lw=1, label=f"median {np.median(mx):.2f}")
@@ -329,7 +336,9 @@ def metacell_assignment_quality(
     n = np.asarray(adata.obs[cols["n_assigned"]], dtype=np.int64)
     counts = np.bincount(n)
     colours = ["#c44e52"] + ["#4c72b0"] * (counts.size - 1)
-    axes[2].bar(np.arange(counts.size), counts, color=colours, edgecolor="white", width=0.9)
+    bars = axes[2].bar(np.arange(counts.size), counts, color=colours, edgecolor="white", width=0.9)
+    axes[2].bar_label(bars, fontsize=7)  # a handful of cells at 0 would be invisible as a bar alone
+    axes[2].margins(y=0.12)
     axes[2].set_xticks(np.arange(counts.size))
     axes[2].set_xlabel(f"weights > {threshold:g}")
     axes[2].set_ylabel("cells")

@@ -516,8 +516,7 @@ def metacell_quality(
     celltype_key: str | None = None,
     use_rep: str | None = None,
     nth_neighbor: int = 1,
-    separation_key: str | None = None,
-    separation_mode: Literal["neighbor", "nearest"] = "neighbor",
+    celltype_separation: Literal["neighbor", "nearest"] | None = None,
     device: Device | None = None,
     n_jobs: int | None = None,
     key_added: str | None = None,
@@ -538,17 +537,15 @@ def metacell_quality(
         Embedding for the diffusion space; default: the one the metacells were built on.
     nth_neighbor
         Separation is the distance to the ``nth_neighbor``-th nearest other metacell centroid.
-    separation_key
-        ``obs`` column of cell types or clusters (SEACells' ``separation(cluster=...)``); adds the column
-        ``<separation_key>_separation``: separation among metacells of the same majority label (each metacell's
-        most frequent label among its cells; ties go to the first label in sorted order).
-    separation_mode
-        How ``separation_key`` restricts the separation. ``"neighbor"`` (default), SEACells 0.3.3
-        ``evaluate.separation(cluster=separation_key, nth_nbr=nth_neighbor)``: the distance to the
-        ``nth_neighbor``-th nearest other metacell, kept only where that metacell has the same majority label
-        (NaN for the others, which SEACells leaves out of its result). ``"nearest"``: the distance to the
-        ``nth_neighbor``-th nearest metacell *of the same majority label*, whichever metacells of other labels lie
-        closer (NaN where fewer than ``nth_neighbor`` others share the label).
+    celltype_separation
+        With ``celltype_key``, also the separation among metacells of one cell type (a metacell's type is its
+        most frequent ``celltype_key`` label among its cells, as for purity; ties go to the first label in sorted
+        order), in column ``<celltype_key>_separation``. ``"neighbor"``: SEACells 0.3.3
+        ``evaluate.separation(cluster=celltype_key, nth_nbr=nth_neighbor)``, the distance to the
+        ``nth_neighbor``-th nearest other metacell, kept only where that metacell has the same type (NaN for the
+        others, which SEACells leaves out of its result). ``"nearest"``: the distance to the ``nth_neighbor``-th
+        nearest metacell *of the same type*, whichever metacells of other types lie closer (NaN where fewer than
+        ``nth_neighbor`` others share the type). ``None`` (default): not computed.
     device
         ``"auto"``, ``"cpu"`` or ``"gpu"``; ``None`` follows :attr:`gpuc.settings.device`.
     {n_jobs}
@@ -568,7 +565,7 @@ def metacell_quality(
     With ``inplace=False`` the table: one row per metacell; columns ``size``, ``compactness`` (lower is better,
     SEACells ``evaluate.compactness``), ``separation`` (higher is better, ``evaluate.separation``), with
     ``celltype_key`` the columns ``<celltype_key>`` and ``<celltype_key>_purity`` (``compute_celltype_purity``), and
-    with ``separation_key`` the column ``<separation_key>_separation``. Otherwise ``None`` (or the modified copy
+    with ``celltype_separation`` the column ``<celltype_key>_separation``. Otherwise ``None`` (or the modified copy
     with ``copy=True``), having written the table to ``adata.uns[key_added]``.
 
     See Also
@@ -580,11 +577,13 @@ def metacell_quality(
     use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
     x = _embedding(adata, use_rep)
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
-    for col in (celltype_key, separation_key):
-        if col is not None:
-            check_key(adata.obs, col, "adata.obs")
-            check_printable_labels(adata.obs[col], f"adata.obs[{col!r}]")
-    check_choice("separation_mode", separation_mode, ("neighbor", "nearest"))
+    if celltype_key is not None:
+        check_key(adata.obs, celltype_key, "adata.obs")
+        check_printable_labels(adata.obs[celltype_key], f"adata.obs[{celltype_key!r}]")
+    check_choice("celltype_separation", celltype_separation, (None, "neighbor", "nearest"))
+    if celltype_separation is not None and celltype_key is None:
+        msg = f"celltype_separation={celltype_separation!r} needs celltype_key= (the obs column of cell types)."
+        raise ValueError(msg)
     key_added = check_key_added(_keys.metacell_quality(key) if key_added is None else key_added)
     if not isinstance(inplace, bool) or not isinstance(copy, bool):
         msg = "inplace and copy must be True or False."
@@ -610,8 +609,8 @@ def metacell_quality(
         df = quality_table(
             backend, x, labels, order, nth_neighbor=nth_neighbor, n_jobs=n_jobs,
             celltypes=None if celltype_key is None else adata.obs[celltype_key], celltype_key=celltype_key,
-            clusters=None if separation_key is None else adata.obs[separation_key], cluster_key=separation_key,
-            cluster_mode=separation_mode,
+            clusters=None if celltype_separation is None else adata.obs[celltype_key], cluster_key=celltype_key,
+            cluster_mode=celltype_separation or "neighbor",
         )  # fmt: skip
     logg.info(
         f"metacell quality: compactness median {np.nanmedian(df['compactness']):.3g}, "
@@ -632,6 +631,7 @@ def metacell_assignment_quality(
     key: str = _keys.METACELL,
     *,
     threshold: float = 0.1,
+    key_added: str | None = None,
     copy: bool = False,
 ) -> AnnData | None:
     """Per-cell checks of the soft assignments: entropy, largest weight and number of non-trivial weights.
@@ -646,6 +646,8 @@ def metacell_assignment_quality(
     {metacells_run}
     threshold
         A weight above it counts as a non-trivial assignment (the tutorial's 0.1).
+    key_added
+        Prefix of the ``obs`` columns written; default ``key``.
     copy
         Write into a copy and return it.
 
@@ -653,33 +655,38 @@ def metacell_assignment_quality(
     -------
     None, or the modified copy when ``copy=True``. Writes
 
-    ``adata.obs[key + "_entropy"]``
+    ``adata.obs[key_added + "_entropy"]``
         ``scipy.stats.entropy`` of the cell's weights (natural log; 0 = wholly in one metacell, ``log(k)`` = even
         over ``k``): ``scipy.stats.entropy(A, axis=0)``, the ``Metacell_Entropy`` column that the pre-release
         SEACells model wrote and that SEACells 0.3.3's ``plot_assignment_entropy`` expects (nothing in 0.3.3 writes
         it).
-    ``adata.obs[key + "_max_weight"]``
+    ``adata.obs[key_added + "_max_weight"]``
         The cell's largest weight (the first column of the tutorial's "strength of top 5 strongest
         assignments", ``np.sort(np.partition(A.T, -5)[:, -5:])[:, ::-1]``).
-    ``adata.obs[key + "_n_assigned"]``
+    ``adata.obs[key_added + "_n_assigned"]``
         Number of the cell's weights above ``threshold``: the tutorial's ``(A.T > 0.1).sum(axis=1)``, "non-trivial
         (> 0.1) assignments per cell".
-    ``adata.uns[key]["assignment_quality"]``
-        ``params`` (``threshold``) and the fraction of cells without a non-trivial assignment.
+    ``adata.uns[key_added + "_assignment_quality"]``
+        ``params`` (``key``, ``threshold``) and ``unassigned``, the fraction of cells without a non-trivial
+        assignment.
 
-    A new :func:`metacells` run under ``key`` removes these columns.
+    A new :func:`metacells` run under ``key`` removes these entries (those of the default ``key_added``).
     """
     # ---- validate ----------------------------------------------------------------------------------------------------
-    info = _check_metacells(adata, key)
+    _check_metacells(adata, key)
     threshold = check_number("threshold", threshold, low=0, high=1, high_open=True)
+    key_added = check_key_added(key if key_added is None else key_added)
     check_bool("copy", copy)
-    cols = _keys.metacell_assignment_columns(key)
-    mine = isinstance(info, Mapping) and _keys.METACELL_ASSIGNMENT_QUALITY in info
-    present = [c for c in cols.values() if c in adata.obs.columns]
-    if present and not mine:
+    cols = _keys.metacell_assignment_columns(key_added)
+    ukey = _keys.metacell_assignment_quality(key_added)
+    old = adata.uns.get(ukey)
+    mine = isinstance(old, Mapping) and "threshold" in old.get("params", {})
+    present = [f"adata.obs[{c!r}]" for c in cols.values() if c in adata.obs.columns]
+    present += [f"adata.uns[{ukey!r}]"] if old is not None else []
+    if present and not mine:  # entries under these names that an earlier call did not write
         msg = (
-            f"gpuc.tl.metacell_assignment_quality would overwrite adata.obs columns {present}, which it did not "
-            "write. Rename or delete them first if they may go."
+            f"gpuc.tl.metacell_assignment_quality with key_added={key_added!r} would overwrite {', '.join(present)}, "
+            "which it did not write. Pass another key_added, or delete them first if they may go."
         )
         raise ValueError(msg)
     wkey = _keys.metacell_weights(key)
@@ -697,5 +704,5 @@ def metacell_assignment_quality(
     adata = adata.copy() if copy else adata
     for name, col in cols.items():
         adata.obs[col] = stats[name]
-    adata.uns[key][_keys.METACELL_ASSIGNMENT_QUALITY] = {"params": {"threshold": threshold}, "unassigned": unassigned}
+    adata.uns[ukey] = {"params": {"key": key, "threshold": threshold}, "unassigned": unassigned}
     return adata if copy else None
