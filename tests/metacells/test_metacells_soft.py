@@ -49,7 +49,9 @@ def k40(_k40) -> AnnData:
 
 
 def _ref_csr(ref, w, shape):
-    return sp.csr_matrix((ref[f"sparsify_{w}_data"], ref[f"sparsify_{w}_indices"], ref[f"sparsify_{w}_indptr"]), shape=shape)
+    return sp.csr_matrix(
+        (ref[f"sparsify_{w}_data"], ref[f"sparsify_{w}_indices"], ref[f"sparsify_{w}_indptr"]), shape=shape
+    )
 
 
 @pytest.mark.parametrize("w", [0.05, 0.2])
@@ -254,7 +256,7 @@ def test_plot_initialization_marks_the_initial_archetypes(k40):
     cells, arche = ax.collections
     assert cells.get_offsets().shape[0] == k40.n_obs
     np.testing.assert_array_equal(np.asarray(arche.get_offsets()), want)
-    assert ax.get_title() == "40 initial archetypes (metacell)"
+    assert ax.get_title() == "40 initial archetypes (red) over 700 cells (metacell)"
     with pytest.raises(KeyError, match="basis"):
         gpuc.pl.metacell_initialization(k40, "tsne", show=False)
     plt.close("all")

@@ -61,8 +61,10 @@ def _nth_neighbors(points: np.ndarray, nth: int) -> tuple[np.ndarray, np.ndarray
 
 
 def separation(dc: np.ndarray, labels: np.ndarray, order: list[str], *, nth_neighbor: int = 1) -> pd.Series:
-    """Per metacell: distance from its centroid to the ``nth_neighbor``-th nearest other centroid (SEACells
-    ``evaluate.separation``)."""
+    """Per metacell: distance from its centroid to the ``nth_neighbor``-th nearest other centroid.
+
+    SEACells 0.3.3 ``evaluate.separation`` (without ``cluster``).
+    """
     cent = _centroids(dc, labels, order)
     sep, _ = _nth_neighbors(cent, nth_neighbor)
     return pd.Series(sep, index=order, name="separation")
@@ -101,7 +103,7 @@ def cluster_separation(
 
 
 def assignment_stats(weights: Any, *, threshold: float = 0.1) -> dict[str, np.ndarray]:
-    """Per cell, from the cells x metacells soft assignments (host or device, dense or sparse):
+    """Per-cell statistics of the cells x metacells soft assignments (host or device, dense or sparse).
 
     ``entropy``
         ``scipy.stats.entropy`` of the cell's weights (natural log, weights rescaled to sum to 1): the
@@ -121,7 +123,7 @@ def assignment_stats(weights: Any, *, threshold: float = 0.1) -> dict[str, np.nd
     row = np.repeat(np.arange(n), np.diff(w.indptr))
     total = np.bincount(row, weights=w.data, minlength=n)
     p = w.data / total[row]
-    entropy = -np.bincount(row, weights=p * np.log(p), minlength=n)
+    entropy = 0.0 - np.bincount(row, weights=p * np.log(p), minlength=n)  # 0.0 - 0.0 is +0.0
     entropy[total == 0] = np.nan
     max_weight = np.zeros(n)
     np.maximum.at(max_weight, row, w.data)

@@ -309,8 +309,10 @@ def metacell_assignment_quality(
     qk = key if quality_key is None else quality_key
     cols = _keys.metacell_assignment_columns(qk)
     entry = adata.uns.get(_keys.metacell_assignment_quality(qk))
-    if not isinstance(entry, Mapping) or "threshold" not in entry.get("params", {}) or any(
-        c not in adata.obs for c in cols.values()
+    if (
+        not isinstance(entry, Mapping)
+        or "threshold" not in entry.get("params", {})
+        or any(c not in adata.obs for c in cols.values())
     ):
         msg = f"No assignment checks under {qk!r}: run gpuc.tl.metacell_assignment_quality(adata, {key!r}) first."
         raise KeyError(msg)
@@ -321,18 +323,17 @@ def metacell_assignment_quality(
     ent = np.asarray(adata.obs[cols["entropy"]], dtype=float)
     ent = ent[np.isfinite(ent)]
     axes[0].hist(ent, bins=bins, color="#4c72b0", edgecolor="white")
-    axes[0].axvline(np.median(ent), color="black", ls="--", lw=1, label=f"median {np.median(ent):.2f}")
-    axes[0].set_xlabel("entropy of the weights (nats)")
+    axes[0].axvline(np.median(ent), color="black", ls="--", lw=1)
+    axes[0].set_xlabel(f"entropy of the weights (nats)\nmedian {np.median(ent):.2f} (dashed)")
     axes[0].set_title(f"assignment entropy\n(lower is clearer; even over all {k}: {np.log(k):.1f})", fontsize=10)
     mx = np.asarray(adata.obs[cols["max_weight"]], dtype=float)
     axes[1].hist(mx, bins=np.linspace(0, 1, bins + 1), color="#4c72b0", edgecolor="white")
-    axes[1].axvline(np.median(mx), color="black", ls="--", lw=1, label=f"median {np.median(mx):.2f}")
+    axes[1].axvline(np.median(mx), color="black", ls="--", lw=1)
     axes[1].set_xlim(0, 1)
-    axes[1].set_xlabel("largest weight of the cell")
+    axes[1].set_xlabel(f"largest weight of the cell\nmedian {np.median(mx):.2f} (dashed)")
     axes[1].set_title("strongest assignment\n(higher is clearer)", fontsize=10)
     for a in axes[:2]:
         a.set_ylabel("cells")
-        a.legend(frameon=False, fontsize=8)
     n = np.asarray(adata.obs[cols["n_assigned"]], dtype=np.int64)
     counts = np.bincount(n)
     colours = ["#c44e52"] + ["#4c72b0"] * (counts.size - 1)
@@ -404,15 +405,13 @@ def metacell_initialization(
     ax = single_ax(ax, "the embedding", (5, 5))
     xy = np.asarray(adata.obsm[emb_key], dtype=float)[:, :2]
     s = size if size is not None else max(1.0, 120000 / max(adata.n_obs, 1) / 20)
-    ax.scatter(xy[:, 0], xy[:, 1], s=s, color="lightgrey", linewidths=0, rasterized=True, label="cells")
+    ax.scatter(xy[:, 0], xy[:, 1], s=s, color="lightgrey", linewidths=0, rasterized=True)
     ax.scatter(
         xy[pos, 0], xy[pos, 1], s=archetype_size, color="#c44e52", edgecolors="black", linewidths=0.5, zorder=3,
-        label="initial archetypes",
     )  # fmt: skip
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_xlabel(f"{basis.upper()}1")
     ax.set_ylabel(f"{basis.upper()}2")
-    ax.set_title(f"{pos.size} initial archetypes ({key})")
-    ax.legend(loc="best", frameon=False, fontsize=8, markerscale=1.5)
+    ax.set_title(f"{pos.size} initial archetypes (red) over {adata.n_obs:,} cells ({key})")
     return finish(ax, show, save=save)

@@ -52,10 +52,10 @@ WEIGHTS = (0.05, 0.2)
 
 
 def main() -> None:
+    import palantir
     import SEACells.build_graph
     import SEACells.core
     import SEACells.evaluate
-    import palantir
 
     SEACells.core.tqdm = tqdm.tqdm  # the notebook progress bar needs a Jupyter front end (SEACells issue #71)
 
@@ -77,7 +77,11 @@ def main() -> None:
     out: dict[str, np.ndarray] = {}
     for w in WEIGHTS:
         s = sp.csr_matrix(SEACells.core.sparsify_assignments(A.T, thresh=w))
-        out[f"sparsify_{w}_data"], out[f"sparsify_{w}_indices"], out[f"sparsify_{w}_indptr"] = s.data, s.indices, s.indptr
+        out[f"sparsify_{w}_data"], out[f"sparsify_{w}_indices"], out[f"sparsify_{w}_indptr"] = (
+            s.data,
+            s.indices,
+            s.indptr,
+        )
         soft = SEACells.core.summarize_by_soft_SEACell(
             cad, A, celltype_label="bulk_labels", summarize_layer="counts", minimum_weight=w
         )
@@ -91,7 +95,9 @@ def main() -> None:
     out["top5"] = np.sort(np.partition(A.T, -5)[:, -5:])[:, ::-1]
 
     comps = pd.DataFrame(ad.obsm["X_pca"]).set_index(ad.obs_names)
-    out["dc"] = palantir.utils.determine_multiscale_space(palantir.utils.run_diffusion_maps(comps), n_eigs=10).to_numpy()
+    out["dc"] = palantir.utils.determine_multiscale_space(
+        palantir.utils.run_diffusion_maps(comps), n_eigs=10
+    ).to_numpy()
     ad.obs["SEACell"] = ad.obs["metacell"].astype(str)  # plain strings: the groupbys see only present labels
     for case, nth, cluster in (("all1", 1, None), ("bulk1", 1, "bulk_labels"), ("bulk2", 2, "bulk_labels")):
         sep = SEACells.evaluate.separation(ad, "X_pca", nth_nbr=nth, cluster=cluster)
