@@ -83,6 +83,7 @@ CALLS = {
     "vst": (_bulk, lambda a, **kw: gpuc.tl.vst(a, fit_type="mean", **kw)),
     "metacells": (_cells, lambda a, **kw: gpuc.tl.metacells(a, **_MC, **kw)),
     "metacell_quality": (_cells, lambda a, **kw: gpuc.tl.metacell_quality(a, device="cpu", **kw)),
+    "metacell_assignment_quality": (_cells, lambda a, **kw: gpuc.tl.metacell_assignment_quality(a, **kw)),
     "consensus_nmf": ("programs", lambda a, **kw: gpuc.tl.consensus_nmf(a, 3, **_NMF, **kw)),
     "nmf_refine": ("programs", lambda a, **kw: gpuc.tl.nmf_refine(a, 2.0, **kw)),
     "nmf_refine elsewhere": ("programs", lambda a, **kw: gpuc.tl.nmf_refine(a, 2.0, key_added="other", **kw)),
@@ -94,7 +95,7 @@ def _prepared(name: str, planted_programs) -> ad.AnnData:
     make, _ = CALLS[name]
     a = planted_programs(40, 20) if make == "programs" else make()
     # each tool runs on an AnnData that already holds earlier results, as in a session
-    if name in ("metacell_quality",):
+    if name in ("metacell_quality", "metacell_assignment_quality"):
         gpuc.tl.metacells(a, **_MC)
     if name.startswith("nmf_refine") or name == "consensus_nmf":
         gpuc.tl.consensus_nmf(a, 3, **_NMF)
@@ -118,5 +119,5 @@ def test_new_anndata_tools_share_nothing_with_their_input(planted_programs):
     pb = gpuc.tl.pseudobulk(cells, "sample", min_cells=1)
     assert_nothing_shared(pb, cells)
     gpuc.tl.metacells(cells, **_MC)
-    for soft in (False, True):
+    for soft in (False, True, "sum"):
         assert_nothing_shared(gpuc.tl.aggregate_metacells(cells, soft=soft, celltype_key="ct"), cells)

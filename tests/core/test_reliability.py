@@ -94,6 +94,7 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
     calls = {
         "metacells": (pbmc, lambda a, **kw: gpuc.tl.metacells(a, device="cpu", **kw)),
         "metacell_quality": (fitted, lambda a, **kw: gpuc.tl.metacell_quality(a, device="cpu", **kw)),
+        "metacell_assignment_quality": (fitted, lambda a, **kw: gpuc.tl.metacell_assignment_quality(a, **kw)),
         "nmf_k_sweep": (nmf, lambda a, **kw: gpuc.tl.nmf_k_sweep(a, [2, 3], n_runs=3, device="cpu", **kw)),
         "consensus_nmf": (nmf, lambda a, **kw: gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", **kw)),
         "nmf_refine": (nmf_fitted, lambda a, **kw: gpuc.tl.nmf_refine(a, 0.5, **kw)),
@@ -121,6 +122,7 @@ def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same
     gpuc.tl.vst(bulk, device="cpu", key_added="vst ü.1")
     gpuc.tl.metacells(pbmc, groupby="sample", device="cpu", max_iter=3, min_iter=1, key_added=AWKWARD_KEY)
     gpuc.tl.metacell_quality(pbmc, AWKWARD_KEY, celltype_key="bulk_labels", device="cpu")
+    gpuc.tl.metacell_assignment_quality(pbmc, AWKWARD_KEY)
     mc = gpuc.tl.aggregate_metacells(pbmc, AWKWARD_KEY, celltype_key="bulk_labels")
     nmf = planted_programs(90, 40)
     gpuc.tl.nmf_k_sweep(nmf, [2, 3], n_runs=3, device="cpu", key_added=AWKWARD_KEY)
@@ -162,9 +164,11 @@ def test_rerun_under_the_same_key_replaces_every_output(pbmc):
 
     gpuc.tl.metacells(pbmc, 9, device="cpu", max_iter=3, min_iter=1)
     gpuc.tl.metacell_quality(pbmc, device="cpu")
-    assert "metacell_quality" in pbmc.uns
+    gpuc.tl.metacell_assignment_quality(pbmc)
+    assert "metacell_quality" in pbmc.uns and "metacell_entropy" in pbmc.obs
     gpuc.tl.metacells(pbmc, 7, device="cpu", max_iter=3, min_iter=1)
     assert "metacell_quality" not in pbmc.uns  # derived from the previous fit: dropped
+    assert "metacell_assignment_quality" not in pbmc.uns and "metacell_entropy" not in pbmc.obs
     assert pbmc.obsm["metacell_weights"].shape[1] == 7
 
 

@@ -401,8 +401,9 @@ def aggregate_metacells(
         ``"sum"``: the weighted *sum* ``sum_i w_i x_i`` with the same sparsified weights (``"mean"`` times
         ``obs['size']``). Each cell's kept weights sum to 1, so the metacells' totals add up to the cells' total
         counts: pseudobulk counts of soft metacells. They are not integers; :func:`gpuc.tl.deseq` (like R's
-        DESeq2) accepts only integer counts, so round them first (``mc.X = np.rint(mc.X)``, or ``.rint()`` on a
-        sparse matrix), or use the hard sums (``soft=False``), which are integer already.
+        DESeq2) accepts only integer counts, so round them first (``mc.X = mc.X.rint()`` for the sparse result
+        of sparse counts, ``np.rint(mc.X)`` for a dense one), or use the hard sums (``soft=False``), which are
+        integer already.
     minimum_weight
         With ``soft``: SEACells' cut on the soft assignments (its default, 0.05). Per cell, weights below
         ``min(minimum_weight, p95)`` are set to 0, where ``p95`` is the 95th percentile of the cell's non-zero
