@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from anndata import AnnData
 
 import gpuc
+from gpuc.get._checks import identify
 from gpuc.metacells._aggregate import sparsify_weights
 from gpuc.metacells._quality import cluster_separation, purity, separation
 
@@ -137,6 +138,7 @@ def test_assignment_quality_equals_seacells_definitions(k40, ref, tmp_path):
     info = k40.uns["metacell_assignment_quality"]
     assert info["params"] == {"key": "metacell", "threshold": 0.1}
     assert info["unassigned"] == pytest.approx(np.mean(ref["n_nontrivial"] == 0))
+    assert identify(info) == "gpuc.tl.metacell_assignment_quality"  # named in the plots' and getters' messages
     path = tmp_path / "qc.h5ad"
     k40.write_h5ad(path)
     back = ad.read_h5ad(path)

@@ -79,6 +79,11 @@ _SIGNATURES: list[tuple[str, str, Callable[[Any], bool]]] = [
         "gpuc.tl.metacell_quality(adata, key)",
         lambda u: _frame_with(u, "compactness", "separation"),
     ),
+    (
+        "metacell_assignment_quality",
+        "gpuc.tl.metacell_assignment_quality(adata, key)",
+        lambda u: _params_have(u, "threshold") and _has(u, "unassigned"),
+    ),
 ]
 
 # Scanpy's own uns entries, recognised only to name them in a message
