@@ -274,3 +274,16 @@ def test_plot_quality_shows_separation_within_types(k40):
     n_nan = int(k40.uns["metacell_quality"]["bulk_labels_separation"].isna().sum())
     assert f"{n_nan} NaN" in titles[2]
     plt.close("all")
+
+
+def test_metacells_without_weight_after_the_cut_are_left_out():
+    from gpuc.metacells._aggregate import soft_membership
+
+    # metacell "c" only ever holds weights below 0.05 in cells whose 95th percentile is above the cut
+    w = sp.csr_matrix(np.array([[0.6, 0.37, 0.03], [0.2, 0.78, 0.02], [0.5, 0.5, 0.0]]))
+    agg, names = soft_membership(w, ["a", "b", "c"], minimum_weight=0.05)
+    assert names == ["a", "b"]
+    np.testing.assert_allclose(agg.toarray(), [[0.6 / 0.97, 0.2 / 0.98, 0.5], [0.37 / 0.97, 0.78 / 0.98, 0.5]])
+    agg0, names0 = soft_membership(w, ["a", "b", "c"], minimum_weight=0.0)
+    assert names0 == ["a", "b", "c"]
+    np.testing.assert_allclose(agg0.toarray(), w.toarray().T)
