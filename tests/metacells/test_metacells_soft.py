@@ -287,3 +287,18 @@ def test_metacells_without_weight_after_the_cut_are_left_out():
     agg0, names0 = soft_membership(w, ["a", "b", "c"], minimum_weight=0.0)
     assert names0 == ["a", "b", "c"]
     np.testing.assert_allclose(agg0.toarray(), w.toarray().T)
+
+
+def test_separation_ignores_metacells_without_cells(ref, k40):
+    labels, order = _labels(k40)
+    dc = ref["dc"]
+    full = separation(dc, labels, order)
+    # a metacell category without cells (a subset AnnData keeps unused categories): NaN, the others unchanged
+    gone = labels != order[0]
+    sub = separation(dc[gone], labels[gone], order)
+    assert np.isnan(sub.iloc[0])
+    cent = pd.DataFrame(dc).groupby(labels).mean().reindex(order).to_numpy()
+    for i in range(1, len(order)):
+        d = [np.linalg.norm(cent[i] - cent[j]) for j in range(1, len(order)) if j != i]
+        np.testing.assert_allclose(sub.iloc[i], min(d), rtol=1e-12)
+    assert (sub.iloc[1:] >= full.iloc[1:] - 1e-15).all()

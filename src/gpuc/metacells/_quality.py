@@ -44,20 +44,23 @@ def _centroids(dc: np.ndarray, labels: np.ndarray, order: list[str]) -> np.ndarr
 
 def _nth_neighbors(points: np.ndarray, nth: int) -> tuple[np.ndarray, np.ndarray]:
     """Distance to and position of each point's ``nth`` nearest other point (exact Euclidean, as scikit-learn's
-    ``NearestNeighbors.kneighbors()`` that SEACells calls); NaN and -1 when there are not ``nth`` others.
+    ``NearestNeighbors.kneighbors()`` that SEACells calls); NaN and -1 when there are not ``nth`` others. Rows with
+    NaN (metacells without cells, e.g. after subsetting the AnnData) take no part.
     """
     from scipy.spatial import cKDTree
 
-    m = points.shape[0]
-    dist, idx = np.full(m, np.nan), np.full(m, -1)
+    dist, idx = np.full(points.shape[0], np.nan), np.full(points.shape[0], -1)
+    live = np.flatnonzero(np.isfinite(points).all(axis=1))
+    m = live.size
     if m <= nth:
         return dist, idx
-    d, i = cKDTree(points).query(points, k=nth + 1)
+    d, i = cKDTree(points[live]).query(points[live], k=nth + 1)
     # each point is its own first neighbour; a duplicate centroid may be listed before it, so drop the point
     # itself wherever it appears and keep the nth of the others
     others = i != np.arange(m)[:, None]
     col = np.argmax(np.cumsum(others, axis=1) == nth, axis=1)
-    return d[np.arange(m), col], i[np.arange(m), col]
+    dist[live], idx[live] = d[np.arange(m), col], live[i[np.arange(m), col]]
+    return dist, idx
 
 
 def separation(dc: np.ndarray, labels: np.ndarray, order: list[str], *, nth_neighbor: int = 1) -> pd.Series:
