@@ -559,13 +559,15 @@ def _scatter(bk: Backend, values: np.ndarray, nz_idx: Any, G: int, fill: Any = n
     return out
 
 
-def cooks_outliers(fit: DeseqFit) -> np.ndarray:
-    """R's Cook's filter: maxCooks above the cut-off, unless >= 3 samples have counts above the flagged sample's."""
+def cooks_outliers(fit: DeseqFit, *, two_group: bool = True) -> np.ndarray:
+    """R's Cook's filter: maxCooks above the cut-off; in a design of one two-level factor (``two_group``: R's
+    heuristic applies only there) not when >= 3 samples have counts above the flagged sample's.
+    """
     mc = fit.genes["maxCooks"]
     with np.errstate(invalid="ignore"):
         out = mc > fit.cooks_cutoff
     idx = np.nonzero(out)[0]
-    if idx.size:
+    if idx.size and two_group:
         counts = fit.counts[idx]
         which = np.nanargmax(np.where(np.isnan(fit.cooks[idx]), -np.inf, fit.cooks[idx]), axis=1)
         ref = counts[np.arange(idx.size), which]
@@ -585,11 +587,13 @@ def results(
     alt_hypothesis: str = "greaterAbs",
     zero_groups: tuple[np.ndarray, np.ndarray] | None = None,
     test: str = "wald",
+    two_group: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Results columns for one contrast (R ``results()``), and filtering diagnostics.
 
     ``zero_groups`` (two sample masks) enables R's rule that genes with all-zero counts in both groups of a factor
-    contrast get log2FoldChange 0 (and, for Wald, stat 0 and p-value 1).
+    contrast get log2FoldChange 0 (and, for Wald, stat 0 and p-value 1). ``two_group``: the design is one two-level
+    factor, where R's Cook's filter spares outliers with 3 or more higher counts (:func:`cooks_outliers`).
     """
     res = wald(fit.beta, fit.cov, contrast, lfc_threshold=lfc_threshold, alt=alt_hypothesis)
     if test == "lrt":
@@ -614,7 +618,7 @@ def results(
     pv[fit.genes["allZero"]] = np.nan
     info: dict = {}
     if cooks_filter:
-        out = cooks_outliers(fit)
+        out = cooks_outliers(fit, two_group=two_group)
         pv[out] = np.nan
         info["n_cooks_outliers"] = int(out.sum())
     bm = fit.genes["baseMean"]

@@ -32,7 +32,7 @@ from gpuc._validate import (
     group_labels,
     resolve_random_state,
 )
-from gpuc.deseq._analysis import Analysis, contrast_names, split_contrasts
+from gpuc.deseq._analysis import Analysis, contrast_names, is_name_list, split_contrasts
 from gpuc.deseq._run import (
     DeseqPlan,
     GroupResult,
@@ -63,7 +63,7 @@ def deseq(
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     test: Literal["wald", "lrt"] = "wald",
     reduced: str | pd.DataFrame | None = None,
-    alpha: float = 0.05,
+    alpha: float = 0.1,
     cooks_filter: bool = True,
     independent_filter: bool = True,
     refit_cooks: bool = True,
@@ -327,6 +327,13 @@ def _write_deseq(
             entry = _analysis_uns(r.analysis)
             genes = r.analysis.fit.genes
             entry["genes"] = pd.DataFrame({f: genes[f] for f in _keys.DESEQ_GENE_FIELDS}, index=adata.var_names)
+            # what a new contrast needs (gpuc.get.deseq_results): the group's samples, coefficients, covariances and
+            # Cook's distances, as the varm / layers entries of a fit without groupby
+            fit = r.analysis.fit
+            entry["samples"] = np.asarray(adata.obs_names[r.mask], dtype=str)
+            entry["coef"] = fit.beta / np.log(2)
+            entry["coef_cov"] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
+            entry["cooks"] = fit.cooks.T.copy()
             entry["n_samples"] = int(r.mask.sum())
             entry["group"] = r.group
             uns["groups"][_keys.encode_name(r.group)] = entry
@@ -373,6 +380,10 @@ def _replayable_contrast(contrast: Any, plan: Any) -> Any:
             return arr.astype(np.float64) if arr.dtype.kind in "iufb" else arr
         return c
 
+    if plan is not None and is_name_list(plan.design, contrast):
+        # R's list form: h5ad cannot store ragged lists of names, so the replay gets the same vector under its name
+        c = plan.contrasts[0]
+        return {c.name: {col: float(w) for col, w in zip(plan.design.columns, c.vector, strict=True) if w != 0}}
     parts = split_contrasts(contrast)
     if len(parts) == 1 and contrast_names(contrast) is None:
         return one(parts[0])
