@@ -188,6 +188,8 @@ def resolve_contrast(design: Design, contrast: Any, *, list_values: tuple[float,
     (``contrastAllZeroCharacter``); for a numeric or list contrast with weights of both signs, the samples whose
     design row has a non-zero entry in a column the contrast weights (``contrastAllZeroNumeric``); none otherwise.
     """
+    if isinstance(contrast, str) and contrast not in design.columns and _column_index(design, contrast) is not None:
+        contrast = design.columns[_column_index(design, contrast)]  # a column as results name it: "cond_trt"
     if is_name_list(design, contrast):
         num, den = (list(contrast) + [[]])[:2]
         lv1, lv2 = float(list_values[0]), float(list_values[1])
@@ -254,6 +256,7 @@ class AnalysisOptions:
     min_replicates: int = 7
     max_iter: int = 100
     random_state: int = 2
+    control_genes: Any = None
     alpha: float = 0.1
     cooks_filter: bool | float = True
     independent_filter: bool = True
@@ -270,7 +273,9 @@ class AnalysisOptions:
         return {k: getattr(self, k) for k in _RESULTS_OPTIONS}
 
 
-_FIT_OPTIONS = ("size_factors", "fit_type", "refit_cooks", "min_replicates", "max_iter", "random_state")
+_FIT_OPTIONS = (
+    "size_factors", "fit_type", "refit_cooks", "min_replicates", "max_iter", "random_state", "control_genes",
+)  # fmt: skip
 _RESULTS_OPTIONS = ("alpha", "cooks_filter", "independent_filter", "lfc_threshold", "alt_hypothesis")
 
 
@@ -346,6 +351,10 @@ def results_table(
     table = pd.DataFrame({col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy())
     if options.lfc_shrink is not None:
         from gpuc.deseq._shrink import shrink_lfc
+
+        if options.lfc_shrink == "normal" and any(":" in col for col in design.columns):
+            msg = "lfc_shrink='normal' is not available for designs with interactions (as R's lfcShrink)."
+            raise ValueError(msg)
 
         table["log2FoldChange_shrunk"], table["lfcSE_shrunk"] = shrink_lfc(
             backend, fit, contrast.vector, method=options.lfc_shrink, design=design

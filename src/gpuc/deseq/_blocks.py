@@ -299,7 +299,12 @@ def run_analysis_blocked(
 
     # ---- 1. size factors (here)
     if isinstance(size_factors, str):
-        sf, sf_type, note = size_factors_blocked(bk, y_all, size_factors, spans)
+        control = opts.control_genes
+        if control is None:
+            sf, sf_type, note = size_factors_blocked(bk, y_all, size_factors, spans)
+        else:  # the size factors of the control genes only (R's controlGenes), in blocks of them
+            y_c = y_all[np.asarray(control)]
+            sf, sf_type, note = size_factors_blocked(bk, y_c, size_factors, gene_spans(y_c.shape[0], int(block_genes)))
         if note:
             messages.append(note)
         sf = np.asarray(bk.to_host(sf))

@@ -216,7 +216,8 @@ def run_deseq(
 
     # ---- size factors
     if isinstance(size_factors, str):
-        sf, sf_type, note = compute_size_factors(bk, y_all, size_factors, control=control_genes)
+        control = None if control_genes is None else bk.asarray(np.asarray(control_genes, dtype=np.int64))
+        sf, sf_type, note = compute_size_factors(bk, y_all, size_factors, control=control)
         if note:
             messages.append(note)
     else:

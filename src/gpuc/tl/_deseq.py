@@ -60,6 +60,7 @@ def deseq(
     contrast: Any = None,
     layer: str | None = None,
     size_factors: Literal["ratio", "poscounts", "iterative"] | np.ndarray = "ratio",
+    control_genes: Any = None,
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     test: Literal["wald", "lrt"] = "wald",
     reduced: str | pd.DataFrame | None = None,
@@ -111,6 +112,10 @@ def deseq(
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
         ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series or
         dict labelled by ``obs_names`` (matched by name).
+    control_genes
+        Genes the size factors are estimated from (R ``estimateSizeFactors(dds, controlGenes=)``, e.g. spike-ins or
+        housekeeping genes): gene names of ``var_names``, integer positions or a boolean mask over the genes. Every
+        gene is still fitted and tested. Only with ``size_factors="ratio"`` or ``"poscounts"``; ``None``: all genes.
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -229,6 +234,8 @@ def deseq(
 
     # ---- plan: every group's design, contrasts and counts checked, and the memory, before any fit
     options = {k: params[k] for k in _FIT_OPTIONS} | {"random_state": params["random_state"] + 2}
+    if params["control_genes"] is not None:
+        options["control_genes"] = np.flatnonzero(adata.var_names.isin(params["control_genes"]))
     plan = plan_deseq(
         adata.obs, counts, params["design"], contrast, reduced=params["reduced"], group_of=group_of,
         groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
@@ -275,6 +282,15 @@ def _checked_params(adata: AnnData, call: dict[str, Any]) -> dict[str, Any]:
         check_choice("size_factors", p["size_factors"], ("ratio", "poscounts", "iterative"))
     else:
         p["size_factors"] = _given_size_factors(p["size_factors"], adata)
+    if p["control_genes"] is not None:
+        if not (isinstance(p["size_factors"], str) and p["size_factors"] in ("ratio", "poscounts")):
+            msg = (
+                "control_genes= chooses the genes the size factors are estimated from, so it needs "
+                "size_factors='ratio' or 'poscounts' (R: estimateSizeFactors(controlGenes=) with type ratio or "
+                "poscounts)."
+            )
+            raise ValueError(msg)
+        p["control_genes"] = _control_gene_names(p["control_genes"], adata)
     for name in ("cooks_filter", "independent_filter", "refit_cooks"):
         p[name] = check_bool(name, p[name])
     p["alpha"] = check_number("alpha", p["alpha"], low=0, high=1, low_open=True, high_open=True)
@@ -340,6 +356,36 @@ def _write_deseq(
         if plan.skipped:
             uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in plan.skipped.items()}
     adata.uns[key] = uns
+
+
+def _control_gene_names(genes: Any, adata: AnnData) -> np.ndarray:
+    """``control_genes`` as the names of the chosen genes, in ``var`` order (how ``params`` stores them): from names,
+    integer positions or a boolean mask over the genes.
+    """
+    arr = np.asarray(list(genes) if isinstance(genes, set | frozenset) else genes)
+    if arr.ndim != 1 or arr.shape[0] == 0:
+        msg = "control_genes must be a non-empty 1-D list of gene names, integer positions or a boolean mask over the genes."
+        raise ValueError(msg)
+    names = adata.var_names
+    if arr.dtype == bool:
+        if arr.shape[0] != adata.n_vars:
+            msg = f"control_genes as a boolean mask must have one entry per gene ({adata.n_vars}), got {arr.shape[0]}."
+            raise ValueError(msg)
+        mask = arr
+    elif arr.dtype.kind in "iu":
+        if arr.min() < -adata.n_vars or arr.max() >= adata.n_vars:
+            msg = f"control_genes positions must lie in [0, {adata.n_vars}); got {arr.min()}..{arr.max()}."
+            raise ValueError(msg)
+        mask = np.zeros(adata.n_vars, dtype=bool)
+        mask[arr] = True
+    else:
+        labels = pd.Index(arr.astype(str))
+        unknown = labels[~labels.isin(names)]
+        if len(unknown):
+            msg = f"control_genes: {len(unknown)} name(s) not in adata.var_names ({_show_names(unknown)})."
+            raise ValueError(msg)
+        mask = names.isin(labels)
+    return np.asarray(names[mask], dtype=str)
 
 
 def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
