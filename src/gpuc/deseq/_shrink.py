@@ -10,7 +10,7 @@ import scipy.optimize
 import scipy.special
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows
+from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, nb_loglik_sum, normal_matrix, outer_rows
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def shrink_normal_coef(bk: Backend, fit: Any, j: int, design: Any) -> tuple[np.n
     res = fit_nb_glm(
         bk,
         bk.asarray(fit.counts[nz]),
-        bk.asarray(fit.size_factors),
+        bk.asarray(gene_rows(fit.size_factors, nz)),
         bk.asarray(fit.design),
         bk.asarray(fit.genes["dispersion"][nz]),
         lam=bk.xp.asarray((1.0 / prior) / LN2**2),
@@ -161,7 +161,7 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
     lam = (1.0 / prior) / LN2**2
     ce = _expanded_contrast(design, c, names)
     y = bk.asarray(fit.counts[nz])
-    sf = bk.asarray(fit.size_factors)
+    sf = bk.asarray(gene_rows(fit.size_factors, nz))
     disp = bk.asarray(fit.genes["dispersion"][nz])
     res = fit_nb_glm(bk, y, sf, bk.asarray(xe), disp, lam=xp.asarray(lam))
     beta = np.asarray(bk.to_host(res.beta))
@@ -206,6 +206,9 @@ def shrink_apeglm(
     Returns log2 fold changes, SEs and the scale S (natural log).
     """
     xp = bk.xp
+    if np.ndim(fit.size_factors) == 2:
+        msg = "lfc_shrink='apeglm' does not take normalisation factors yet; use lfc_shrink='normal'."
+        raise NotImplementedError(msg)
     nz = ~fit.genes["allZero"]
     beta_mle = fit.beta[nz]
     se_mle = np.sqrt(np.maximum(fit.cov[nz][:, coef, coef], 0))

@@ -216,7 +216,7 @@ def _new_contrast(
     from gpuc.deseq._analysis import AnalysisOptions, fit_from_stored, resolve_contrast, results_table
     from gpuc.deseq._design import build_design
 
-    stored = _stored_arrays(adata, adata.uns[key], entry, key)
+    stored = _stored_arrays(adata, adata.uns[key], entry, key, params.get("normalization_factors"))
     obs = adata.obs.iloc[stored["rows"]]
     obs = obs.assign(
         **{c: obs[c].cat.remove_unused_categories() for c in obs.columns if isinstance(obs[c].dtype, pd.CategoricalDtype)}
@@ -277,12 +277,16 @@ def _column(design: Any, name: str) -> int | None:
 _NEEDED = ("baseMean", "allZero", "maxCooks", "replace", "dispFit", "dispersion")
 
 
-def _stored_arrays(adata: AnnData, uns: Mapping, entry: Mapping, key: str) -> dict[str, Any]:
+def _stored_arrays(adata: AnnData, uns: Mapping, entry: Mapping, key: str, nf_layer: str | None) -> dict[str, Any]:
     """The fit's arrays a new contrast needs, with the rows (samples) of ``adata`` it was fitted on; a clear error
-    when they are missing or no longer match ``adata``.
+    when they are missing or no longer match ``adata``. With normalisation factors (``nf_layer``) the size factors
+    are that layer's genes x samples factors.
     """
     rerun = f"Rerun gpuc.tl.deseq(..., key_added={key!r}) to ask new contrasts."
     sf_col = _keys.deseq_size_factors(key)
+    if nf_layer is not None and nf_layer not in adata.layers:
+        msg = f"adata.layers[{nf_layer!r}] (the fit's normalisation factors) is missing. {rerun}"
+        raise ValueError(msg)
     if sf_col not in adata.obs:
         msg = f"adata.obs[{sf_col!r}] (the fit's size factors) is missing. {rerun}"
         raise ValueError(msg)
@@ -319,7 +323,12 @@ def _stored_arrays(adata: AnnData, uns: Mapping, entry: Mapping, key: str) -> di
     p = coef.shape[1]
     cov = np.asarray(cov, dtype=np.float64).reshape(coef.shape[0], p, p)
     cooks = np.asarray(cooks, dtype=np.float64)
-    sf = adata.obs[sf_col].to_numpy(dtype=np.float64)[rows]
+    if nf_layer is None:
+        sf = adata.obs[sf_col].to_numpy(dtype=np.float64)[rows]
+    else:
+        nf = adata.layers[nf_layer]
+        nf = nf.toarray() if hasattr(nf, "toarray") else nf
+        sf = np.asarray(nf, dtype=np.float64)[rows].T.copy()
     if coef.shape[0] != adata.n_vars or cooks.shape != (rows.shape[0], adata.n_vars) or not np.all(np.isfinite(sf)):
         msg = f"the stored fit does not match this AnnData's genes and samples. {rerun}"
         raise ValueError(msg)

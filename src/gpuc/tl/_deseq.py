@@ -40,6 +40,7 @@ from gpuc.deseq._run import (
     check_counts,
     check_deseq_memory,
     check_raw_counts,
+    runs_as_gene_blocks,
     plan_deseq,
     profile_sums,
     run_deseq_plan,
@@ -61,6 +62,7 @@ def deseq(
     layer: str | None = None,
     size_factors: Literal["ratio", "poscounts", "iterative"] | np.ndarray = "ratio",
     control_genes: Any = None,
+    normalization_factors: str | None = None,
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     test: Literal["wald", "lrt"] = "wald",
     reduced: str | pd.DataFrame | None = None,
@@ -116,6 +118,14 @@ def deseq(
         Genes the size factors are estimated from (R ``estimateSizeFactors(dds, controlGenes=)``, e.g. spike-ins or
         housekeeping genes): gene names of ``var_names``, integer positions or a boolean mask over the genes. Every
         gene is still fitted and tested. Only with ``size_factors="ratio"`` or ``"poscounts"``; ``None``: all genes.
+    normalization_factors
+        Layer of ``adata`` with one positive factor per sample and gene (R ``normalizationFactors(dds) <- nf``, e.g.
+        tximport's average transcript lengths times library sizes): they replace the size factors in every step
+        (mean of normalised counts, dispersions, the GLM offset, Cook's distances, outlier replacement), used as
+        given (R's setter does not rescale them; R's ``estimateSizeFactors(normMatrix=)`` route would first divide
+        by their per-gene geometric mean). ``obs[f"{key}_size_factors"]`` is then NaN. Not with given
+        ``size_factors``, ``control_genes``, ``lfc_shrink="apeglm"`` or Dask gene blocks (``client`` without
+        ``groupby``), which refuse them.
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -240,6 +250,14 @@ def deseq(
         adata.obs, counts, params["design"], contrast, reduced=params["reduced"], group_of=group_of,
         groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
     )  # fmt: skip
+    if params["normalization_factors"] is not None:
+        if runs_as_gene_blocks(plan, dask_client):
+            msg = (
+                "normalization_factors are not supported with Dask gene blocks yet (client= without groupby); fit "
+                "in this process (client=None) or per group (groupby=)."
+            )
+            raise NotImplementedError(msg)
+        plan.size_factors = _normalization_factors(adata, params["normalization_factors"])
     check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, client=dask_client, n_jobs=n_jobs)
 
     # ---- one engine call
@@ -282,6 +300,24 @@ def _checked_params(adata: AnnData, call: dict[str, Any]) -> dict[str, Any]:
         check_choice("size_factors", p["size_factors"], ("ratio", "poscounts", "iterative"))
     else:
         p["size_factors"] = _given_size_factors(p["size_factors"], adata)
+    if p["normalization_factors"] is not None:
+        layer = p["normalization_factors"]
+        if not isinstance(layer, str):
+            msg = "normalization_factors must name a layer of adata (samples x genes factors, as the counts)."
+            raise TypeError(msg)
+        check_key(adata.layers, layer, "adata.layers")
+        if not (isinstance(p["size_factors"], str) and p["size_factors"] == "ratio") or p["control_genes"] is not None:
+            msg = (
+                "normalization_factors replace the size factors (as R's normalizationFactors): do not pass "
+                "size_factors or control_genes with them."
+            )
+            raise ValueError(msg)
+        if p["lfc_shrink"] == "apeglm":
+            msg = "lfc_shrink='apeglm' does not take normalization_factors yet; use lfc_shrink='normal'."
+            raise ValueError(msg)
+        if layer == p["layer"]:
+            msg = f"normalization_factors={layer!r} is the counts layer; pass the layer of factors."
+            raise ValueError(msg)
     if p["control_genes"] is not None:
         if not (isinstance(p["size_factors"], str) and p["size_factors"] in ("ratio", "poscounts")):
             msg = (
@@ -325,7 +361,8 @@ def _write_deseq(
     _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
     for r in fitted:
-        sf_col[r.mask] = r.analysis.fit.size_factors
+        if np.ndim(r.analysis.fit.size_factors) == 1:  # normalisation factors (genes x samples) leave NaN
+            sf_col[r.mask] = r.analysis.fit.size_factors
     adata.obs[_keys.deseq_size_factors(key)] = sf_col
     uns: dict[str, Any] = {"params": params, "device": device}
     if not plan.grouped:
@@ -356,6 +393,17 @@ def _write_deseq(
         if plan.skipped:
             uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in plan.skipped.items()}
     adata.uns[key] = uns
+
+
+def _normalization_factors(adata: AnnData, layer: str) -> np.ndarray:
+    """The layer of normalisation factors as a dense samples x genes float64 array, checked: positive and finite."""
+    nf = load(adata.layers[layer], f"adata.layers[{layer!r}]")
+    nf = nf.toarray() if hasattr(nf, "toarray") else nf
+    nf = np.asarray(nf.get() if hasattr(nf, "get") else nf, dtype=np.float64)
+    if nf.shape != adata.shape or not np.all(np.isfinite(nf)) or np.any(nf <= 0):
+        msg = f"adata.layers[{layer!r}] must hold positive finite normalisation factors, one per sample and gene."
+        raise ValueError(msg)
+    return nf
 
 
 def _control_gene_names(genes: Any, adata: AnnData) -> np.ndarray:
@@ -676,6 +724,9 @@ def vst(
         check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
         if "groups" in adata.uns[key]:
             msg = "blind=False is not available after a groupby DESeq2 run."
+            raise ValueError(msg)
+        if adata.uns[key]["params"].get("normalization_factors") is not None:
+            msg = "blind=False is not available after a DESeq2 run with normalization_factors."
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
         plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=adata.uns[key]["trend"])
