@@ -267,11 +267,11 @@ def test_round_trip_and_errors(sim_fit, tmp_path):
         gpuc.get.deseq_results(sim_fit, "nothing")
     with pytest.raises(ValueError, match="not a level"):
         gpuc.get.deseq_results(sim_fit, ["group", "D", "A"])
-    with pytest.raises(ValueError, match="interactions|main effects"):
+    with pytest.raises(ValueError, match=r"interactions|main effects"):
         gpuc.get.deseq_results(sim_fit, ["group", "B", "A"], lfc_shrink="normal")  # as R
     changed = sim_fit.copy()
     changed.obs["group"] = "A"
-    with pytest.raises(ValueError, match="single level|obs changed"):
+    with pytest.raises(ValueError, match=r"single level|obs changed"):
         gpuc.get.deseq_results(changed, ["group", "B", "A"])
 
 
@@ -314,7 +314,7 @@ STATED = {
     ("results", "cooksCutoff"): "missing: qf(.99, p, m - p); gpuc cooks_filter=True is that cut-off",
     ("results", "pAdjustMethod"): "BH is the only method in gpuc",
     ("results", "minmu"): "0.5, fixed in gpuc",
-    ("DESeq", "betaPrior"): "missing (FALSE for these designs); gpuc has no beta prior in the fit (lfc_shrink='normal' is R's lfcShrink)",
+    ("DESeq", "betaPrior"): "missing (FALSE here); no beta prior in gpuc's fit (lfc_shrink='normal': lfcShrink)",
     ("DESeq", "minmu"): "0.5, fixed in gpuc",
     ("DESeq", "useT"): "FALSE; gpuc has no t test",
     ("lfcShrink", "type"): "R's lfcShrink() defaults to apeglm; gpuc shrinks only when lfc_shrink= is given",
@@ -360,7 +360,9 @@ def test_control_genes_vs_r():
     md = md.loc[cts.columns, ["condition", "type"]]
     a = ad.AnnData(cts.T.to_numpy(dtype=np.float64), obs=md, var=pd.DataFrame(index=cts.index))
     ctrl = a.var_names[::3]
-    gpuc.tl.deseq(a, "~type + condition", contrast=["condition", "treated", "untreated"], control_genes=ctrl, device="cpu")
+    gpuc.tl.deseq(
+        a, "~type + condition", contrast=["condition", "treated", "untreated"], control_genes=ctrl, device="cpu"
+    )
     sf = _read("cg_sf")["sizeFactor"]
     np.testing.assert_allclose(a.obs["deseq_size_factors"], sf.loc[a.obs_names], rtol=1e-8)
     res, ref = gpuc.get.deseq_results(a), _read("cg_res")
@@ -373,7 +375,7 @@ def test_control_genes_vs_r():
     np.testing.assert_array_equal(b.obs["deseq_size_factors"], a.obs["deseq_size_factors"])
     with pytest.raises(ValueError, match="control_genes"):
         gpuc.tl.deseq(b, "~type + condition", control_genes=ctrl, size_factors="iterative", device="cpu")
-    with pytest.raises(ValueError, match="not in adata.var_names"):
+    with pytest.raises(ValueError, match=r"not in adata\.var_names"):
         gpuc.tl.deseq(b, "~type + condition", control_genes=["nope"], device="cpu")
 
 
@@ -459,3 +461,19 @@ def test_normalization_factors_and_control_genes_on_the_device_equal_cpu(on_devi
     gpuc.tl.deseq(c2, "~type + condition", control_genes=ctrl, device="cpu")
     gpuc.tl.deseq(g2, "~type + condition", control_genes=ctrl)
     np.testing.assert_allclose(g2.obs["deseq_size_factors"], c2.obs["deseq_size_factors"], rtol=1e-12)
+
+
+def test_control_genes_in_gene_blocks_equal_in_process():
+    """Gene blocks (the Dask path, here in process) estimate the size factors from the control genes too."""
+    from gpuc.deseq._analysis import plan_analysis, run_analysis
+    from gpuc.deseq._blocks import run_analysis_blocked
+
+    a = _pasilla_nf()
+    plan = plan_analysis(a.obs, "~type + condition", ["condition", "treated", "untreated"])
+    ctrl = np.arange(0, a.n_vars, 3)
+    cpu = get_backend("cpu")
+    one = run_analysis(cpu, a.X, plan, gene_names=a.var_names, control_genes=ctrl)
+    blocks = run_analysis_blocked(cpu, a.X, plan, gene_names=a.var_names, block_genes=400, control_genes=ctrl)
+    np.testing.assert_array_equal(blocks.fit.size_factors, one.fit.size_factors)
+    sf = _read("cg_sf")["sizeFactor"].loc[a.obs_names].to_numpy()
+    np.testing.assert_allclose(one.fit.size_factors, sf, rtol=1e-8)

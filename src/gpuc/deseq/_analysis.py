@@ -191,7 +191,7 @@ def resolve_contrast(design: Design, contrast: Any, *, list_values: tuple[float,
     if isinstance(contrast, str) and contrast not in design.columns and _column_index(design, contrast) is not None:
         contrast = design.columns[_column_index(design, contrast)]  # a column as results name it: "cond_trt"
     if is_name_list(design, contrast):
-        num, den = (list(contrast) + [[]])[:2]
+        num, den = [*list(contrast), []][:2]
         lv1, lv2 = float(list_values[0]), float(list_values[1])
         if not (lv1 > 0 and lv2 < 0):
             msg = f"list_values must be (positive, negative) as R's listValues, got {tuple(list_values)!r}."
@@ -348,7 +348,9 @@ def results_table(
     res, info = results(
         fit, contrast.vector, zero_groups=contrast.zero_groups, test=test, two_group=two_level_design(design), **ropts
     )
-    table = pd.DataFrame({col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy())
+    table = pd.DataFrame(
+        {col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy()
+    )
     if options.lfc_shrink is not None:
         from gpuc.deseq._shrink import shrink_lfc
 

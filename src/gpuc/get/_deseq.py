@@ -4,7 +4,6 @@ computed at fit time and for any other contrast of the same fit (R ``results()``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -219,7 +218,11 @@ def _new_contrast(
     stored = _stored_arrays(adata, adata.uns[key], entry, key, params.get("normalization_factors"))
     obs = adata.obs.iloc[stored["rows"]]
     obs = obs.assign(
-        **{c: obs[c].cat.remove_unused_categories() for c in obs.columns if isinstance(obs[c].dtype, pd.CategoricalDtype)}
+        **{
+            c: obs[c].cat.remove_unused_categories()
+            for c in obs.columns
+            if isinstance(obs[c].dtype, pd.CategoricalDtype)
+        }
     )
     design = params["design"]
     if isinstance(design, pd.DataFrame):
@@ -399,8 +402,10 @@ def deseq_summary(
         msg = f"the table lacks the columns {missing} of gpuc.get.deseq_results."
         raise ValueError(msg)
     meta = res.attrs
-    a = float(meta.get("alpha", 0.1)) if alpha is None else float(
-        check_number("alpha", alpha, low=0, high=1, low_open=True, high_open=True)
+    a = (
+        float(meta.get("alpha", 0.1))
+        if alpha is None
+        else float(check_number("alpha", alpha, low=0, high=1, low_open=True, high_open=True))
     )
     t = float(meta.get("lfc_threshold", 0.0) or 0.0)
     bm, lfc = res["baseMean"].to_numpy(), res["log2FoldChange"].to_numpy()

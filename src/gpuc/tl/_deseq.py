@@ -40,11 +40,11 @@ from gpuc.deseq._run import (
     check_counts,
     check_deseq_memory,
     check_raw_counts,
-    runs_as_gene_blocks,
     plan_deseq,
     profile_sums,
     run_deseq_plan,
     run_vst,
+    runs_as_gene_blocks,
     vst_peak_bytes,
 )
 from gpuc.deseq._run import deseq_peak_bytes as deseq_peak_bytes  # the memory model, where tests look it up
@@ -107,7 +107,10 @@ def deseq(
         factor, True/False of a boolean column), a design column name, a numeric vector over design columns, a
         Series or dict of weights labelled by design column (matched by name), or several of these as a list or as
         ``{name: contrast}`` (the names become the results' names); all are computed from one fit. Two contrasts
-        with the same name are an error. ``None``: the last design column (R's default).
+        with the same name are an error. ``None``: the last design column (R's default). R's list form (one or two
+        lists of design column names, numerator and denominator: ``[["group[T.B]", "group[T.B]:cond[T.trt]"]]``)
+        is one contrast. Any other contrast can be asked after the fit, without refitting, with
+        :func:`gpuc.get.deseq_results`.
     layer
         Layer with the counts; ``None`` uses ``X``.
     size_factors
@@ -133,7 +136,8 @@ def deseq(
     reduced
         Reduced formula for ``test="lrt"``, e.g. ``"~batch"`` or ``"~1"``.
     alpha
-        Target FDR for independent filtering.
+        Target FDR of independent filtering (R ``results()``'s ``alpha``, 0.1; earlier gpuc versions used PyDESeq2's
+        0.05).
     cooks_filter
         Set p-values of genes with a Cook's outlier to NaN.
     independent_filter
@@ -207,6 +211,9 @@ def deseq(
         ``uns[key]["groups"][group]``. Contrast names in ``contrasts``/``results``/``filtering`` are
         percent-encoded the same way.
 
+    With ``groupby``, each group's entry also holds what a contrast asked later needs: ``samples`` (its
+    ``obs_names``), ``coef`` and ``coef_cov`` (as the ``varm`` entries above) and ``cooks`` (samples x genes).
+
     Every output of an earlier run under the same ``key_added`` is removed first, so nothing from that fit remains
     (e.g. the per-gene ``var`` columns after a rerun with ``groupby``).
 
@@ -223,6 +230,20 @@ def deseq(
     ------
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
+
+    Notes
+    -----
+    The defaults are R DESeq2 1.38's ``DESeq()`` and ``results()`` defaults (``alpha=0.1``, ``lfcThreshold=0``,
+    ``altHypothesis="greaterAbs"``, ``independentFiltering=TRUE``, ``cooksCutoff`` the 0.99 quantile of
+    F(p, m - p), ``fitType="parametric"``, ``sfType="ratio"``, ``minReplicatesForReplace=7``, ``test="Wald"``).
+    Where gpuc differs, and why (``docs/conventions.md``, "DESeq2 defaults"):
+
+    - ``lfc_shrink=None``: R's ``results()`` does not shrink either; shrinking is R's separate ``lfcShrink()``,
+      whose own default type is apeglm. gpuc adds shrunken columns only when asked.
+    - Benjamini-Hochberg is the only p-value adjustment (R's ``pAdjustMethod="BH"`` default; no other method).
+    - ``minmu=0.5`` and R's ridge are fixed; there is no ``betaPrior`` (R's default FALSE) and no ``useT``
+      (default FALSE).
+    - ``max_iter=100`` is R's ``maxit``; genes that do not converge are refitted by a bounded optimiser (R: optim).
     """
     # the call's arguments, in signature order, as uns[key]["params"] will store them once checked
     call = {k: v for k, v in locals().items() if k not in ("adata", "client", "key_added", "copy")}
