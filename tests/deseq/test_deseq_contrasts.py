@@ -477,3 +477,25 @@ def test_control_genes_in_gene_blocks_equal_in_process():
     np.testing.assert_array_equal(blocks.fit.size_factors, one.fit.size_factors)
     sf = _read("cg_sf")["sizeFactor"].loc[a.obs_names].to_numpy()
     np.testing.assert_allclose(one.fit.size_factors, sf, rtol=1e-8)
+
+
+def test_new_contrast_of_lrt_and_shrunk_fits():
+    """After test="lrt" a new contrast gets its own fold change and the LRT statistic and p-value (as R); after
+    lfc_shrink="apeglm" a contrast apeglm cannot shrink is asked with lfc_shrink=False."""
+    a = _sim()
+    gpuc.tl.deseq(a, "~group + cond", contrast="cond[T.trt]", test="lrt", reduced="~cond", device="cpu")
+    later = gpuc.get.deseq_results(a, ["group", "C", "B"])
+    b = _sim()
+    gpuc.tl.deseq(b, "~group + cond", contrast=["group", "C", "B"], test="lrt", reduced="~cond", device="cpu")
+    pd.testing.assert_frame_equal(later, gpuc.get.deseq_results(b), check_exact=False, rtol=1e-12)
+    stored = gpuc.get.deseq_results(a)
+    np.testing.assert_array_equal(later["pvalue"], stored["pvalue"])
+    assert not np.allclose(later["log2FoldChange"], stored["log2FoldChange"], equal_nan=True)
+    with pytest.raises(ValueError, match="Wald test only"):
+        gpuc.get.deseq_results(a, ["group", "C", "B"], lfc_threshold=1.0)
+    c = _sim()
+    gpuc.tl.deseq(c, "~group + cond", contrast="cond[T.trt]", lfc_shrink="apeglm", device="cpu")
+    with pytest.raises(ValueError, match="apeglm"):
+        gpuc.get.deseq_results(c, ["group", "C", "B"])
+    plain = gpuc.get.deseq_results(c, ["group", "C", "B"], lfc_shrink=False)
+    assert "log2FoldChange_shrunk" not in plain.columns

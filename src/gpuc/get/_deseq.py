@@ -53,6 +53,8 @@ def _fit_options(params: Mapping) -> dict[str, Any]:
 def _checked_options(given: dict[str, Any], fit: dict[str, Any], test: str) -> dict[str, Any]:
     """``given`` options (None: the fit's), each checked as R's ``results()`` checks it."""
     o = {k: (fit[k] if v is None else v) for k, v in given.items()}
+    if given["lfc_shrink"] is False:  # no shrunken columns, even where the fit added them
+        o["lfc_shrink"] = None
     o["alpha"] = float(check_number("alpha", o["alpha"], low=0, high=1, low_open=True, high_open=True))
     o["lfc_threshold"] = float(check_number("lfc_threshold", o["lfc_threshold"], low=0))
     check_choice("alt_hypothesis", o["alt_hypothesis"], ALT_HYPOTHESES)
@@ -96,7 +98,7 @@ def deseq_results(
     alt_hypothesis: Literal["greaterAbs", "lessAbs", "greater", "less"] | None = None,
     cooks_filter: bool | float | None = None,
     independent_filter: bool | None = None,
-    lfc_shrink: Literal["normal", "apeglm"] | None = None,
+    lfc_shrink: Literal["normal", "apeglm", False] | None = None,
     list_values: tuple[float, float] = (1.0, -1.0),
 ) -> pd.DataFrame:
     """DESeq2 results for one contrast as a DataFrame (genes x baseMean, log2FoldChange, lfcSE, stat, pvalue, padj):
@@ -144,6 +146,8 @@ def deseq_results(
         ``"normal"`` (R ``lfcShrink(type="normal")``: a zero-centred normal prior on the coefficients of the
         expanded model matrix, fitted again with the stored dispersions, the MLE untouched; main-effect designs
         only, as R) or ``"apeglm"`` (one design coefficient). Adds ``log2FoldChange_shrunk`` and ``lfcSE_shrunk``.
+        A contrast that is one design coefficient is shrunk as R's ``lfcShrink(coef=)``, any other as
+        ``lfcShrink(contrast=)`` (R's two differ). ``False``: no shrunken columns, even when the fit shrank.
     list_values
         Weights of the numerator and denominator columns of a list contrast (R's ``listValues``).
 
