@@ -432,6 +432,20 @@ def test_normalization_factors_after_the_fit_and_errors(nf_fit, tmp_path):
         lfc_shrink="normal", device="cpu",
     )  # fmt: skip
     pd.testing.assert_frame_equal(later, gpuc.get.deseq_results(a), check_exact=False, rtol=1e-10)
+    # per group: each group's factors are its samples' rows
+    g = _pasilla_nf()
+    gpuc.tl.deseq(g, "~condition", contrast=["condition", "treated", "untreated"], normalization_factors="nf",
+                  groupby="type", device="cpu")  # fmt: skip
+    alone = _pasilla_nf()
+    alone = alone[alone.obs["type"] == "paired-end"].copy()
+    gpuc.tl.deseq(alone, "~condition", contrast=["condition", "untreated", "treated"], normalization_factors="nf",
+                  device="cpu")  # fmt: skip
+    pd.testing.assert_frame_equal(
+        gpuc.get.deseq_results(g, ["condition", "untreated", "treated"], group="paired-end"),
+        gpuc.get.deseq_results(alone),
+        check_exact=False,
+        rtol=1e-10,
+    )
     b = _pasilla_nf()
     with pytest.raises(ValueError, match="replace the size factors"):
         gpuc.tl.deseq(b, "~type + condition", normalization_factors="nf", size_factors="poscounts", device="cpu")
