@@ -214,6 +214,8 @@ def test_new_contrast_equals_a_fit_that_named_it(sim_fit, case):
     gpuc.tl.deseq(b, IA, contrast=named, device="cpu", **opts)
     now = gpuc.get.deseq_results(b, None)
     pd.testing.assert_frame_equal(later, now, check_exact=False, rtol=1e-12)
+    replay = gpuc.tl.deseq(_sim(), **b.uns["deseq"]["params"], copy=True)  # the stored call replays
+    pd.testing.assert_frame_equal(gpuc.get.deseq_results(replay), now)
 
 
 def test_stored_contrast_and_same_options_return_the_stored_table(sim_fit):

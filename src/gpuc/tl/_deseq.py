@@ -189,7 +189,8 @@ def deseq(
     -------
     ``None`` or, with ``copy=True``, the modified copy. ``uns[key]["params"]`` holds the call in a form that
     ``deseq(adata, **params)`` replays (the contrast as given, several as ``{name: contrast}``; given size factors
-    and design DataFrames as themselves). Writes (``key`` = ``key_added``):
+    and design DataFrames as themselves; control genes as their names; an R list-form contrast as ``{name:
+    weights by design column}``). Writes (``key`` = ``key_added``):
 
     ``adata.obs[f"{key}_size_factors"]``
         Size factors (for ``groupby``, each sample's factor within its group).
@@ -498,7 +499,7 @@ def _replayable_contrast(contrast: Any, plan: Any) -> Any:
     if plan is not None and is_name_list(plan.design, contrast):
         # R's list form: h5ad cannot store ragged lists of names, so the replay gets the same vector under its name
         c = plan.contrasts[0]
-        return {c.name: {col: float(w) for col, w in zip(plan.design.columns, c.vector, strict=True) if w != 0}}
+        return {c.name: {col: float(w) for col, w in zip(plan.design.columns, c.vector, strict=True)}}
     parts = split_contrasts(contrast)
     if len(parts) == 1 and contrast_names(contrast) is None:
         return one(parts[0])
