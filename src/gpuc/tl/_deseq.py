@@ -189,8 +189,8 @@ def deseq(
     -------
     ``None`` or, with ``copy=True``, the modified copy. ``uns[key]["params"]`` holds the call in a form that
     ``deseq(adata, **params)`` replays (the contrast as given, several as ``{name: contrast}``; given size factors
-    and design DataFrames as themselves; control genes as their names; an R list-form contrast as ``{name:
-    weights by design column}``). Writes (``key`` = ``key_added``):
+    and design DataFrames as themselves; control genes as their names; an R list-form contrast as its name
+    mapped to its weights by design column). Writes (``key`` = ``key_added``):
 
     ``adata.obs[f"{key}_size_factors"]``
         Size factors (for ``groupby``, each sample's factor within its group).
