@@ -515,3 +515,39 @@ def test_new_contrast_of_lrt_and_shrunk_fits():
         gpuc.get.deseq_results(c, ["group", "C", "B"])
     plain = gpuc.get.deseq_results(c, ["group", "C", "B"], lfc_shrink=False)
     assert "log2FoldChange_shrunk" not in plain.columns
+
+
+def test_normalization_factors_in_gene_blocks_equal_in_process():
+    """Gene blocks (the Dask path, here in process) carry each block's normalisation factors."""
+    from gpuc.deseq._analysis import plan_analysis, run_analysis
+    from gpuc.deseq._blocks import run_analysis_blocked
+
+    a = _pasilla_nf()
+    plan = plan_analysis(a.obs, "~type + condition", ["condition", "treated", "untreated"])
+    cpu, nf = get_backend("cpu"), a.layers["nf"]
+    one = run_analysis(cpu, a.X, plan, gene_names=a.var_names, size_factors=nf)
+    blocks = run_analysis_blocked(cpu, a.X, plan, gene_names=a.var_names, block_genes=400, size_factors=nf)
+    name = "condition_treated_vs_untreated"
+    pd.testing.assert_frame_equal(blocks.tables[name], one.tables[name], check_exact=False, rtol=1e-12)
+    # the same values but for BLAS rounding at block edges (as without normalisation factors)
+    np.testing.assert_allclose(blocks.fit.genes["dispGeneEst"], one.fit.genes["dispGeneEst"], rtol=1e-12)
+
+
+@pytest.mark.slow  # starts a two-process Dask cluster
+def test_normalization_factors_on_a_dask_cluster(nf_fit):
+    """tl.deseq with normalisation factors as Dask gene blocks on a real cluster equals the in-process fit."""
+    distributed = pytest.importorskip("distributed")
+    a = _pasilla_nf()
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        gpuc.tl.deseq(
+            a, "~type + condition", contrast=["condition", "treated", "untreated"], normalization_factors="nf",
+            client=client, device="cpu",
+        )  # fmt: skip
+    pd.testing.assert_frame_equal(
+        gpuc.get.deseq_results(a), gpuc.get.deseq_results(nf_fit), check_exact=False, rtol=1e-10
+    )

@@ -44,7 +44,6 @@ from gpuc.deseq._run import (
     profile_sums,
     run_deseq_plan,
     run_vst,
-    runs_as_gene_blocks,
     vst_peak_bytes,
 )
 from gpuc.deseq._run import deseq_peak_bytes as deseq_peak_bytes  # the memory model, where tests look it up
@@ -127,8 +126,7 @@ def deseq(
         (mean of normalised counts, dispersions, the GLM offset, Cook's distances, outlier replacement), used as
         given (R's setter does not rescale them; R's ``estimateSizeFactors(normMatrix=)`` route would first divide
         by their per-gene geometric mean). ``obs[f"{key}_size_factors"]`` is then NaN. Not with given
-        ``size_factors``, ``control_genes``, ``lfc_shrink="apeglm"`` or Dask gene blocks (``client`` without
-        ``groupby``), which refuse them.
+        ``size_factors``, ``control_genes`` or ``lfc_shrink="apeglm"``, which refuse them.
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -273,12 +271,6 @@ def deseq(
         groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
     )  # fmt: skip
     if params["normalization_factors"] is not None:
-        if runs_as_gene_blocks(plan, dask_client):
-            msg = (
-                "normalization_factors are not supported with Dask gene blocks yet (client= without groupby); fit "
-                "in this process (client=None) or per group (groupby=)."
-            )
-            raise NotImplementedError(msg)
         plan.size_factors = _normalization_factors(adata, params["normalization_factors"])
     check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, client=dask_client, n_jobs=n_jobs)
 
