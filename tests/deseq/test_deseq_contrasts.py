@@ -281,6 +281,7 @@ def test_shrink_new_contrast_vs_r():
     """lfcShrink(type="normal") of contrasts not named at fit time (main-effect design, as R requires)."""
     a = _sim()
     gpuc.tl.deseq(a, "~cond + group", contrast="cond[T.trt]", device="cpu")
+    _gates(gpuc.get.deseq_results(a, ["group", "C", "B"]), _read("me_res_C_vs_B"))
     # a contrast that is one coefficient is shrunk as R's lfcShrink(coef=) (standard matrix), any other as
     # lfcShrink(contrast=) (expanded matrix); R gives the two different values
     cases = (["group", "C", "B"], "C_vs_B"), (np.array([0, 1.0, 0.5, -1.0]), "numeric"), ("group_B", "coef_B")
