@@ -472,6 +472,10 @@ def test_normalization_factors_and_control_genes_on_the_device_equal_cpu(on_devi
     rc, rg = gpuc.get.deseq_results(cpu), gpuc.get.deseq_results(gpu)
     for col in rc.columns:
         np.testing.assert_allclose(rg[col], rc[col], rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=col)
+    # a new contrast reads the counts and factors where they are (on the device here)
+    new_c = gpuc.get.deseq_results(cpu, ["type", "single-read", "paired-end"], lfc_shrink="normal")
+    new_g = gpuc.get.deseq_results(gpu, ["type", "single-read", "paired-end"], lfc_shrink="normal")
+    pd.testing.assert_frame_equal(new_g, new_c, check_exact=False, rtol=1e-6, atol=1e-6)
     ctrl = cpu.var_names[::3]
     c2 = _pasilla_nf()[:, :300].copy()
     g2 = on_device(c2)

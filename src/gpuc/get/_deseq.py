@@ -250,9 +250,9 @@ def _new_contrast(
             v = np.asarray(v, dtype=np.float64)
             if v.shape == c.vector.shape and np.array_equal(v, c.vector):
                 return _stored_table(entry, sname, opts, test)
-    counts = get_matrix(adata, layer=params.get("layer"))
-    counts = counts[stored["rows"]]
-    counts = counts.toarray() if hasattr(counts, "toarray") else np.asarray(counts)
+    layer = params.get("layer")
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    counts = _host_rows(get_matrix(adata, layer=layer), stored["rows"], where)
     lrt_stat = None
     if test == "lrt":
         lrt_stat = next(iter(entry["results"].values()))["stat"].to_numpy(dtype=np.float64)
@@ -279,6 +279,21 @@ def _column(design: Any, name: str) -> int | None:
     from gpuc.deseq._analysis import _column_index
 
     return _column_index(design, name)
+
+
+def _host_rows(x: Any, rows: np.ndarray, where: str) -> np.ndarray:
+    """Rows ``rows`` of a samples x genes matrix as a dense float64 host array, wherever it is (numpy, scipy sparse,
+    CuPy / cupyx on a GPU, a lazily read dask array).
+    """
+    from gpuc._backend import to_host
+    from gpuc._lazy import load
+
+    x = load(x, where)
+    part = x[rows] if rows.shape[0] != x.shape[0] or not np.array_equal(rows, np.arange(x.shape[0])) else x
+    part = to_host(part)
+    part = part.toarray() if hasattr(part, "toarray") else part
+    part = to_host(part)
+    return np.asarray(part, dtype=np.float64)
 
 
 _NEEDED = ("baseMean", "allZero", "maxCooks", "replace", "dispFit", "dispersion")
@@ -333,9 +348,7 @@ def _stored_arrays(adata: AnnData, uns: Mapping, entry: Mapping, key: str, nf_la
     if nf_layer is None:
         sf = adata.obs[sf_col].to_numpy(dtype=np.float64)[rows]
     else:
-        nf = adata.layers[nf_layer]
-        nf = nf.toarray() if hasattr(nf, "toarray") else nf
-        sf = np.asarray(nf, dtype=np.float64)[rows].T.copy()
+        sf = _host_rows(adata.layers[nf_layer], rows, f"adata.layers[{nf_layer!r}]").T.copy()
     if coef.shape[0] != adata.n_vars or cooks.shape != (rows.shape[0], adata.n_vars) or not np.all(np.isfinite(sf)):
         msg = f"the stored fit does not match this AnnData's genes and samples. {rerun}"
         raise ValueError(msg)
