@@ -35,6 +35,7 @@ from gpuc._backend import Backend, is_sparse, to_host
 from gpuc._dask import map_units, resolve_client
 from gpuc._utils import threaded
 from gpuc.deseq._analysis import Analysis, AnalysisOptions, AnalysisPlan, tabulate
+from gpuc.deseq._glm import per_gene
 from gpuc.deseq._pipeline import (
     POSCOUNTS_NOTE,
     FitGlobals,
@@ -155,26 +156,39 @@ def _block_counts(bk: Backend, y: np.ndarray, lo: int) -> tuple[Any, Any, Any]:
     return y_all, nonzero, y_all[xp.nonzero(nonzero)[0]]
 
 
+def _block_factors(bk: Backend, size_factors: Any, nf: np.ndarray | None, nonzero: Any) -> Any:
+    """The size factors of a block's genes with a count: the per-sample ones, or the block's normalisation factors
+    (genes x samples) of those genes.
+    """
+    if nf is None:
+        return bk.asarray(size_factors)
+    return bk.asarray(nf)[bk.xp.nonzero(nonzero)[0]]
+
+
 def genewise_block(
     y: np.ndarray,
     lo: int,
+    nf: np.ndarray | None = None,
     *,
     backend: Backend,
-    size_factors: np.ndarray,
+    size_factors: np.ndarray | None,
     design: np.ndarray,
+    xim: float | None = None,
     n_jobs: int | None = None,
 ) -> dict[str, Any]:
     """Unit of step 2 on gene-major counts ``y`` of the genes ``lo..``: which genes have a count and, for those,
-    baseMean, the genewise dispersion MLE, its convergence and the Newton state the MAP fit starts from.
+    baseMean, the genewise dispersion MLE, its convergence and the Newton state the MAP fit starts from. ``nf``: the
+    block's normalisation factors (genes x samples), which replace ``size_factors``; ``xim`` then R's global
+    ``mean(1 / colMeans(normalizationFactors))``.
     """
     bk = backend
     host = lambda a: np.asarray(bk.to_host(a))  # noqa: E731
     _, nonzero, yz = _block_counts(bk, y, lo)
-    sf = bk.asarray(size_factors)
-    base_mean = (yz / sf[None, :]).mean(axis=1)
+    sf = _block_factors(bk, size_factors, nf, nonzero)
+    base_mean = (yz / per_gene(sf)).mean(axis=1)
     max_disp = max(10.0, float(design.shape[0]))
     gw, gw_conv, _, state = _fit_dispersions(
-        bk, yz, sf, bk.asarray(design), min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU
+        bk, yz, sf, bk.asarray(design), min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU, xim=xim
     )
     return {
         "nonzero": host(nonzero),
@@ -190,23 +204,26 @@ def fit_block(
     lo: int,
     genewise: dict[str, Any],
     fitted: np.ndarray,
+    nf: np.ndarray | None = None,
     *,
     backend: Backend,
-    size_factors: np.ndarray,
+    size_factors: np.ndarray | None,
     design: np.ndarray,
     globals_: FitGlobals,
+    xim: float | None = None,
     n_jobs: int | None = None,
 ) -> dict[str, Any]:
     """Unit of step 4 on the same block: :func:`fit_genes` with the block's genewise results and trend values and
-    the global trend and prior variance (``globals_``), returned as the block's rows of the :class:`DeseqFit` arrays.
+    the global trend and prior variance (``globals_``), returned as the block's rows of the :class:`DeseqFit` arrays
+    (``nf``, ``xim``: as :func:`genewise_block`).
     """
     bk = backend
     _, nonzero, yz = _block_counts(bk, y, lo)
-    sf = bk.asarray(size_factors)
+    sf = _block_factors(bk, size_factors, nf, nonzero)
     xd = bk.asarray(design)
     norm, base_mean, base_var = gene_moments(bk, yz, sf)
     g = globals_
-    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu)
+    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu, xim=g.xim)
     parts = fit_genes(
         bk,
         yz,
@@ -297,9 +314,24 @@ def run_analysis_blocked(
     labels = [_label(lo, hi) for lo, hi in spans]
     messages: list[str] = []
 
-    # ---- 1. size factors (here)
-    if isinstance(size_factors, str):
-        sf, sf_type, note = size_factors_blocked(bk, y_all, size_factors, spans)
+    # ---- 1. size factors (here), or normalisation factors (samples x genes, R's normalizationFactors): their
+    # genes x samples blocks travel with the counts' blocks
+    nf_all, xim = None, None
+    if not isinstance(size_factors, str) and np.ndim(size_factors) == 2:
+        nf_all = np.ascontiguousarray(np.asarray(size_factors, dtype=np.float64).T)
+        if nf_all.shape != y_all.shape:
+            msg = f"normalisation factors of shape {nf_all.shape[::-1]} do not match the counts {y_all.shape[::-1]}."
+            raise ValueError(msg)
+        nz = (y_all > 0).any(axis=1)
+        xim = float((1.0 / nf_all[nz].mean(axis=0)).mean())  # R: mean(1 / colMeans(NF)), genes with a count
+        sf, sf_type = None, "normalization_factors"
+    elif isinstance(size_factors, str):
+        control = opts.control_genes
+        if control is None:
+            sf, sf_type, note = size_factors_blocked(bk, y_all, size_factors, spans)
+        else:  # the size factors of the control genes only (R's controlGenes), in blocks of them
+            y_c = y_all[np.asarray(control)]
+            sf, sf_type, note = size_factors_blocked(bk, y_c, size_factors, gene_spans(y_c.shape[0], int(block_genes)))
         if note:
             messages.append(note)
         sf = np.asarray(bk.to_host(sf))
@@ -309,11 +341,12 @@ def run_analysis_blocked(
     # on a cluster map_units scatters each block's counts to a worker with its unit (again from here if that worker
     # dies); the design and size factors go to every worker once
     data = [y_all[lo:hi] for lo, hi in spans]
-    shared = {"backend": bk, "size_factors": sf, "design": x}
+    nfs = [() if nf_all is None else (nf_all[lo:hi],) for lo, hi in spans]
+    shared = {"backend": bk, "size_factors": sf, "design": x, "xim": xim}
     run = {"client": dask_client, "n_jobs": n_jobs, "what": "deseq", "scatter_args": True}
 
     # ---- 2. genewise dispersions (units)
-    units = [(lab, (d, lo)) for lab, d, (lo, _) in zip(labels, data, spans, strict=True)]
+    units = [(lab, (d, lo, *f)) for lab, d, (lo, _), f in zip(labels, data, spans, nfs, strict=True)]
     gws = map_units(genewise_block, units, shared=shared, **run)
 
     # ---- 3. trend and prior (here), on the genes with a count in gene order
@@ -332,10 +365,10 @@ def run_analysis_blocked(
     # ---- 4. MAP, GLM, Cook's, refit, LRT (units)
     globals_ = FitGlobals(
         prior.trend, prior.prior_var, prior.var_log_disp, opts.refit_cooks, opts.min_replicates, opts.max_iter, reduced,
-        MIN_MU, MIN_DISP, max(10.0, float(n)),
+        MIN_MU, MIN_DISP, max(10.0, float(n)), xim,
     )  # fmt: skip
     units = [
-        (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]]))
+        (lab, (d, lo, {k: g[k] for k in ("gw", "gw_conv", "state")}, prior.fitted[edges[i] : edges[i + 1]], *nfs[i]))
         for i, (lab, d, (lo, _), g) in enumerate(zip(labels, data, spans, gws, strict=True))
     ]
     parts = map_units(fit_block, units, shared={**shared, "globals_": globals_}, **run)
@@ -344,7 +377,7 @@ def run_analysis_blocked(
     fields["genes"] = {k: np.concatenate([q["genes"][k] for q in parts]) for k in parts[0]["genes"]}
     fit = assemble_fit(
         fields,
-        size_factors=sf,
+        size_factors=sf if nf_all is None else nf_all,
         counts=y_all,
         design=x,
         prior=prior,

@@ -74,8 +74,9 @@ def replace_outliers(
     """
     xp = bk.xp
     out = (cooks > cutoff) & replaceable[None, :]
-    norm = y / sf[None, :]
+    offset = sf[None, :] if sf.ndim == 1 else sf  # normalisation factors: one per gene and sample
+    norm = y / offset
     tm = trimmed_mean(bk, norm, trim)
-    repl = xp.floor(tm[:, None] * sf[None, :])
+    repl = xp.floor(tm[:, None] * offset)
     new = xp.where(out, repl, y)
     return new, out.any(axis=1)

@@ -22,22 +22,30 @@ import numpy as np
 import scipy.special
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows
+from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows, per_gene
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # initial estimates and mu
 # --------------------------------------------------------------------------------------------------------------------
-def rough_moments_init(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float) -> Any:
-    """R: min(rough (linear-model) estimate, moments estimate), clipped to [min_disp, max_disp]."""
+def rough_moments_init(
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, xim: float | None = None
+) -> Any:
+    """R: min(rough (linear-model) estimate, moments estimate), clipped to [min_disp, max_disp].
+
+    ``xim``: R's mean of 1 / size factors; with normalisation factors ((G, n) ``sf``) R's
+    ``mean(1 / colMeans(normalizationFactors))`` over all genes with a count, which the caller passes (a block of
+    genes cannot form it).
+    """
     xp = bk.xp
     n, p = x.shape
-    norm = y / sf[None, :]
+    norm = y / per_gene(sf)
     fitted = xp.maximum(_project(bk, norm, x), 1.0)
     rough = xp.maximum((((norm - fitted) ** 2 - fitted) / fitted**2).sum(axis=1) / (n - p), 0.0)
     bm = norm.mean(axis=1)
     bv = norm.var(axis=1, ddof=1)
-    xim = (1.0 / sf).mean()
+    if xim is None:
+        xim = (1.0 / sf).mean() if sf.ndim == 1 else (1.0 / sf.mean(axis=0)).mean()
     with np.errstate(divide="ignore", invalid="ignore"):
         mom = (bv - xim * bm) / bm**2
     mom = xp.where(xp.isfinite(mom), mom, 0.0)
@@ -53,7 +61,7 @@ def _project(bk: Backend, v: Any, x: Any) -> Any:
 
 def linear_mu(bk: Backend, y: Any, sf: Any, x: Any) -> Any:
     """Least-squares fit of normalised counts on the design, times size factors (R ``linearModelMuNormalized``)."""
-    return _project(bk, y / sf[None, :], x) * sf[None, :]
+    return _project(bk, y / per_gene(sf), x) * per_gene(sf)
 
 
 def uses_linear_mu(x: np.ndarray) -> bool:

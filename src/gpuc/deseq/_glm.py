@@ -58,11 +58,23 @@ def _ll_zero(bk: Backend, mu: Any, alpha: Any) -> Any:
     return -xp.log1p(a * mu) / a
 
 
+def per_gene(sf: Any) -> Any:
+    """Size factors broadcastable against gene-major (G, n) arrays: one per sample (n,) as a row, or normalisation
+    factors (R's ``normalizationFactors``, one per gene and sample, (G, n)) as they are.
+    """
+    return sf[None, :] if sf.ndim == 1 else sf
+
+
+def gene_rows(sf: Any, rows: Any) -> Any:
+    """The size factors of the genes ``rows`` (a slice, index or mask): all of them when they are one per sample."""
+    return sf if sf.ndim == 1 else sf[rows]
+
+
 def init_beta(bk: Backend, y: Any, sf: Any, x: Any) -> Any:
     """R's start: least squares of log(normalised counts + 0.1) on the design."""
     xp = bk.xp
     pinv = xp.asarray(np.linalg.pinv(np.asarray(bk.to_host(x))))
-    return xp.log(y / sf[None, :] + 0.1) @ pinv.T
+    return xp.log(y / per_gene(sf) + 0.1) @ pinv.T
 
 
 @dataclass
@@ -88,7 +100,10 @@ def fit_nb_glm(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, **kwargs: Any) 
         return _fit_nb_glm(bk, y, sf, x, alpha, **kwargs)
     b0 = kwargs.pop("beta_init", None)
     parts = map_blocks(
-        blocks, lambda s: _fit_nb_glm(bk, y[s], sf, x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs)
+        blocks,
+        lambda s: _fit_nb_glm(
+            bk, y[s], gene_rows(sf, s), x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs
+        ),
     )
     xp = bk.xp
     return GLMFit(
@@ -132,14 +147,16 @@ def _fit_nb_glm(
     dev = xp.zeros(G)
     dev_old = xp.zeros(G)
     idx = xp.arange(G)
-    logsf = xp.log(sf)[None, :]
+    logsf = xp.log(per_gene(sf))
     log_min_mu = float(np.log(min_mu))
     # the mu-free part of the log-likelihood, computed once (alpha is fixed during the fit)
     from gpuc.deseq._kernels import gpu_kernels, irls_kernel, nb_const_kernel
 
     kern = kconst = None
-    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
-    if not bk.is_gpu:
+    # the compiled IRLS loops take one size factor per sample; normalisation factors (one per gene and sample) run
+    # the array form below
+    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1]) if sf.ndim == 1 else None
+    if not bk.is_gpu and sf.ndim == 1:
         kern, kconst = irls_kernel(), nb_const_kernel()
     if gk is not None:
         # GPU: one thread per gene on sample-major counts (coalesced reads), the whole IRLS in one launch
@@ -199,12 +216,13 @@ def _fit_nb_glm(
             break
         ya, mua, aa, lma = y[idx], mu[idx], alpha[idx][:, None], logmu[idx]
         w = mua / (1.0 + aa * mua)
-        z = lma - logsf + (ya - mua) / mua
+        ls = logsf[idx] if sf.ndim == 2 else logsf
+        z = lma - ls + (ya - mua) / mua
         m = normal_matrix(w, xx, p) + ridge
         b = bk.solve_batched(m, (w * z) @ x)
         iters[idx] += 1
         big = (xp.abs(b) > large).any(axis=1) | ~xp.isfinite(b).all(axis=1)
-        lmn = xp.maximum(b @ x.T + logsf, log_min_mu)
+        lmn = xp.maximum(b @ x.T + ls, log_min_mu)
         mun = xp.exp(lmn)
         l1p = xp.log1p(aa * mun)
         d = -2.0 * (ll_const[idx] + (-l1p / aa + ya * (loga[idx][:, None] + lmn - l1p)).sum(axis=1))
@@ -223,12 +241,12 @@ def _fit_nb_glm(
     if use_fallback and bool(refit.any()):
         ridx = xp.nonzero(refit)[0]
         start = xp.clip(xp.where(xp.isfinite(beta[ridx]), beta[ridx], 0.0), -large, large)
-        start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], sf, x), start)
+        start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], gene_rows(sf, ridx), x), start)
         start = xp.clip(start, -large, large)
         b, b_conv = fit_nb_glm_bounded(
             bk,
             y[ridx],
-            sf,
+            gene_rows(sf, ridx),
             x,
             alpha[ridx],
             lam=lam,
@@ -273,7 +291,7 @@ def glm_covariance(
     xp = bk.xp
     p = x.shape[1]
     xx = outer_rows(x) if xx is None else xx
-    mu_raw = sf[None, :] * xp.exp(beta @ x.T)
+    mu_raw = per_gene(sf) * xp.exp(beta @ x.T)
     mu = xp.maximum(mu_raw, min_mu)
     w = mu / (1.0 + alpha[:, None] * mu)
     m = normal_matrix(w, xx, p)
@@ -313,17 +331,17 @@ def fit_nb_glm_bounded(
     ridge = xp.diag(lam)
     beta = xp.array(beta_init, dtype=xp.float64)
 
-    def objective(b: Any, yy: Any, aa: Any) -> Any:
-        mu = sf[None, :] * xp.exp(b @ x.T)
+    def objective(b: Any, yy: Any, aa: Any, ss: Any) -> Any:
+        mu = per_gene(ss) * xp.exp(b @ x.T)
         return nb_loglik_sum(bk, yy, mu, aa) - 0.5 * (b * b * lam[None, :]).sum(axis=1)
 
     idx = xp.arange(G)
-    f = objective(beta, y, alpha)
+    f = objective(beta, y, alpha, sf)
     for _ in range(maxit):
         if idx.shape[0] == 0:
             break
-        b, ya, aa = beta[idx], y[idx], alpha[idx]
-        mu = sf[None, :] * xp.exp(b @ x.T)
+        b, ya, aa, sa = beta[idx], y[idx], alpha[idx], gene_rows(sf, idx)
+        mu = per_gene(sa) * xp.exp(b @ x.T)
         mu = xp.maximum(mu, 1e-300)
         w = mu / (1.0 + aa[:, None] * mu)
         score = ((ya - mu) / (1.0 + aa[:, None] * mu)) @ x - lam[None, :] * b
@@ -337,7 +355,7 @@ def fit_nb_glm_bounded(
         fn = fa
         for _h in range(30):
             cand = xp.clip(b + scale[:, None] * step, -bound, bound)
-            fc = objective(cand, ya, aa)
+            fc = objective(cand, ya, aa, sa)
             ok = (fc >= fa - 1e-12 * xp.abs(fa)) & ~accepted & xp.isfinite(fc)
             newb = xp.where(ok[:, None], cand, newb)
             fn = xp.where(ok, fc, fn)

@@ -24,7 +24,7 @@ from gpuc.deseq._dispersion import (
     prior_variance,
     rough_moments_init,
 )
-from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum
+from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, nb_loglik_sum, per_gene
 from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
 from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
 from gpuc.deseq._threads import map_blocks, over_gene_spans, stage_blocks
@@ -84,6 +84,7 @@ class FitGlobals:
     min_mu: float
     min_disp: float
     max_disp: float
+    xim: float | None = None  # with normalisation factors, R's mean(1 / colMeans(normalizationFactors))
 
 
 POSCOUNTS_NOTE = "every gene has at least one zero count; using size_factors='poscounts' instead of 'ratio'."
@@ -116,7 +117,7 @@ def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
     norm, mean, var = xp.empty(y.shape), xp.empty(y.shape[0]), xp.empty(y.shape[0])
 
     def span(s: slice) -> None:
-        xp.divide(y[s], sf[None, :], out=norm[s])
+        xp.divide(y[s], per_gene(gene_rows(sf, s)), out=norm[s])
         mean[s] = norm[s].mean(axis=1)
         var[s] = norm[s].var(axis=1, ddof=1)
 
@@ -125,26 +126,30 @@ def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
 
 
 def dispersion_start(
-    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float, xim: float | None = None
 ) -> tuple[Any, Any]:
-    """The genewise fit's starting dispersions and its (floored) mu, per gene."""
-    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
+    """The genewise fit's starting dispersions and its (floored) mu, per gene (``xim``: see
+    :func:`gpuc.deseq._dispersion.rough_moments_init`).
+    """
+    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, xim=xim)
     return a0, dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
 
 
 def _fit_dispersions(
-    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float, xim: float | None = None
 ) -> tuple[Any, Any, Any, Any]:
     blocks = stage_blocks(bk, y.shape[0], y.shape[1])
     if blocks is not None:  # CPU: the whole stage per gene span, spans in parallel
         parts = map_blocks(
             blocks,
-            lambda s: _fit_dispersions(bk, y[s], sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu),
+            lambda s: _fit_dispersions(
+                bk, y[s], gene_rows(sf, s), x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim
+            ),
         )
         cat = np.concatenate
         state = tuple(cat([q[3][i] for q in parts]) for i in range(4))
         return cat([q[0] for q in parts]), cat([q[1] for q in parts]), cat([q[2] for q in parts]), state
-    a0, mu = dispersion_start(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+    a0, mu = dispersion_start(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
     return gw.alpha, gw.converged, mu, gw.state
 
@@ -214,9 +219,18 @@ def run_deseq(
     xd = bk.asarray(x)
     max_disp = max(10.0, float(n))
 
-    # ---- size factors
-    if isinstance(size_factors, str):
-        sf, sf_type, note = compute_size_factors(bk, y_all, size_factors, control=control_genes)
+    # ---- size factors, or normalisation factors (samples x genes, as the counts): R's normalizationFactors, which
+    # replace the size factors everywhere (one offset per gene and sample)
+    nf_all = None
+    if not isinstance(size_factors, str) and np.ndim(size_factors) == 2:
+        nf_all = xp.ascontiguousarray(bk.asarray(np.asarray(size_factors, dtype=np.float64)).T)  # genes x samples
+        if nf_all.shape != y_all.shape:
+            msg = f"normalisation factors of shape {tuple(nf_all.shape[::-1])} do not match the counts {tuple(y_all.shape[::-1])}."
+            raise ValueError(msg)
+        sf, sf_type = nf_all, "normalization_factors"
+    elif isinstance(size_factors, str):
+        control = None if control_genes is None else bk.asarray(np.asarray(control_genes, dtype=np.int64))
+        sf, sf_type, note = compute_size_factors(bk, y_all, size_factors, control=control)
         if note:
             messages.append(note)
     else:
@@ -225,11 +239,16 @@ def run_deseq(
     nonzero = (y_all > 0).any(axis=1)
     nz_idx = xp.nonzero(nonzero)[0]
     y = y_all[nz_idx]
+    sf_all = sf
+    xim = None
+    if nf_all is not None:
+        sf = nf_all[nz_idx]
+        xim = float((1.0 / sf.mean(axis=0)).mean())  # R: mean(1 / colMeans(normalizationFactors)), genes with a count
     norm, base_mean, base_var = gene_moments(bk, y, sf)
 
     # ---- dispersions
     gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
-        bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu
+        bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim
     )
     prior = dispersion_prior(
         np.asarray(bk.to_host(base_mean)),
@@ -245,7 +264,7 @@ def run_deseq(
     # ---- MAP, GLM, Cook's, refit, LRT
     glob = FitGlobals(
         prior.trend, prior.prior_var, prior.var_log_disp, refit_cooks, min_replicates, max_iter, reduced, min_mu,
-        min_disp, max_disp,
+        min_disp, max_disp, xim,
     )  # fmt: skip
     parts = fit_genes(
         bk,
@@ -264,7 +283,7 @@ def run_deseq(
     )
     return assemble_fit(
         gene_fields(bk, parts, nonzero, G),
-        size_factors=np.asarray(bk.to_host(sf)),
+        size_factors=np.asarray(bk.to_host(sf_all)),
         counts=np.asarray(bk.to_host(y_all)),
         design=x,
         prior=prior,
@@ -400,7 +419,7 @@ def fit_genes(
             lambda s: fit_genes(
                 bk,
                 y[s],
-                sf,
+                gene_rows(sf, s),
                 x,
                 **{k: v[s] for k, v in per_gene.items()},
                 gw_state=tuple(v[s] for v in gw_state),
@@ -444,11 +463,12 @@ def fit_genes(
             norm_r, base_mean, base_var = gene_moments(bk, y_new, sf)
             if ridx.shape[0] > 0:
                 yr = y_new[ridx]
+                sfr = gene_rows(sf, ridx)
                 gw_r, gwc_r, mu_r, gw_state_r = _fit_dispersions(
-                    bk, yr, sf, xd, min_disp=glob.min_disp, max_disp=glob.max_disp, min_mu=min_mu
+                    bk, yr, sfr, xd, min_disp=glob.min_disp, max_disp=glob.max_disp, min_mu=min_mu, xim=glob.xim
                 )
                 fitted_r = bk.asarray(glob.trend(np.asarray(bk.to_host(base_mean[ridx]))))
-                dmap_r, mapc_r, out_r, disp_r, fit_r = _fit_map(bk, yr, sf, mu_r, xd, gw_r, fitted_r, gw_state_r, glob)
+                dmap_r, mapc_r, out_r, disp_r, fit_r = _fit_map(bk, yr, sfr, mu_r, xd, gw_r, fitted_r, gw_state_r, glob)
                 gw[ridx], gw_conv[ridx], fitted[ridx], dmap[ridx], map_conv[ridx], outlier[ridx], disp[ridx] = (
                     gw_r,
                     gwc_r,
@@ -559,13 +579,15 @@ def _scatter(bk: Backend, values: np.ndarray, nz_idx: Any, G: int, fill: Any = n
     return out
 
 
-def cooks_outliers(fit: DeseqFit) -> np.ndarray:
-    """R's Cook's filter: maxCooks above the cut-off, unless >= 3 samples have counts above the flagged sample's."""
+def cooks_outliers(fit: DeseqFit, *, two_group: bool = True) -> np.ndarray:
+    """R's Cook's filter: maxCooks above the cut-off; in a design of one two-level factor (``two_group``: R's
+    heuristic applies only there) not when >= 3 samples have counts above the flagged sample's.
+    """
     mc = fit.genes["maxCooks"]
     with np.errstate(invalid="ignore"):
         out = mc > fit.cooks_cutoff
     idx = np.nonzero(out)[0]
-    if idx.size:
+    if idx.size and two_group:
         counts = fit.counts[idx]
         which = np.nanargmax(np.where(np.isnan(fit.cooks[idx]), -np.inf, fit.cooks[idx]), axis=1)
         ref = counts[np.arange(idx.size), which]
@@ -585,11 +607,13 @@ def results(
     alt_hypothesis: str = "greaterAbs",
     zero_groups: tuple[np.ndarray, np.ndarray] | None = None,
     test: str = "wald",
+    two_group: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Results columns for one contrast (R ``results()``), and filtering diagnostics.
 
     ``zero_groups`` (two sample masks) enables R's rule that genes with all-zero counts in both groups of a factor
-    contrast get log2FoldChange 0 (and, for Wald, stat 0 and p-value 1).
+    contrast get log2FoldChange 0 (and, for Wald, stat 0 and p-value 1). ``two_group``: the design is one two-level
+    factor, where R's Cook's filter spares outliers with 3 or more higher counts (:func:`cooks_outliers`).
     """
     res = wald(fit.beta, fit.cov, contrast, lfc_threshold=lfc_threshold, alt=alt_hypothesis)
     if test == "lrt":
@@ -614,7 +638,7 @@ def results(
     pv[fit.genes["allZero"]] = np.nan
     info: dict = {}
     if cooks_filter:
-        out = cooks_outliers(fit)
+        out = cooks_outliers(fit, two_group=two_group)
         pv[out] = np.nan
         info["n_cooks_outliers"] = int(out.sum())
     bm = fit.genes["baseMean"]

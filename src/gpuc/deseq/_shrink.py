@@ -10,7 +10,7 @@ import scipy.optimize
 import scipy.special
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import LN2, fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows
+from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, nb_loglik_sum, normal_matrix, outer_rows
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -95,8 +95,40 @@ def _expanded_contrast(design: Any, c: np.ndarray, names: list[str]) -> np.ndarr
     return out
 
 
+def shrink_normal_coef(bk: Backend, fit: Any, j: int, design: Any) -> tuple[np.ndarray, np.ndarray]:
+    """R ``lfcShrink(coef=, type="normal")``: zero-centred normal prior on the coefficients of the design's own
+    (standard) model matrix, each with the variance matched to the upper 5% weighted quantile of its MLE
+    (``estimateBetaPriorVar``; the intercept's 1e6), then a ridge NB GLM fit; returns the shrunken log2 fold change
+    of column ``j`` and its SE.
+    """
+    _term_columns(design)  # main effects only, as R
+    nz = ~fit.genes["allZero"]
+    mle = fit.beta[nz] / LN2
+    with np.errstate(divide="ignore"):
+        weights = 1.0 / (1.0 / fit.genes["baseMean"][nz] + fit.genes["dispFit"][nz])
+    prior = np.full(mle.shape[1], 1e6)
+    for k, col in enumerate(design.columns):
+        x = mle[:, k]
+        ok = np.isfinite(x) & (np.abs(x) < 10)
+        if col != "Intercept" and ok.any():
+            prior[k] = weighted_upper_quantile_var(x[ok], weights[ok])
+    res = fit_nb_glm(
+        bk,
+        bk.asarray(fit.counts[nz]),
+        bk.asarray(gene_rows(fit.size_factors, nz)),
+        bk.asarray(fit.design),
+        bk.asarray(fit.genes["dispersion"][nz]),
+        lam=bk.xp.asarray((1.0 / prior) / LN2**2),
+    )
+    lfc = np.full(nz.shape[0], np.nan)
+    se = np.full(nz.shape[0], np.nan)
+    lfc[nz] = np.asarray(bk.to_host(res.beta))[:, j] / LN2
+    se[nz] = np.sqrt(np.maximum(np.asarray(bk.to_host(res.cov))[:, j, j], 0)) / LN2
+    return lfc, se
+
+
 def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np.ndarray, np.ndarray]:
-    """R ``lfcShrink(type="normal")``: zero-centred normal prior on the expanded-model coefficients, variances
+    """R ``lfcShrink(contrast=, type="normal")``: zero-centred normal prior on the expanded-model coefficients, variances
     matched to the upper 5% weighted quantile of the MLE fold changes (``estimateBetaPriorVar``), then a ridge
     NB GLM fit; returns shrunken log2 fold changes and their SEs for contrast ``c``.
     """
@@ -118,9 +150,10 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
         for a in range(len(js)):
             for b in range(a + 1, len(js)):
                 cols.append(mle[:, js[b]] - mle[:, js[a]])
-        # each level coefficient gets half the matched variance, so that a difference of two levels has the
-        # matched variance (this reproduces R's lfcShrink(type="normal") outputs)
-        v = 0.5 * float(np.mean([pv(col) for col in cols]))
+        # each level coefficient of the expanded matrix gets the mean of the matched variances of the factor's
+        # coefficients and of their differences (R's addAllContrasts + averagePriorsOverLevels: R's
+        # priorInfo(res)$betaPriorVar shows these values)
+        v = float(np.mean([pv(col) for col in cols]))
         for lvl in design.factors[f]:
             prior[names.index(f"{f}[{lvl}]")] = v
     for v_name, j in cont.items():
@@ -128,7 +161,7 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
     lam = (1.0 / prior) / LN2**2
     ce = _expanded_contrast(design, c, names)
     y = bk.asarray(fit.counts[nz])
-    sf = bk.asarray(fit.size_factors)
+    sf = bk.asarray(gene_rows(fit.size_factors, nz))
     disp = bk.asarray(fit.genes["dispersion"][nz])
     res = fit_nb_glm(bk, y, sf, bk.asarray(xe), disp, lam=xp.asarray(lam))
     beta = np.asarray(bk.to_host(res.beta))
@@ -173,6 +206,9 @@ def shrink_apeglm(
     Returns log2 fold changes, SEs and the scale S (natural log).
     """
     xp = bk.xp
+    if np.ndim(fit.size_factors) == 2:
+        msg = "lfc_shrink='apeglm' does not take normalisation factors yet; use lfc_shrink='normal'."
+        raise NotImplementedError(msg)
     nz = ~fit.genes["allZero"]
     beta_mle = fit.beta[nz]
     se_mle = np.sqrt(np.maximum(fit.cov[nz][:, coef, coef], 0))
@@ -247,8 +283,14 @@ def shrink_apeglm(
 
 
 def shrink_lfc(bk: Backend, fit: Any, c: np.ndarray, *, method: str, design: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Shrunken log2 fold changes and SEs for contrast ``c`` (``method`` "normal" or "apeglm")."""
+    """Shrunken log2 fold changes and SEs for contrast ``c`` (``method`` "normal" or "apeglm"). With "normal", a
+    contrast that is one design coefficient is shrunk as R's ``lfcShrink(coef=)`` (standard model matrix), any other
+    as R's ``lfcShrink(contrast=)`` (expanded model matrix): R's two give different values for the same comparison.
+    """
     if method == "normal":
+        nzc = np.nonzero(c)[0]
+        if nzc.shape[0] == 1 and c[nzc[0]] == 1 and design.columns[nzc[0]] != "Intercept":
+            return shrink_normal_coef(bk, fit, int(nzc[0]), design)  # one coefficient: R's lfcShrink(coef=)
         return shrink_normal(bk, fit, c, design)
     nzc = np.nonzero(c)[0]
     if nzc.shape[0] != 1 or c[nzc[0]] != 1:

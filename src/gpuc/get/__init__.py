@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 from gpuc._exports import lazy_exports
 
 if TYPE_CHECKING:
-    from gpuc.get._deseq import deseq_results
+    from gpuc.get._deseq import deseq_results, deseq_summary
     from gpuc.get._nmf import nmf_gene_scores, nmf_suggest_k, nmf_top_genes
     from gpuc.get._transfer import to_cpu, to_gpu
 
 __all__ = [
     "deseq_results",
+    "deseq_summary",
     "nmf_gene_scores",
     "nmf_suggest_k",
     "nmf_top_genes",
@@ -22,6 +23,7 @@ __all__ = [
 # each public name -> the submodule that defines it
 _EXPORTS = {
     "deseq_results": "._deseq",
+    "deseq_summary": "._deseq",
     "nmf_gene_scores": "._nmf",
     "nmf_suggest_k": "._nmf",
     "nmf_top_genes": "._nmf",

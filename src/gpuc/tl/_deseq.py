@@ -32,7 +32,7 @@ from gpuc._validate import (
     group_labels,
     resolve_random_state,
 )
-from gpuc.deseq._analysis import Analysis, contrast_names, split_contrasts
+from gpuc.deseq._analysis import Analysis, contrast_names, is_name_list, split_contrasts
 from gpuc.deseq._run import (
     DeseqPlan,
     GroupResult,
@@ -60,10 +60,12 @@ def deseq(
     contrast: Any = None,
     layer: str | None = None,
     size_factors: Literal["ratio", "poscounts", "iterative"] | np.ndarray = "ratio",
+    control_genes: Any = None,
+    normalization_factors: str | None = None,
     fit_type: Literal["parametric", "local", "mean"] = "parametric",
     test: Literal["wald", "lrt"] = "wald",
     reduced: str | pd.DataFrame | None = None,
-    alpha: float = 0.05,
+    alpha: float = 0.1,
     cooks_filter: bool = True,
     independent_filter: bool = True,
     refit_cooks: bool = True,
@@ -104,13 +106,27 @@ def deseq(
         factor, True/False of a boolean column), a design column name, a numeric vector over design columns, a
         Series or dict of weights labelled by design column (matched by name), or several of these as a list or as
         ``{name: contrast}`` (the names become the results' names); all are computed from one fit. Two contrasts
-        with the same name are an error. ``None``: the last design column (R's default).
+        with the same name are an error. ``None``: the last design column (R's default). R's list form (one or two
+        lists of design column names, numerator and denominator: ``[["group[T.B]", "group[T.B]:cond[T.trt]"]]``)
+        is one contrast. Any other contrast can be asked after the fit, without refitting, with
+        :func:`gpuc.get.deseq_results`.
     layer
         Layer with the counts; ``None`` uses ``X``.
     size_factors
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
         ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series or
         dict labelled by ``obs_names`` (matched by name).
+    control_genes
+        Genes the size factors are estimated from (R ``estimateSizeFactors(dds, controlGenes=)``, e.g. spike-ins or
+        housekeeping genes): gene names of ``var_names``, integer positions or a boolean mask over the genes. Every
+        gene is still fitted and tested. Only with ``size_factors="ratio"`` or ``"poscounts"``; ``None``: all genes.
+    normalization_factors
+        Layer of ``adata`` with one positive factor per sample and gene (R ``normalizationFactors(dds) <- nf``, e.g.
+        tximport's average transcript lengths times library sizes): they replace the size factors in every step
+        (mean of normalised counts, dispersions, the GLM offset, Cook's distances, outlier replacement), used as
+        given (R's setter does not rescale them; R's ``estimateSizeFactors(normMatrix=)`` route would first divide
+        by their per-gene geometric mean). ``obs[f"{key}_size_factors"]`` is then NaN. Not with given
+        ``size_factors``, ``control_genes`` or ``lfc_shrink="apeglm"``, which refuse them.
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -118,7 +134,8 @@ def deseq(
     reduced
         Reduced formula for ``test="lrt"``, e.g. ``"~batch"`` or ``"~1"``.
     alpha
-        Target FDR for independent filtering.
+        Target FDR of independent filtering (R ``results()``'s ``alpha``, 0.1; earlier gpuc versions used PyDESeq2's
+        0.05).
     cooks_filter
         Set p-values of genes with a Cook's outlier to NaN.
     independent_filter
@@ -170,7 +187,8 @@ def deseq(
     -------
     ``None`` or, with ``copy=True``, the modified copy. ``uns[key]["params"]`` holds the call in a form that
     ``deseq(adata, **params)`` replays (the contrast as given, several as ``{name: contrast}``; given size factors
-    and design DataFrames as themselves). Writes (``key`` = ``key_added``):
+    and design DataFrames as themselves; control genes as their names; an R list-form contrast as its name
+    mapped to its weights by design column). Writes (``key`` = ``key_added``):
 
     ``adata.obs[f"{key}_size_factors"]``
         Size factors (for ``groupby``, each sample's factor within its group).
@@ -192,6 +210,9 @@ def deseq(
         ``uns[key]["groups"][group]``. Contrast names in ``contrasts``/``results``/``filtering`` are
         percent-encoded the same way.
 
+    With ``groupby``, each group's entry also holds what a contrast asked later needs: ``samples`` (its
+    ``obs_names``), ``coef`` and ``coef_cov`` (as the ``varm`` entries above) and ``cooks`` (samples x genes).
+
     Every output of an earlier run under the same ``key_added`` is removed first, so nothing from that fit remains
     (e.g. the per-gene ``var`` columns after a rerun with ``groupby``).
 
@@ -208,6 +229,20 @@ def deseq(
     ------
     InsufficientMemoryError
         Before any fit, when the estimated peak memory exceeds the device's free memory.
+
+    Notes
+    -----
+    The defaults are R DESeq2 1.38's ``DESeq()`` and ``results()`` defaults (``alpha=0.1``, ``lfcThreshold=0``,
+    ``altHypothesis="greaterAbs"``, ``independentFiltering=TRUE``, ``cooksCutoff`` the 0.99 quantile of
+    F(p, m - p), ``fitType="parametric"``, ``sfType="ratio"``, ``minReplicatesForReplace=7``, ``test="Wald"``).
+    Where gpuc differs, and why (``docs/conventions.md``, "DESeq2 defaults"):
+
+    - ``lfc_shrink=None``: R's ``results()`` does not shrink either; shrinking is R's separate ``lfcShrink()``,
+      whose own default type is apeglm. gpuc adds shrunken columns only when asked.
+    - Benjamini-Hochberg is the only p-value adjustment (R's ``pAdjustMethod="BH"`` default; no other method).
+    - ``minmu=0.5`` and R's ridge are fixed; there is no ``betaPrior`` (R's default FALSE) and no ``useT``
+      (default FALSE).
+    - ``max_iter=100`` is R's ``maxit``; genes that do not converge are refitted by a bounded optimiser (R: optim).
     """
     # the call's arguments, in signature order, as uns[key]["params"] will store them once checked
     call = {k: v for k, v in locals().items() if k not in ("adata", "client", "key_added", "copy")}
@@ -229,10 +264,14 @@ def deseq(
 
     # ---- plan: every group's design, contrasts and counts checked, and the memory, before any fit
     options = {k: params[k] for k in _FIT_OPTIONS} | {"random_state": params["random_state"] + 2}
+    if params["control_genes"] is not None:
+        options["control_genes"] = np.flatnonzero(adata.var_names.isin(params["control_genes"]))
     plan = plan_deseq(
         adata.obs, counts, params["design"], contrast, reduced=params["reduced"], group_of=group_of,
         groupby=groupby, size_factors=params["size_factors"], options=options, where=where,
     )  # fmt: skip
+    if params["normalization_factors"] is not None:
+        plan.size_factors = _normalization_factors(adata, params["normalization_factors"])
     check_deseq_memory(backend, plan, adata.n_obs, adata.n_vars, client=dask_client, n_jobs=n_jobs)
 
     # ---- one engine call
@@ -275,6 +314,33 @@ def _checked_params(adata: AnnData, call: dict[str, Any]) -> dict[str, Any]:
         check_choice("size_factors", p["size_factors"], ("ratio", "poscounts", "iterative"))
     else:
         p["size_factors"] = _given_size_factors(p["size_factors"], adata)
+    if p["normalization_factors"] is not None:
+        layer = p["normalization_factors"]
+        if not isinstance(layer, str):
+            msg = "normalization_factors must name a layer of adata (samples x genes factors, as the counts)."
+            raise TypeError(msg)
+        check_key(adata.layers, layer, "adata.layers")
+        if not (isinstance(p["size_factors"], str) and p["size_factors"] == "ratio") or p["control_genes"] is not None:
+            msg = (
+                "normalization_factors replace the size factors (as R's normalizationFactors): do not pass "
+                "size_factors or control_genes with them."
+            )
+            raise ValueError(msg)
+        if p["lfc_shrink"] == "apeglm":
+            msg = "lfc_shrink='apeglm' does not take normalization_factors yet; use lfc_shrink='normal'."
+            raise ValueError(msg)
+        if layer == p["layer"]:
+            msg = f"normalization_factors={layer!r} is the counts layer; pass the layer of factors."
+            raise ValueError(msg)
+    if p["control_genes"] is not None:
+        if not (isinstance(p["size_factors"], str) and p["size_factors"] in ("ratio", "poscounts")):
+            msg = (
+                "control_genes= chooses the genes the size factors are estimated from, so it needs "
+                "size_factors='ratio' or 'poscounts' (R: estimateSizeFactors(controlGenes=) with type ratio or "
+                "poscounts)."
+            )
+            raise ValueError(msg)
+        p["control_genes"] = _control_gene_names(p["control_genes"], adata)
     for name in ("cooks_filter", "independent_filter", "refit_cooks"):
         p[name] = check_bool(name, p[name])
     p["alpha"] = check_number("alpha", p["alpha"], low=0, high=1, low_open=True, high_open=True)
@@ -309,7 +375,8 @@ def _write_deseq(
     _keys.drop_outputs(adata, _keys.deseq_outputs(key))
     sf_col = np.full(adata.n_obs, np.nan)
     for r in fitted:
-        sf_col[r.mask] = r.analysis.fit.size_factors
+        if np.ndim(r.analysis.fit.size_factors) == 1:  # normalisation factors (genes x samples) leave NaN
+            sf_col[r.mask] = r.analysis.fit.size_factors
     adata.obs[_keys.deseq_size_factors(key)] = sf_col
     uns: dict[str, Any] = {"params": params, "device": device}
     if not plan.grouped:
@@ -327,12 +394,60 @@ def _write_deseq(
             entry = _analysis_uns(r.analysis)
             genes = r.analysis.fit.genes
             entry["genes"] = pd.DataFrame({f: genes[f] for f in _keys.DESEQ_GENE_FIELDS}, index=adata.var_names)
+            # what a new contrast needs (gpuc.get.deseq_results): the group's samples, coefficients, covariances and
+            # Cook's distances, as the varm / layers entries of a fit without groupby
+            fit = r.analysis.fit
+            entry["samples"] = np.asarray(adata.obs_names[r.mask], dtype=str)
+            entry["coef"] = fit.beta / np.log(2)
+            entry["coef_cov"] = (fit.cov / np.log(2) ** 2).reshape(fit.cov.shape[0], -1)
+            entry["cooks"] = fit.cooks.T.copy()
             entry["n_samples"] = int(r.mask.sum())
             entry["group"] = r.group
             uns["groups"][_keys.encode_name(r.group)] = entry
         if plan.skipped:
             uns["skipped_groups"] = {_keys.encode_name(g): why for g, why in plan.skipped.items()}
     adata.uns[key] = uns
+
+
+def _normalization_factors(adata: AnnData, layer: str) -> np.ndarray:
+    """The layer of normalisation factors as a dense samples x genes float64 array, checked: positive and finite."""
+    nf = load(adata.layers[layer], f"adata.layers[{layer!r}]")
+    nf = nf.toarray() if hasattr(nf, "toarray") else nf
+    nf = np.asarray(nf.get() if hasattr(nf, "get") else nf, dtype=np.float64)
+    if nf.shape != adata.shape or not np.all(np.isfinite(nf)) or np.any(nf <= 0):
+        msg = f"adata.layers[{layer!r}] must hold positive finite normalisation factors, one per sample and gene."
+        raise ValueError(msg)
+    return nf
+
+
+def _control_gene_names(genes: Any, adata: AnnData) -> np.ndarray:
+    """``control_genes`` as the names of the chosen genes, in ``var`` order (how ``params`` stores them): from names,
+    integer positions or a boolean mask over the genes.
+    """
+    arr = np.asarray(list(genes) if isinstance(genes, set | frozenset) else genes)
+    if arr.ndim != 1 or arr.shape[0] == 0:
+        msg = "control_genes must be a non-empty 1-D list of gene names, integer positions or a boolean mask over the genes."
+        raise ValueError(msg)
+    names = adata.var_names
+    if arr.dtype == bool:
+        if arr.shape[0] != adata.n_vars:
+            msg = f"control_genes as a boolean mask must have one entry per gene ({adata.n_vars}), got {arr.shape[0]}."
+            raise ValueError(msg)
+        mask = arr
+    elif arr.dtype.kind in "iu":
+        if arr.min() < -adata.n_vars or arr.max() >= adata.n_vars:
+            msg = f"control_genes positions must lie in [0, {adata.n_vars}); got {arr.min()}..{arr.max()}."
+            raise ValueError(msg)
+        mask = np.zeros(adata.n_vars, dtype=bool)
+        mask[arr] = True
+    else:
+        labels = pd.Index(arr.astype(str))
+        unknown = labels[~labels.isin(names)]
+        if len(unknown):
+            msg = f"control_genes: {len(unknown)} name(s) not in adata.var_names ({_show_names(unknown)})."
+            raise ValueError(msg)
+        mask = names.isin(labels)
+    return np.asarray(names[mask], dtype=str)
 
 
 def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
@@ -373,6 +488,10 @@ def _replayable_contrast(contrast: Any, plan: Any) -> Any:
             return arr.astype(np.float64) if arr.dtype.kind in "iufb" else arr
         return c
 
+    if plan is not None and is_name_list(plan.design, contrast):
+        # R's list form: h5ad cannot store ragged lists of names, so the replay gets the same vector under its name
+        c = plan.contrasts[0]
+        return {c.name: {col: float(w) for col, w in zip(plan.design.columns, c.vector, strict=True)}}
     parts = split_contrasts(contrast)
     if len(parts) == 1 and contrast_names(contrast) is None:
         return one(parts[0])
@@ -619,6 +738,9 @@ def vst(
         check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
         if "groups" in adata.uns[key]:
             msg = "blind=False is not available after a groupby DESeq2 run."
+            raise ValueError(msg)
+        if adata.uns[key]["params"].get("normalization_factors") is not None:
+            msg = "blind=False is not available after a DESeq2 run with normalization_factors."
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
         plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=adata.uns[key]["trend"])
