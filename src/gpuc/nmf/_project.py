@@ -326,5 +326,3 @@ def project(
     return ProjectionResult(
         usages, float(sum(r.loss for r in results)), float(sum(r.norm2 for r in results)), len(results)
     )
-
-

@@ -89,9 +89,7 @@ def _reference_programmes(reference: Any, key: str) -> tuple[pd.DataFrame, dict[
     raise TypeError(msg)
 
 
-def _match_genes(
-    adata: AnnData, ref: pd.DataFrame, max_missing: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _match_genes(adata: AnnData, ref: pd.DataFrame, max_missing: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference genes matched to ``adata.var_names`` by name: the query column of each present gene, the mask of
     present reference genes, and the missing genes' names. Warns with the fraction missing, raises above
     ``max_missing``.
@@ -195,8 +193,8 @@ def nmf_project(
     reference
         An AnnData after :func:`gpuc.tl.consensus_nmf` (programmes ``varm[key + '_spectra']`` over the genes
         ``uns[key]['genes']``, preprocessing from ``uns[key]['params']``), or a :class:`pandas.DataFrame` of genes
-        (index) x programmes (columns), e.g. a starCAT reference (``pd.read_csv(path, sep="\\t", index_col=0).T``:
-        starCAT files hold programmes x genes).
+        (index) x programmes (columns), e.g. a starCAT reference file (tab-separated programmes x genes) read
+        with :func:`pandas.read_csv` and transposed.
     key
         The ``key_added`` of the reference's :func:`consensus_nmf` (AnnData reference only).
     layer
@@ -338,7 +336,7 @@ def nmf_project(
         "spectra": np.ascontiguousarray(spectra.T),
         "gene_scale": np.asarray(factor, dtype=np.float64),
         "missing_genes": missing,
-        "n_genes_reference": int(len(ref.index)),
+        "n_genes_reference": len(ref.index),
         "fraction_missing": float(len(missing) / len(ref.index)),
         "n_empty_cells": n_empty,
         "rel_error": res.rel_error,
@@ -349,5 +347,7 @@ def nmf_project(
     }
     adata = adata.copy() if copy else adata
     _write_projection(adata, key_added, obsm, uns)
-    logg.info("    finished", time=start, deep=f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'uns[{key_added!r}]'")
+    logg.info(
+        "    finished", time=start, deep=f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'uns[{key_added!r}]'"
+    )
     return adata if copy else None
