@@ -124,8 +124,8 @@ def test_engine_blocks_on_dense_and_sparse_agree(fitted):
     opts = ProjectOptions(dtype=np.float64)
     a = project(x, s, f, genes=cols, block_rows=50, options=opts)
     b = project(x.toarray(), s, f, genes=cols, block_rows=50, options=opts)
-    np.testing.assert_allclose(a.usages, b.usages, rtol=1e-9, atol=1e-9)
-    assert a.n_blocks == 4 and a.rel_error == pytest.approx(b.rel_error, rel=1e-9)
+    np.testing.assert_allclose(a.usages, b.usages, rtol=1e-7, atol=1e-9)
+    assert a.n_blocks == 4 and a.rel_error == pytest.approx(b.rel_error, rel=1e-8)
 
 
 # ---- inputs and outputs -------------------------------------------------------------------------------------------

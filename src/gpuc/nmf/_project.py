@@ -25,8 +25,11 @@ import numpy as np
 
 from gpuc._backend import get_backend, is_sparse, to_host
 from gpuc._dask import _worker_threads, aligned, is_dask_array, map_units
-from gpuc._utils import cpu_threads, resolve_n_jobs
+from gpuc._utils import cpu_threads, numba_kernels, resolve_n_jobs
 from gpuc.nmf._hals import Operator, nnls_refit
+
+# the fused CPU kernels of host CSR blocks (None without numba or with gpuc.settings.numba off: array code instead)
+_cpu_kernels = numba_kernels("gpuc.nmf._kernels_project_cpu")
 
 PREPROCESSING = ("none", "sd", "sqrt_sd")
 BLOCK_ROWS = 10_000  # default rows per block: 10,000 x 2,000 genes is 80 MB dense float32, a few MB sparse
@@ -129,8 +132,79 @@ def _columns(block: Any, genes: np.ndarray | None) -> Any:
     return block.tocsr() if is_sparse(block) and block.format != "csr" else block
 
 
+def _host_csr(block: Any) -> bool:
+    """Whether ``block`` is a scipy sparse matrix (the blocks the fused CPU kernels take)."""
+    import scipy.sparse
+
+    return scipy.sparse.issparse(block)
+
+
+def _positions(n_cols: int, genes: np.ndarray | None) -> tuple[np.ndarray, int]:
+    """Each column's position among ``genes`` (-1 when not selected), and the number of selected genes."""
+    if genes is None:
+        return np.arange(n_cols, dtype=np.int64), n_cols
+    pos = np.full(n_cols, -1, dtype=np.int64)
+    pos[genes] = np.arange(len(genes), dtype=np.int64)
+    return pos, len(genes)
+
+
+@dataclass
+class _FusedProduct(Operator):
+    """``X[:, genes] D`` of a host CSR block, never formed: its one product with the fixed spectra, ``X D S^T``, and
+    ``||X D||^2`` come from one pass of :func:`gpuc.nmf._kernels_project_cpu.selected_product`. :meth:`dot` returns
+    that product (what :func:`gpuc.nmf._hals.nnls_refit` asks for) and refuses any other.
+    """
+
+    spectra_t: Any = None
+    product: Any = None
+
+    def dot(self, x: Any) -> Any:
+        if x.shape != self.spectra_t.shape or not np.array_equal(x, self.spectra_t):
+            msg = "this operator only multiplies by the spectra it was built with"
+            raise ValueError(msg)
+        return self.product
+
+
+def _fused_operator(kern: Any, block: Any, genes: Any, spectra: np.ndarray, factor: np.ndarray, dtype: Any) -> Any:
+    """The :class:`_FusedProduct` of a host CSR block (checked: finite, non-negative on the selected genes)."""
+    block = block.tocsr()
+    rows = int(block.shape[0])
+    pos, n_sel = _positions(block.shape[1], genes)
+    spectra_t = np.ascontiguousarray(spectra.T, dtype=dtype)  # (genes, k), as nnls_refit will pass it
+    w = np.ascontiguousarray(spectra_t * factor.astype(dtype)[:, None])
+    product = np.empty((rows, spectra_t.shape[1]), dtype=dtype)
+    row_norm2, row_min = np.empty(rows), np.empty(rows)
+    kern.selected_product(block.indptr, block.indices, block.data, pos, w, factor, product, row_norm2, row_min)
+    _check_values(np, row_norm2, row_min)
+    norm2 = float(row_norm2.sum())
+    return _FusedProduct(None, None, (rows, n_sel), norm2, 0.0, True, np.dtype(dtype), spectra_t, product)
+
+
+def _check_values(xp: Any, values: Any, minimum: Any) -> None:
+    """Raise the projection's :class:`ValueError` when ``values`` are not finite or ``minimum`` is below zero."""
+    if values.size and not bool(xp.isfinite(values).all()):
+        msg = "the query matrix has NaN or infinite values on the reference's genes; NMF usages need finite input."
+        raise ValueError(msg)
+    if minimum.size and float(minimum.min()) < 0:
+        msg = (
+            f"the query matrix has negative values on the reference's genes (min {float(minimum.min()):.4g}); project "
+            "the same kind of values the reference was fitted on (raw counts for cNMF/starCAT), never scaled data."
+        )
+        raise ValueError(msg)
+
+
 def block_moments(block: Any, genes: np.ndarray | None = None, *, n_jobs: int | None = None) -> GeneMoments:
-    """:class:`GeneMoments` of one row block (``genes`` selects and orders its columns), summed on its device."""
+    """:class:`GeneMoments` of one row block (``genes`` selects and orders its columns), summed on its device.
+
+    A host CSR block is summed by one compiled pass that reads only the selected genes' values (no copy of them).
+    """
+    kern = _cpu_kernels() if _host_csr(block) else None
+    if kern is not None:
+        block = block.tocsr()
+        pos, n_sel = _positions(block.shape[1], genes)
+        with cpu_threads(n_jobs):
+            m = kern.selected_moments(block.indptr, block.indices, block.data, pos, n_sel)
+        return GeneMoments(int(block.shape[0]), m[0], m[1])
     block = _columns(block, genes)
     sq = block.multiply(block) if is_sparse(block) else block * block
     total = np.asarray(to_host(block.sum(axis=0, dtype=np.float64))).ravel()
@@ -149,7 +223,7 @@ def gene_moments(
     if is_dask_array(x):
         parts = _dask_map(block_moments, _dask_blocks(x, genes, block_rows), {}, client)
     else:
-        parts = [block_moments(x[a : a + block_rows], genes) for a in range(0, x.shape[0], block_rows)]
+        parts = [block_moments(_rows(x, a, a + block_rows), genes) for a in range(0, x.shape[0], block_rows)]
     out = parts[0]
     for p in parts[1:]:
         out = out + p
@@ -193,17 +267,15 @@ def project_block(
     backend = get_backend(options.device, block)
     xp = backend.xp
     dtype = np.dtype(np.float32 if options.dtype is None else options.dtype)
+    kern = _cpu_kernels() if not backend.is_gpu and _host_csr(block) else None
+    if kern is not None:  # one compiled pass over the block, no copy of its selected genes
+        with cpu_threads(n_jobs):
+            op = _fused_operator(kern, block, genes, spectra, factor, dtype)
+            usages, loss = nnls_refit(backend, op, spectra, max_iter=options.max_iter, tol=options.tol)
+        return BlockResult(np.asarray(usages, dtype=np.float64), float(loss), op.norm2)
     block = backend.asarray(_columns(block, genes), dtype=dtype)
     data = block.data if is_sparse(block) else block
-    if data.size and not bool(xp.isfinite(data).all()):
-        msg = "the query matrix has NaN or infinite values on the reference's genes; NMF usages need finite input."
-        raise ValueError(msg)
-    if data.size and float(data.min()) < 0:
-        msg = (
-            f"the query matrix has negative values on the reference's genes (min {float(data.min()):.4g}); project "
-            "the same kind of values the reference was fitted on (raw counts for cNMF/starCAT), never scaled data."
-        )
-        raise ValueError(msg)
+    _check_values(xp, data, data)
     d = backend.asarray(factor, dtype=dtype)
     if is_sparse(block):
         v = (block @ backend.sparse.diags(d)).tocsr()
@@ -263,6 +335,19 @@ def _on_worker(fn: Any, block: Any, **shared: Any) -> Any:
     return fn(block, **shared, n_jobs=n)
 
 
+def _rows(x: Any, a: int, b: int) -> Any:
+    """Rows ``a:b`` of an in-memory matrix; of a scipy CSR matrix as a view of its values (no copy of the block)."""
+    import scipy.sparse
+
+    if scipy.sparse.issparse(x) and x.format == "csr":
+        lo, hi = int(x.indptr[a]), int(x.indptr[min(b, x.shape[0])])
+        indptr = x.indptr[a : b + 1] - x.indptr[a]
+        return scipy.sparse.csr_matrix(
+            (x.data[lo:hi], x.indices[lo:hi], indptr), shape=(len(indptr) - 1, x.shape[1]), copy=False
+        )
+    return x[a:b]
+
+
 def _block_unit(block: Any, **kwargs: Any) -> BlockResult:
     """The unit of :func:`map_units`: one in-memory block (``n_jobs`` comes from the unit runner)."""
     return project_block(block, **kwargs)
@@ -316,9 +401,9 @@ def project(
         results = _dask_map(project_block, blocks, shared, client)
     elif client is None:
         n = resolve_n_jobs(n_jobs)
-        results = [project_block(x[a : a + block_rows], **shared, n_jobs=n) for a in starts]
+        results = [project_block(_rows(x, a, a + block_rows), **shared, n_jobs=n) for a in starts]
     else:
-        units = [(f"rows {a}-{min(a + block_rows, m) - 1}", (x[a : a + block_rows],)) for a in starts]
+        units = [(f"rows {a}-{min(a + block_rows, m) - 1}", (_rows(x, a, a + block_rows),)) for a in starts]
         results = map_units(_block_unit, units, client=client, shared=shared, n_jobs=n_jobs, what="nmf_project",
                             scatter_args=True)  # fmt: skip
     k = spectra.shape[0]
