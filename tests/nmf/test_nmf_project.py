@@ -114,7 +114,7 @@ def test_usages_are_the_exact_nnls_optimum(starcat):
         np.testing.assert_allclose(q.obsm["X_nmf_project"][i], u, rtol=0, atol=1e-6 * max(u.max(), 1))
 
 
-def test_engine_blocks_on_dense_and_sparse_agree(fitted):
+def test_engine_blocks_on_dense_and_sparse_agree(fitted, disable_numba):
     s = fitted.varm["nmf_spectra"][fitted.var["highly_variable"].to_numpy()].T
     cols = np.flatnonzero(fitted.var["highly_variable"].to_numpy())
     x = fitted.layers["counts"]
@@ -126,6 +126,13 @@ def test_engine_blocks_on_dense_and_sparse_agree(fitted):
     b = project(x.toarray(), s, f, genes=cols, block_rows=50, options=opts)
     np.testing.assert_allclose(a.usages, b.usages, rtol=1e-7, atol=1e-9)
     assert a.n_blocks == 4 and a.rel_error == pytest.approx(b.rel_error, rel=1e-8)
+    # the fused CPU kernels (above) against the array code the GPU runs, on the same sparse blocks
+    fused = (block_moments(x, cols), a)
+    disable_numba()
+    mom2 = block_moments(x, cols)
+    np.testing.assert_allclose(mom2.total_sq, fused[0].total_sq, rtol=1e-12)
+    c = project(x, s, f, genes=cols, block_rows=50, options=opts)
+    np.testing.assert_allclose(c.usages, a.usages, rtol=1e-7, atol=1e-9)
 
 
 # ---- inputs and outputs -------------------------------------------------------------------------------------------
@@ -179,6 +186,16 @@ def test_write_read_round_trip_and_copy(starcat, tmp_path, same):
         warnings.simplefilter("ignore", GpucWarning)
         gpuc.tl.nmf_project(out, ref, device="cpu")
     assert "X_nmf_project_normalized" not in out.obsm
+
+
+def test_projected_usages_plot(starcat):
+    queries, ref, _ = starcat
+    q = queries["same"].copy()
+    q.obsm["X_umap"] = np.random.default_rng(0).normal(size=(q.n_obs, 2))
+    gpuc.tl.nmf_project(q, ref, device="cpu")
+    fig = gpuc.pl.nmf_usage(q, key="nmf_project", show=False)
+    assert "projected onto programmes fitted elsewhere" in fig._suptitle.get_text()
+    assert [a.get_title() for a in fig.axes if a.get_title()][:2] == ["P1", "P2"]
 
 
 def test_empty_cells_get_zero_usages(starcat):
