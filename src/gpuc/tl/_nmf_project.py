@@ -14,7 +14,7 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
-from gpuc._backend import Device, get_backend, is_cupy_array
+from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning
@@ -180,8 +180,8 @@ def nmf_project(
     ``x`` on the reference's genes, scaled per gene by ``D`` as the reference's own matrix was before it was
     factorised, against the fixed programmes ``S``. Genes are matched by name. The cells are solved in row blocks of
     ``block_size`` (one block in memory at a time; a lazily read ``X`` is read block by block), on the CPU, the GPU
-    or, with ``client=``, one Dask task per block with the programmes scattered once; the usages are identical on
-    every path for the same ``block_size``. Projecting the data a :func:`consensus_nmf` was fitted on onto its own
+    or, with ``client=``, one Dask task per block with the programmes scattered once; for the same ``block_size``
+    the usages are bit-identical in process and on a cluster, and CPU and GPU agree to rounding. Projecting the data a :func:`consensus_nmf` was fitted on onto its own
     programmes gives its usages (``obsm['X_nmf']``) back; projecting single cells onto programmes fitted on their
     metacells gives each cell its own usage instead of its metacell's.
 
@@ -258,6 +258,12 @@ def nmf_project(
     GpucWarning
         When reference genes are missing from ``adata`` (with the fraction), and when cells have no signal on the
         genes used.
+
+    Raises
+    ------
+    ValueError
+        Before anything is written: more than ``max_missing`` of the reference's genes missing (or none shared),
+        negative or non-finite query values on the genes used, a reference that is not non-negative.
     """
     check_adata(adata)
     check_key_added(key_added)
@@ -288,8 +294,6 @@ def nmf_project(
     dask_client = resolve_client(client)
     work = float(x.shape[0]) * len(genes) * spectra.shape[0]
     backend = get_backend(device, None if is_dask_array(x) else x, tool="nmf", work=work)
-    if is_cupy_array(x) and not backend.is_gpu:
-        backend = get_backend("gpu", x)
     start = logg.info(
         f"projecting {x.shape[0]} cells onto {spectra.shape[0]} programmes over {len(genes)} genes "
         f"({runs_on(backend, dask_client)})"
