@@ -48,6 +48,7 @@ NMF_MARKER = ("k", "n_runs", "normalization", "neighborhood")
 NMF_K_SWEEP_MARKER = ("k_range", "n_runs", "density_threshold")
 DESEQ_MARKER = ("design", "contrast", "fit_type", "cooks_filter")
 VST_MARKER = ("blind", "fit_type", "key")
+NMF_PROJECT_MARKER = ("reference_key", "scale", "max_missing")
 
 
 def written_by(adata: Any, key: str, marker: tuple[str, ...]) -> bool:
@@ -65,6 +66,7 @@ def _gpuc_tool_of(adata: Any, key: str) -> str | None:
         ("gpuc.tl.nmf_k_sweep", NMF_K_SWEEP_MARKER),
         ("gpuc.tl.deseq", DESEQ_MARKER),
         ("gpuc.tl.vst", VST_MARKER),
+        ("gpuc.tl.nmf_project", NMF_PROJECT_MARKER),
     ):
         if written_by(adata, key, marker):
             return tool
@@ -169,6 +171,20 @@ def nmf_spectra(key: str) -> str:
 def nmf_outputs(key: str) -> dict[str, list[str]]:
     """Everything :func:`gpuc.tl.consensus_nmf` writes under ``key``."""
     return {"obsm": [nmf_usages(key)], "varm": [nmf_spectra(key)], "uns": [key]}
+
+
+# ---- usages on fixed programmes (gpuc.tl.nmf_project) -------------------------------------------------------------
+NMF_PROJECT = "nmf_project"  # obsm[f"X_{key}"], obsm[f"X_{key}_normalized"], uns[key]
+
+
+def nmf_project_normalized(key: str) -> str:
+    """``obsm`` key of the usages rescaled to sum 1 per cell (written with ``normalize=True``)."""
+    return f"X_{key}_normalized"
+
+
+def nmf_project_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.nmf_project` writes under ``key``."""
+    return {"obsm": [nmf_usages(key), nmf_project_normalized(key)], "uns": [key]}
 
 
 # ---- DESeq2 (gpuc.tl.deseq) ------------------------------------------------------------------------------------------

@@ -98,6 +98,7 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
         "nmf_k_sweep": (nmf, lambda a, **kw: gpuc.tl.nmf_k_sweep(a, [2, 3], n_runs=3, device="cpu", **kw)),
         "consensus_nmf": (nmf, lambda a, **kw: gpuc.tl.consensus_nmf(a, 3, n_runs=4, device="cpu", **kw)),
         "nmf_refine": (nmf_fitted, lambda a, **kw: gpuc.tl.nmf_refine(a, 0.5, **kw)),
+        "nmf_project": (nmf, lambda a, **kw: gpuc.tl.nmf_project(a, nmf_fitted, device="cpu", **kw)),
         "deseq": (bulk, lambda a, **kw: gpuc.tl.deseq(a, "~condition", device="cpu", **kw)),
         "vst": (bulk, lambda a, **kw: gpuc.tl.vst(a, device="cpu", **kw)),
     }

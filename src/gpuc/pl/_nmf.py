@@ -317,18 +317,20 @@ def nmf_usage(
     """Programme usages on an embedding (``obsm['X_' + basis]``), one panel per programme.
 
     The title says which fit the programmes come from: one on these observations (cells or metacells), or a separate
-    fit when ``obsm['X_' + key]`` was copied in without its ``uns[key]`` (e.g. metacell usages mapped to cells).
+    fit when ``obsm['X_' + key]`` was copied in without its ``uns[key]`` (e.g. metacell usages mapped to cells), or
+    usages of these cells on programmes fitted elsewhere (:func:`gpuc.tl.nmf_project`).
     Programme numbers (``P1`` ..., ordered by total usage) belong to one :func:`gpuc.tl.consensus_nmf` call, so ``P1``
     of a fit on metacells need not be ``P1`` of a fit on their cells.
 
     Parameters
     ----------
     adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`, with ``obsm['X_' + basis]`` (cells or metacells).
+        AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_project`), with ``obsm['X_' + basis]``
+        (cells or metacells).
     basis
         Embedding name (``"umap"``, ``"pca"``, ...).
     key
-        The consensus ``key_added``.
+        The consensus (or projection) ``key_added``.
     programs
         Indices (0-based) of programmes to draw; all by default.
     normalize
@@ -346,7 +348,8 @@ def nmf_usage(
     {returns_figure}
     """
     check_adata(adata)
-    if key in adata.uns:
+    projected = _keys.written_by(adata, key, _keys.NMF_PROJECT_MARKER)  # usages from gpuc.tl.nmf_project
+    if key in adata.uns and not projected:
         tool_output(adata, key, "consensus_nmf")  # a key that holds another tool's output is refused
     uk = _keys.nmf_usages(key)
     check_key(adata.obsm, uk, "adata.obsm", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
@@ -377,7 +380,9 @@ def nmf_usage(
         what = "metacells" if _keys.METACELL_SOURCE in adata.uns else "cells"
         k = usage.shape[1]
         source = (
-            f"fitted on these {adata.n_obs} {what}"
+            "projected onto programmes fitted elsewhere (nmf_project)"
+            if projected
+            else f"fitted on these {adata.n_obs} {what}"
             if key in adata.uns
             else f"from a separate fit (no uns[{key!r}] in this AnnData)"
         )

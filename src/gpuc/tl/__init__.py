@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from gpuc.tl._deseq import deseq, pseudobulk, vst
     from gpuc.tl._metacells import aggregate_metacells, metacell_assignment_quality, metacell_quality, metacells
     from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
+    from gpuc.tl._nmf_project import nmf_project
 
 __all__ = [
     "aggregate_metacells",
@@ -22,6 +23,7 @@ __all__ = [
     "metacell_quality",
     "metacells",
     "nmf_k_sweep",
+    "nmf_project",
     "nmf_refine",
     "pseudobulk",
     "vst",
@@ -35,6 +37,7 @@ _EXPORTS = {
     "metacell_quality": "._metacells",
     "metacells": "._metacells",
     "nmf_k_sweep": "._nmf",
+    "nmf_project": "._nmf_project",
     "nmf_refine": "._nmf",
     "pseudobulk": "._deseq",
     "vst": "._deseq",
