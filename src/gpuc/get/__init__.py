@@ -8,7 +8,7 @@ from gpuc._exports import lazy_exports
 
 if TYPE_CHECKING:
     from gpuc.get._deseq import deseq_results
-    from gpuc.get._nmf import nmf_gene_scores, nmf_suggest_k, nmf_top_genes
+    from gpuc.get._nmf import nmf_gene_scores, nmf_gene_spectra, nmf_suggest_k, nmf_top_genes, nmf_usages
     from gpuc.get._transfer import to_cpu, to_gpu
 
 __all__ = [
@@ -18,6 +18,8 @@ __all__ = [
     "nmf_top_genes",
     "to_cpu",
     "to_gpu",
+    "nmf_gene_spectra",
+    "nmf_usages",
 ]
 # each public name -> the submodule that defines it
 _EXPORTS = {
@@ -27,5 +29,7 @@ _EXPORTS = {
     "nmf_top_genes": "._nmf",
     "to_cpu": "._transfer",
     "to_gpu": "._transfer",
+    "nmf_gene_spectra": "._nmf",
+    "nmf_usages": "._nmf",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

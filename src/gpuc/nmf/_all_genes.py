@@ -234,6 +234,75 @@ def _times_lazy(x: Any, cols: np.ndarray, mat: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 # the engine
 # --------------------------------------------------------------------------------------------------------------------
+def _cell_scale(x: Any, normalize: bool, target_sum: float) -> np.ndarray:
+    """Each cell's factor to ``target_sum`` over all genes of ``x`` (cNMF's TPM), or ones."""
+    if not normalize:
+        return np.ones(x.shape[0])
+    totals = row_totals(x)
+    ok = np.isfinite(totals) & (totals > 0)
+    if not ok.all():
+        msg = (
+            f"{int((~ok).sum())} cell(s) have no counts (or non-finite ones) over the {x.shape[1]} genes, so they "
+            f"cannot be scaled to {target_sum:g} (cNMF's TPM); remove them first, or pass the raw counts layer."
+        )
+        raise ValueError(msg)
+    return target_sum / totals
+
+
+def _moments(x: Any, a: np.ndarray, s2: np.ndarray, block_bytes: int) -> tuple[Backend, Any, Any]:
+    """The backend of ``x`` (the CPU for a dask array), ``Aᵀ X`` and ``(s²)ᵀ (X∘X)`` on it, after checking that
+    ``x`` is non-negative and finite.
+    """
+    if is_dask_array(x):
+        bk = get_backend("cpu")
+        p, q, negative = _moments_lazy(x, a, s2)
+    else:
+        bk = backend_of(x)
+        p, q, negative = _moments_in_memory(bk, x, a, s2, block_bytes)
+    if negative:
+        msg = (
+            "the matrix of cNMF's all-gene outputs has negative values; it must hold counts (or a non-negative "
+            "normalised expression), never scaled data."
+        )
+        raise ValueError(msg)
+    xp = bk.xp
+    if not (bool(xp.isfinite(p).all()) and bool(xp.isfinite(q).all())):
+        msg = "the matrix of cNMF's all-gene outputs has NaN or infinite values."
+        raise ValueError(msg)
+    return bk, bk.asarray(p), bk.asarray(q)
+
+
+def _mean_sd(xp: Any, colsum: Any, sqsum: Any, m: int) -> tuple[Any, Any]:
+    """Each gene's mean and population SD (variance floored at :data:`VAR_FLOOR`, as cNMF's z-scores)."""
+    mean = colsum / m
+    return mean, xp.sqrt(xp.maximum(sqsum / m - mean * mean, VAR_FLOOR))
+
+
+def _ols_scores(bk: Backend, utx: Any, u: np.ndarray, mean: Any, sd: Any) -> np.ndarray:
+    """``(UᵀU)⁻¹ Uᵀ Z`` with ``Uᵀ Z = (Uᵀ X - (Uᵀ 1) meanᵀ) / sd`` (cNMF's ``efficient_ols_all_cols``, ``lstsq``)."""
+    utz = (utx - bk.asarray(u.sum(axis=0))[:, None] * mean[None, :]) / sd[None, :]
+    return np.linalg.lstsq(u.T @ u, np.asarray(to_host(utz), dtype=np.float64), rcond=None)[0]
+
+
+def score_spectra(
+    x: Any, usages: np.ndarray, scale: np.ndarray | None = None, *, block_bytes: int = BLOCK_BYTES
+) -> np.ndarray:
+    """cNMF's ``gene_spectra_score`` alone: ``(k, genes)`` least-squares coefficients of each z-scored column of
+    ``x`` (each row first multiplied by ``scale``, e.g. ``1e6 / totals``) on ``usages`` (no intercept).
+
+    The z-scoring is folded into the normal equations, so only ``Uᵀ X`` and the column moments are computed, where
+    ``x`` lives (as in :func:`gene_spectra`); ``x`` is never densified.
+    """
+    u = np.asarray(usages, dtype=np.float64)
+    m = x.shape[0]
+    s = np.ones(m) if scale is None else np.asarray(scale, dtype=np.float64).ravel()
+    a = np.hstack([u * s[:, None], s[:, None]])
+    bk, p, q = _moments(x, a, s * s, block_bytes)
+    k = u.shape[1]
+    mean, sd = _mean_sd(bk.xp, p[k], q, m)
+    return _ols_scores(bk, p[:k], u, mean, sd)
+
+
 def gene_spectra(
     x: Any,
     usages: np.ndarray,
@@ -275,52 +344,24 @@ def gene_spectra(
         When ``x`` has negative or non-finite values, or (``normalize``) a cell without counts.
     """
     lazy = is_dask_array(x)
-    bk = get_backend("cpu") if lazy else backend_of(x)
-    xp = bk.xp
-    m, n = x.shape
+    m = x.shape[0]
     u = np.asarray(usages, dtype=np.float64)
     if u.shape[0] != m:
         msg = f"usages have {u.shape[0]} rows but the matrix has {m} cells."
         raise ValueError(msg)
     k = u.shape[1]
     f = np.asarray(factorised, dtype=np.int64)
-    if normalize:
-        totals = row_totals(x)
-        if not (np.isfinite(totals).all() and (totals > 0).all()):
-            bad = int((~(np.isfinite(totals) & (totals > 0))).sum())
-            msg = (
-                f"{bad} cell(s) have no counts (or non-finite ones) over the {n} genes, so they cannot be scaled to "
-                f"{target_sum:g} (cNMF's TPM); remove them first, or pass the raw counts layer."
-            )
-            raise ValueError(msg)
-        s = target_sum / totals
-    else:
-        s = np.ones(m)
+    s = _cell_scale(x, normalize, target_sum)
     rs = u.sum(axis=1, keepdims=True)
     norm_u = u / np.where(rs > 0, rs, 1.0)  # cNMF's norm_usages (its division by zero would give NaN)
     a = np.hstack([norm_u * s[:, None], u * s[:, None], s[:, None]])  # m x (2k + 1)
-    if lazy:
-        p, q, negative = _moments_lazy(x, a, s * s)
-    else:
-        p, q, negative = _moments_in_memory(bk, x, a, s * s, block_bytes)
-    if negative:
-        msg = (
-            "the matrix of cNMF's all-gene outputs has negative values; it must hold counts (or a non-negative "
-            "normalised expression), never scaled data."
-        )
-        raise ValueError(msg)
-    if not (bool(xp.isfinite(p).all()) and bool(xp.isfinite(q).all())):
-        msg = "the matrix of cNMF's all-gene outputs has NaN or infinite values."
-        raise ValueError(msg)
-    p, q = bk.asarray(p), bk.asarray(q)
-    mean = p[2 * k] / m
-    var = xp.maximum(q / m - mean * mean, VAR_FLOOR)
-    sd = xp.sqrt(var)
+    bk, p, q = _moments(x, a, s * s, block_bytes)
+    xp = bk.xp
+    mean, sd = _mean_sd(xp, p[2 * k], q, m)
     # gene_spectra_tpm: NNLS of every gene's TPM on the normalised usages
     tpm = nnls_gram(xp, bk.asarray(norm_u.T @ norm_u), p[:k], max_iter=max_iter, tol=tol)
-    # gene_spectra_score: OLS of the z-scored TPM on the usages, Uᵀ Z = (Uᵀ T - (Uᵀ 1) meanᵀ) / sd
-    utz = (p[k : 2 * k] - bk.asarray(u.sum(axis=0))[:, None] * mean[None, :]) / sd[None, :]
-    score = np.linalg.lstsq(u.T @ u, np.asarray(to_host(utz)), rcond=None)[0]
+    # gene_spectra_score: OLS of the z-scored TPM on the usages
+    score = _ols_scores(bk, p[k : 2 * k], u, mean, sd)
     # the final usages: NNLS of the TPM of the factorised genes / SD (ddof=1) on the TPM spectra / SD (ddof=0)
     sd_f = np.asarray(to_host(sd[f]), dtype=np.float64)
     sd1_f = sd_f * np.sqrt(m / (m - 1)) if m > 1 else sd_f
