@@ -103,7 +103,7 @@ def test_consensus_nmf_all_gene_outputs_match_cnmf(fitted, ref, dt):
     assert tpm.shape == score.shape == (7, ad.n_vars)
     c = np.corrcoef(score, ref[f"{dt}_gene_spectra_score"])[:7, 7:]
     _, order = linear_sum_assignment(-c)
-    r_tpm, r_score, r_usage, _ = _gates(tpm, score, ad.obsm["X_nmf_refit"], ref, dt, order)
+    _, _, r_usage, _ = _gates(tpm, score, ad.obsm["X_nmf_refit"], ref, dt, order)
     assert r_usage.min() >= 0.99
     # the getters return the same, as tables over every gene / cell
     got = gpuc.get.nmf_gene_spectra(ad, "tpm")
@@ -273,10 +273,10 @@ def test_all_gene_outputs_of_a_lazily_read_layer(pbmc, small):
 def test_all_genes_off_and_refusals(program_factory, unchanged):
     ad = program_factory(n_cells=80, n_genes=30, seed=5)
     kw = {"n_runs": 3, "device": "cpu", "density_threshold": 2.0}
-    with unchanged(ad), pytest.raises(KeyError, match="'raw' not found in adata.layers"):
+    with unchanged(ad), pytest.raises(KeyError, match=r"'raw' not found in adata\.layers"):
         gpuc.tl.consensus_nmf(ad, 2, counts_layer="raw", **kw)
     ad.layers["scaled"] = ad.layers["counts"].toarray() - 1.0
-    with unchanged(ad), pytest.raises(ValueError, match="negative values.*counts_layer=.*Nothing was written"):
+    with unchanged(ad), pytest.raises(ValueError, match=r"negative values.*counts_layer=.*Nothing was written"):
         gpuc.tl.consensus_nmf(ad, 2, layer="counts", counts_layer="scaled", **kw)
     with unchanged(ad), pytest.raises(TypeError, match="all_genes"):
         gpuc.tl.consensus_nmf(ad, 2, layer="counts", all_genes="yes", **kw)

@@ -77,7 +77,9 @@ def test_nmf_gene_scores_are_least_squares_of_z_scored_expression(fitted):
     want = np.linalg.lstsq(fitted.obsm["X_nmf"], z, rcond=None)[0].T
     np.testing.assert_allclose(gpuc.get.nmf_gene_scores(fitted).to_numpy(), want, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(fitted.varm["nmf_spectra_score"], want, rtol=1e-8, atol=1e-10)
-    np.testing.assert_allclose(gpuc.get.nmf_gene_scores(fitted, normalize=False).to_numpy(), want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        gpuc.get.nmf_gene_scores(fitted, normalize=False).to_numpy(), want, rtol=1e-8, atol=1e-10
+    )
 
 
 def test_nmf_gene_scores_match_cnmf(test_data, cnmf_counts):

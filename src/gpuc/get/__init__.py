@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 __all__ = [
     "deseq_results",
     "nmf_gene_scores",
+    "nmf_gene_spectra",
     "nmf_suggest_k",
     "nmf_top_genes",
+    "nmf_usages",
     "to_cpu",
     "to_gpu",
-    "nmf_gene_spectra",
-    "nmf_usages",
 ]
 # each public name -> the submodule that defines it
 _EXPORTS = {

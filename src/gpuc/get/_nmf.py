@@ -1,5 +1,6 @@
 """``gpuc.get.nmf_top_genes`` / ``nmf_gene_scores`` / ``nmf_gene_spectra`` (the genes of each consensus NMF programme),
-``nmf_usages`` and ``nmf_suggest_k``."""
+``nmf_usages`` and ``nmf_suggest_k``.
+"""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def nmf_gene_scores(adata: AnnData, *, key: str = _keys.NMF, normalize: bool | N
     if stored:
         scores = _stored(adata, "varm", sk, key, "cNMF's gene spectra scores")
         return pd.DataFrame(scores, index=adata.var_names, columns=program_names(k))
-    mat, normalize, where = _all_gene_matrix(adata, u["params"], normalize)
+    mat, normalize, _ = _all_gene_matrix(adata, u["params"], normalize)
     scale = TARGET_SUM / row_totals(mat) if normalize else None
     usages = np.asarray(to_host(adata.obsm[uk]), dtype=np.float64)
     scores = score_spectra(mat, usages, scale)
@@ -158,7 +159,7 @@ def gene_scores(expr: Any, usages: np.ndarray, totals: np.ndarray | None = None)
 def nmf_gene_spectra(
     adata: AnnData, kind: Literal["score", "tpm", "consensus"] = "score", *, key: str = _keys.NMF
 ) -> pd.DataFrame:
-    """cNMF's gene spectra of every programme written by :func:`gpuc.tl.consensus_nmf`, as a genes x programmes table.
+    """The gene spectra (cNMF's) of every programme written by :func:`gpuc.tl.consensus_nmf`, genes x programmes.
 
     Parameters
     ----------

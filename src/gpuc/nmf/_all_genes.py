@@ -138,7 +138,7 @@ def _chunk_row_totals(block: Any) -> np.ndarray:
 def _moments_in_memory(bk: Backend, x: Any, a: np.ndarray, s2: np.ndarray, block_bytes: int) -> tuple[Any, Any, bool]:
     """``(Aᵀ X, (s²)ᵀ (X∘X), any value < 0)`` for an in-memory ``x``, block by block on its device."""
     xp = bk.xp
-    m, n = x.shape
+    n = x.shape[1]
     a_d, s2_d = bk.asarray(a), bk.asarray(s2)
     p = xp.zeros((a.shape[1], n), dtype=xp.float64)
     q = xp.zeros(n, dtype=xp.float64)
@@ -287,7 +287,7 @@ def _ols_scores(bk: Backend, utx: Any, u: np.ndarray, mean: Any, sd: Any) -> np.
 def score_spectra(
     x: Any, usages: np.ndarray, scale: np.ndarray | None = None, *, block_bytes: int = BLOCK_BYTES
 ) -> np.ndarray:
-    """cNMF's ``gene_spectra_score`` alone: ``(k, genes)`` least-squares coefficients of each z-scored column of
+    """The ``gene_spectra_score`` of cNMF alone: ``(k, genes)`` least-squares coefficients of each z-scored column of
     ``x`` (each row first multiplied by ``scale``, e.g. ``1e6 / totals``) on ``usages`` (no intercept).
 
     The z-scoring is folded into the normal equations, so only ``Uᵀ X`` and the column moments are computed, where
@@ -314,7 +314,7 @@ def gene_spectra(
     max_iter: int = NNLS_MAX_ITER,
     tol: float = NNLS_TOL,
 ) -> GeneSpectra:
-    """cNMF's ``gene_spectra_tpm``, ``gene_spectra_score`` and final (``refit_usage``) usages over every gene of ``x``.
+    """The ``gene_spectra_tpm``, ``gene_spectra_score`` and final (``refit_usage``) usages of cNMF, every gene of ``x``.
 
     Parameters
     ----------

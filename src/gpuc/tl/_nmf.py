@@ -208,8 +208,10 @@ def _all_gene_source(
     return get_matrix(adata, layer=layer), preprocessing != "none", where
 
 
-def _all_gene_outputs(adata: AnnData, params: dict[str, Any], mask: np.ndarray, usages: np.ndarray) -> GeneSpectra | None:
-    """cNMF's all-gene outputs of a consensus (:func:`gpuc.nmf._all_genes.gene_spectra`), computed where the matrix
+def _all_gene_outputs(
+    adata: AnnData, params: dict[str, Any], mask: np.ndarray, usages: np.ndarray
+) -> GeneSpectra | None:
+    """The all-gene outputs (cNMF's) of a consensus (:func:`gpuc.nmf._all_genes.gene_spectra`), computed where the matrix
     lives, before anything is written; ``None`` when ``params['all_genes']`` is off.
     """
     if not params.get("all_genes", False):
