@@ -35,7 +35,8 @@ from gpuc._dask import is_dask_array
 
 TARGET_SUM = 1e6  # cNMF's TPM: scanpy's normalize_total(target_sum=1e6)
 VAR_FLOOR = 1e-12  # cNMF's efficient_ols_all_cols floors each gene's variance at 1e-12
-BLOCK_BYTES = 256 * 2**20  # the float64 working copies of one block (the block and its square)
+BLOCK_BYTES = 256 * 2**20  # the float64 working copies of one block (the block and its square), at most
+FREE_FRACTION = 4  # and at most a quarter of the device's free memory
 NNLS_MAX_ITER = 2000
 NNLS_TOL = 1e-10
 
@@ -249,7 +250,17 @@ def _cell_scale(x: Any, normalize: bool, target_sum: float) -> np.ndarray:
     return target_sum / totals
 
 
-def _moments(x: Any, a: np.ndarray, s2: np.ndarray, block_bytes: int) -> tuple[Backend, Any, Any]:
+def block_budget(bk: Backend, block_bytes: int | None) -> int:
+    """Bytes one block's working copies may take: ``block_bytes``, or :data:`BLOCK_BYTES` and a quarter of the
+    device's free memory, whichever is smaller (``None``).
+    """
+    if block_bytes is not None:
+        return int(block_bytes)
+    free = bk.free_memory()
+    return BLOCK_BYTES if free is None else max(2**20, min(BLOCK_BYTES, free // FREE_FRACTION))
+
+
+def _moments(x: Any, a: np.ndarray, s2: np.ndarray, block_bytes: int | None) -> tuple[Backend, Any, Any]:
     """The backend of ``x`` (the CPU for a dask array), ``Aᵀ X`` and ``(s²)ᵀ (X∘X)`` on it, after checking that
     ``x`` is non-negative and finite.
     """
@@ -258,7 +269,7 @@ def _moments(x: Any, a: np.ndarray, s2: np.ndarray, block_bytes: int) -> tuple[B
         p, q, negative = _moments_lazy(x, a, s2)
     else:
         bk = backend_of(x)
-        p, q, negative = _moments_in_memory(bk, x, a, s2, block_bytes)
+        p, q, negative = _moments_in_memory(bk, x, a, s2, block_budget(bk, block_bytes))
     if negative:
         msg = (
             "the matrix of cNMF's all-gene outputs has negative values; it must hold counts (or a non-negative "
@@ -285,7 +296,7 @@ def _ols_scores(bk: Backend, utx: Any, u: np.ndarray, mean: Any, sd: Any) -> np.
 
 
 def score_spectra(
-    x: Any, usages: np.ndarray, scale: np.ndarray | None = None, *, block_bytes: int = BLOCK_BYTES
+    x: Any, usages: np.ndarray, scale: np.ndarray | None = None, *, block_bytes: int | None = None
 ) -> np.ndarray:
     """The ``gene_spectra_score`` of cNMF alone: ``(k, genes)`` least-squares coefficients of each z-scored column of
     ``x`` (each row first multiplied by ``scale``, e.g. ``1e6 / totals``) on ``usages`` (no intercept).
@@ -310,7 +321,7 @@ def gene_spectra(
     *,
     normalize: bool = True,
     target_sum: float = TARGET_SUM,
-    block_bytes: int = BLOCK_BYTES,
+    block_bytes: int | None = None,
     max_iter: int = NNLS_MAX_ITER,
     tol: float = NNLS_TOL,
 ) -> GeneSpectra:
@@ -330,7 +341,8 @@ def gene_spectra(
     target_sum
         The total each cell is scaled to.
     block_bytes
-        Bound on the float64 working copies of one block of an in-memory ``x``.
+        Bound on the float64 working copies of one block of an in-memory ``x`` (``None``: :data:`BLOCK_BYTES` or a
+        quarter of the device's free memory, whichever is smaller).
     max_iter, tol
         Of the NNLS solves (:func:`nnls_gram`).
 
@@ -367,7 +379,7 @@ def gene_spectra(
     sd1_f = sd_f * np.sqrt(m / (m - 1)) if m > 1 else sd_f
     spec = np.asarray(to_host(tpm[:, f]), dtype=np.float64) / sd_f[None, :]  # k x |f|
     mat = (spec / sd1_f[None, :]).T  # |f| x k: T_f / sd1 @ specᵀ = X_f @ (spec / sd1)ᵀ, times s
-    xm = _times_lazy(x, f, mat) if lazy else _times_in_memory(bk, x, f, mat, block_bytes)
+    xm = _times_lazy(x, f, mat) if lazy else _times_in_memory(bk, x, f, mat, block_budget(bk, block_bytes))
     rhs = bk.asarray(s)[:, None] * bk.asarray(xm)
     final = nnls_gram(xp, bk.asarray(spec @ spec.T), rhs.T, max_iter=max_iter, tol=tol).T
     return GeneSpectra(
