@@ -34,9 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _row(label: str, tpm, score, usages, ref, dt, order) -> dict:
     r = {"case": label, "threshold": dt}
-    r["r_tpm_min"] = min(np.corrcoef(tpm[i], ref[f"{dt}_gene_spectra_tpm"][j])[0, 1] for i, j in enumerate(order))
-    r["r_score_min"] = min(np.corrcoef(score[i], ref[f"{dt}_gene_spectra_score"][j])[0, 1] for i, j in enumerate(order))
-    r["r_usage_min"] = min(np.corrcoef(usages[:, i], ref[f"{dt}_usages"][:, j])[0, 1] for i, j in enumerate(order))
+    # 1 - Pearson r, worst programme (the gate is r >= 0.99, i.e. <= 0.01 here)
+    r["1-r_tpm"] = 1 - min(np.corrcoef(tpm[i], ref[f"{dt}_gene_spectra_tpm"][j])[0, 1] for i, j in enumerate(order))
+    r["1-r_score"] = 1 - min(
+        np.corrcoef(score[i], ref[f"{dt}_gene_spectra_score"][j])[0, 1] for i, j in enumerate(order)
+    )
+    r["1-r_usage"] = 1 - min(np.corrcoef(usages[:, i], ref[f"{dt}_usages"][:, j])[0, 1] for i, j in enumerate(order))
     r["top30_min"] = min(
         len(set(np.argsort(-score[i])[:30]) & set(np.argsort(-ref[f"{dt}_gene_spectra_score"][j])[:30]))
         for i, j in enumerate(order)
@@ -99,7 +102,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     gpuc.settings.progress = False
-    with pd.option_context("display.width", 200, "display.float_format", "{:.6f}".format):
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
         print(parity().to_string(index=False))
         print(cost(args.repeats).to_string(index=False))
 
