@@ -168,9 +168,28 @@ def nmf_spectra(key: str) -> str:
     return f"{key}_spectra"
 
 
+def nmf_usages_refit(key: str) -> str:
+    """``obsm`` key of cNMF's final usages (refitted on the TPM of the factorised genes; ``X_nmf_refit``)."""
+    return f"X_{key}_refit"
+
+
+def nmf_spectra_tpm(key: str) -> str:
+    """``varm`` key of cNMF's TPM spectra over every gene (genes x k)."""
+    return f"{key}_spectra_tpm"
+
+
+def nmf_spectra_score(key: str) -> str:
+    """``varm`` key of cNMF's z-score spectra over every gene (genes x k)."""
+    return f"{key}_spectra_score"
+
+
 def nmf_outputs(key: str) -> dict[str, list[str]]:
     """Everything :func:`gpuc.tl.consensus_nmf` writes under ``key``."""
-    return {"obsm": [nmf_usages(key)], "varm": [nmf_spectra(key)], "uns": [key]}
+    return {
+        "obsm": [nmf_usages(key), nmf_usages_refit(key)],
+        "varm": [nmf_spectra(key), nmf_spectra_tpm(key), nmf_spectra_score(key)],
+        "uns": [key],
+    }
 
 
 # ---- usages on fixed programmes (gpuc.tl.nmf_project) -------------------------------------------------------------

@@ -197,7 +197,7 @@ def test_aggregate_metacells_leaves_the_cells_nmf_usages_behind(planted_programs
     gpuc.tl.consensus_nmf(a, 3, **_NMF)
     gpuc.tl.metacells(a, **_MC)
     mc = gpuc.tl.aggregate_metacells(a)
-    assert "X_pca" in mc.obsm and "X_nmf" not in mc.obsm
+    assert "X_pca" in mc.obsm and "X_nmf" not in mc.obsm and "X_nmf_refit" not in mc.obsm
     gpuc.tl.consensus_nmf(mc, 2, **_NMF)  # nothing of another result to refuse
     carried = planted_programs(40, 20)
     carried.obsm["X_nmf"] = np.ones((carried.n_obs, 3))  # e.g. after ad.concat, without uns["nmf"]

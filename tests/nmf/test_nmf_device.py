@@ -66,6 +66,11 @@ def test_tools_on_device_resident_data_equal_cpu(on_device, program_factory, spa
     np.testing.assert_allclose(d.obsm["X_nmf"], a.obsm["X_nmf"], rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(d.varm["nmf_spectra"], a.varm["nmf_spectra"], rtol=1e-5, atol=1e-10)
     assert abs(d.uns["nmf"]["stability"] - a.uns["nmf"]["stability"]) < 1e-8
+    # cNMF's all-gene outputs, computed on the device where X lives, written as host arrays
+    for slot, name in (("obsm", "X_nmf_refit"), ("varm", "nmf_spectra_tpm"), ("varm", "nmf_spectra_score")):
+        got, want = getattr(d, slot)[name], getattr(a, slot)[name]
+        assert isinstance(got, np.ndarray), name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7 * np.abs(want).max(), err_msg=name)
     assert is_cupy_array(d.X)
 
 

@@ -63,21 +63,23 @@ def test_nmf_top_genes_by_score_is_the_default_and_names_the_planted_blocks(fitt
 
 
 def test_nmf_gene_scores_are_least_squares_of_z_scored_expression(fitted):
-    # independent dense computation: cells scaled to the same total (preprocessing='none' here: normalize=True
-    # asked for), genes z-scored with the population SD, then ordinary least squares on the usages
+    # independent dense computation over every gene: cells scaled to the same total (preprocessing='none' here:
+    # normalize=True asked for), genes z-scored with the population SD, then ordinary least squares on the usages
     counts = fitted.layers["counts"].toarray().astype(np.float64)
     tpm = counts / counts.sum(1, keepdims=True) * 1e6
-    genes = fitted.uns["nmf"]["genes"]
-    idx = fitted.var_names.get_indexer(genes)
-    z = (tpm[:, idx] - tpm[:, idx].mean(0)) / tpm[:, idx].std(0)
+    z = (tpm - tpm.mean(0)) / tpm.std(0)
     want = np.linalg.lstsq(fitted.obsm["X_nmf"], z, rcond=None)[0].T
     got = gpuc.get.nmf_gene_scores(fitted, normalize=True)
-    assert list(got.index) == list(genes)
+    assert list(got.index) == list(fitted.var_names)
     np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-8, atol=1e-10)
-    # the default for preprocessing='none' reads the layer as it is
-    z = (counts[:, idx] - counts[:, idx].mean(0)) / counts[:, idx].std(0)
+    # the default for preprocessing='none' reads the layer as it is: the stored varm scores, and the same recomputed
+    z = (counts - counts.mean(0)) / counts.std(0)
     want = np.linalg.lstsq(fitted.obsm["X_nmf"], z, rcond=None)[0].T
     np.testing.assert_allclose(gpuc.get.nmf_gene_scores(fitted).to_numpy(), want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(fitted.varm["nmf_spectra_score"], want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        gpuc.get.nmf_gene_scores(fitted, normalize=False).to_numpy(), want, rtol=1e-8, atol=1e-10
+    )
 
 
 def test_nmf_gene_scores_match_cnmf(test_data, cnmf_counts):
@@ -149,15 +151,21 @@ def test_nmf_plots_on_metacell_like_anndata(program_factory):
     plt.close(fig)
 
 
-def test_top_genes_rank_only_factorised_genes(fitted):
+def test_top_genes_rank_every_gene_by_score_and_tpm_and_factorised_genes_by_weight(fitted):
     factorised = set(fitted.var_names[fitted.var["highly_variable"]])
     assert len(factorised) == 40
-    for by in ("score", "weight"):
-        top = gpuc.get.nmf_top_genes(fitted, 60, by=by)  # more than were factorised: all 40 of them, once each
-        assert len(top) == 3 * 40
+    for by, ranked in (("score", set(fitted.var_names)), ("tpm", set(fitted.var_names)), ("weight", factorised)):
+        top = gpuc.get.nmf_top_genes(fitted, 100, by=by)  # more than there are: every ranked gene, once each
+        assert len(top) == 3 * len(ranked)
         for _, sub in top.groupby("program", observed=True):
-            assert set(sub["gene"]) == factorised
-    assert set(gpuc.get.nmf_gene_scores(fitted).index) == factorised
+            assert set(sub["gene"]) == ranked
+    assert set(gpuc.get.nmf_gene_scores(fitted).index) == set(fitted.var_names)
+    # genes outside the factorised ones reach a programme's top genes by score: every third gene (g2, g5, ...) was
+    # left out of the fit, and the planted blocks hold them too
+    top = gpuc.get.nmf_top_genes(fitted, 10)
+    for _, sub in top.groupby("program", observed=True):
+        assert set(sub["gene"]) - factorised
+        assert len({int(g[1:]) // 20 for g in sub["gene"]}) == 1
 
 
 def test_density_histogram_bars_are_visible_when_densities_are_small(fitted):

@@ -1,4 +1,6 @@
-"""``gpuc.get.nmf_top_genes`` / ``nmf_gene_scores`` (the genes of each consensus NMF programme) and ``nmf_suggest_k``."""
+"""``gpuc.get.nmf_top_genes`` / ``nmf_gene_scores`` / ``nmf_gene_spectra`` (the genes of each consensus NMF programme),
+``nmf_usages`` and ``nmf_suggest_k``.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +13,11 @@ import pandas as pd
 from anndata import AnnData
 
 from gpuc import _keys
-from gpuc._backend import backend_of, is_sparse, to_host
-from gpuc._dask import is_dask_array
+from gpuc._backend import to_host
 from gpuc._errors import GpucWarning
-from gpuc._lazy import load
-from gpuc._validate import check_adata, check_int, check_key, get_matrix
+from gpuc._validate import check_adata, check_bool, check_int, check_key, get_matrix
 from gpuc.get._checks import tool_output
+from gpuc.nmf._all_genes import TARGET_SUM, row_totals, score_spectra
 from gpuc.nmf._consensus import SUGGEST_MIN_GAIN, SUGGEST_TOL, suggest_k
 
 
@@ -61,97 +62,179 @@ def _nmf_fit(adata: AnnData, key: str, *, need_uns: bool) -> Any:
     return u
 
 
+def _stored(adata: AnnData, slot: str, name: str, key: str, what: str) -> np.ndarray:
+    """``adata.<slot>[name]`` (cNMF's all-gene outputs of :func:`gpuc.tl.consensus_nmf`) as a host float64 array."""
+    container = getattr(adata, slot)
+    if name not in container:
+        msg = (
+            f"{what} not found (adata.{slot}[{name!r}]): rerun gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) "
+            "with all_genes=True (the default), or gpuc.tl.nmf_refine(adata, density_threshold, "
+            f"key={key!r}) on this result, to compute cNMF's outputs over every gene."
+        )
+        raise KeyError(msg)
+    return np.asarray(to_host(container[name]), dtype=np.float64)
+
+
+def _all_gene_matrix(adata: AnnData, params: Mapping[str, Any], normalize: bool | None) -> tuple[Any, bool, str]:
+    """The matrix cNMF's all-gene outputs of a consensus are computed from (as :func:`gpuc.tl.consensus_nmf`
+    chose it: ``counts_layer``, else the factorised ``layer``), whether to scale its cells to 10⁶, and its name.
+    """
+    counts_layer = params.get("counts_layer")
+    layer = counts_layer if counts_layer is not None else params.get("layer")
+    layer = None if layer is None else str(layer)
+    if normalize is None:
+        normalize = counts_layer is not None or params.get("preprocessing", "none") != "none"
+    if not isinstance(normalize, bool | np.bool_):
+        msg = f"normalize must be True, False or None, got {normalize!r}."
+        raise TypeError(msg)
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    return get_matrix(adata, layer=layer), bool(normalize), where
+
+
 def nmf_gene_scores(adata: AnnData, *, key: str = _keys.NMF, normalize: bool | None = None) -> pd.DataFrame:
-    """The gene spectra scores of cNMF: how much each factorised gene's expression rises with each programme's usage.
+    """The gene spectra scores of cNMF over every gene: how much each gene's expression rises with each programme's
+    usage.
 
     For every gene, its expression is z-scored over the cells (mean 0, variance 1, population variance), and its
     scores are the least-squares coefficients, without intercept, of that z-scored expression on the programmes'
     usages (``obsm['X_' + key]``): ``scores = (UᵀU)⁻¹ Uᵀ Z``. This is cNMF 1.7's ``gene_spectra_score``
-    (``efficient_ols_all_cols`` of the z-scored TPM on the refitted usages), the ranking its authors recommend for
-    reading a programme's marker genes: unlike the spectra weights (:func:`nmf_top_genes` with ``by="weight"``),
-    which favour genes highly expressed everywhere (ribosomal genes, MALAT1, FTL), a score is high only for a gene
-    whose expression follows the programme's usage across cells, in units of that gene's own variation.
+    (``efficient_ols_all_cols`` of the z-scored TPM on the consensus usages), the ranking its authors recommend for
+    reading a programme's marker genes and for enrichment: unlike the spectra weights (:func:`nmf_top_genes` with
+    ``by="weight"``), which favour genes highly expressed everywhere (ribosomal genes, MALAT1, FTL), a score is
+    high only for a gene whose expression follows the programme's usage across cells, in units of that gene's own
+    variation. Every gene is scored, not only the factorised (highly variable) ones: a marker or a transcription
+    factor left out of the fit still shows up in its programme.
 
-    The expression is the matrix the programmes were fitted on, ``layers[params['layer']]`` (or ``X``) as recorded
-    in ``uns[key]['params']``, over the genes that were factorised (``uns[key]['genes']``). With ``normalize``,
-    each cell is first scaled to 10⁶ counts over all its genes (cNMF's TPM; the scores do not depend on the target
-    sum): the default for ``preprocessing='sd'`` or ``'sqrt_sd'``, which factorise raw counts (cNMF's recommended
-    input: raw counts of the highly variable genes, each gene divided by its standard deviation without centring,
-    which ``gpuc.tl.consensus_nmf(adata, k, layer="counts", mask_var="highly_variable", preprocessing="sd")``
-    does). For ``preprocessing='none'`` (bixverse's input, a log-normalised layer) the layer is used as it is.
+    By default this is ``varm[key + '_spectra_score']``, written by :func:`gpuc.tl.consensus_nmf` (see its
+    ``counts_layer``). Without it (``all_genes=False``, or an AnnData written by an older gpuc), or with
+    ``normalize`` given, the scores are computed here from the same matrix: ``layers[params['counts_layer']]``,
+    else the matrix that was factorised (``layers[params['layer']]`` or ``X``), over every gene, on the device
+    where it lives (chunk by chunk for a lazily read one). With ``normalize``, each cell is first scaled to 10⁶
+    counts over all its genes (cNMF's TPM; the scores do not depend on the target sum): the default when
+    ``counts_layer`` was given or ``preprocessing`` was ``'sd'`` or ``'sqrt_sd'`` (raw counts, cNMF's input:
+    ``gpuc.tl.consensus_nmf(adata, k, layer="counts", mask_var="highly_variable", preprocessing="sd")``). For
+    ``preprocessing='none'`` (bixverse's input, a log-normalised layer) the layer is used as it is.
 
     Parameters
     ----------
     adata
-        AnnData after :func:`gpuc.tl.consensus_nmf`, with the matrix it factorised unchanged.
+        AnnData after :func:`gpuc.tl.consensus_nmf`.
     key
         The ``key_added`` of the consensus call.
     normalize
-        Scale each cell to the same total count before z-scoring; ``None`` decides from ``params['preprocessing']``
-        as described above.
+        ``None``: the stored scores, or the rule above. ``True``/``False``: recompute, with or without scaling each
+        cell to the same total count before z-scoring.
 
     Returns
     -------
-    A :class:`~pandas.DataFrame`, factorised genes x programmes (columns ``P1`` ... ``Pk``), of scores.
+    A :class:`~pandas.DataFrame`, genes (all of ``var_names``) x programmes (columns ``P1`` ... ``Pk``), of scores.
     """
-    u = _nmf_fit(adata, key, need_uns=True)
-    params = u["params"]
-    if normalize is None:
-        normalize = params.get("preprocessing", "none") != "none"
-    if not isinstance(normalize, bool | np.bool_):
-        msg = f"normalize must be True, False or None, got {normalize!r}."
-        raise TypeError(msg)
+    sk = _keys.nmf_spectra_score(key)
+    stored = normalize is None and sk in adata.varm
+    u = _nmf_fit(adata, key, need_uns=not stored)
     uk = _keys.nmf_usages(key)
     check_key(adata.obsm, uk, "adata.obsm", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
-    genes = _factorised(adata, key, u)
-    layer = params.get("layer")
-    mat = get_matrix(adata, layer=None if layer is None else str(layer))
-    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
-    totals = _row_totals(mat) if normalize else None
-    block = load(mat[:, genes], where)
-    usages = np.asarray(adata.obsm[uk], dtype=np.float64)
-    scores = gene_scores(block, usages, totals)
-    return pd.DataFrame(scores.T, index=adata.var_names[genes], columns=program_names(usages.shape[1]))
-
-
-def _block_row_totals(block: Any) -> np.ndarray:
-    return np.asarray(to_host(block.sum(axis=1)), dtype=np.float64).reshape(-1, 1)
-
-
-def _row_totals(mat: Any) -> np.ndarray:
-    """Each cell's total over all genes, on the host; a lazily read (dask) matrix is summed chunk by chunk."""
-    if is_dask_array(mat):
-        per_chunk = mat.map_blocks(
-            _block_row_totals, chunks=(mat.chunks[0], (1,) * len(mat.chunks[1])), dtype=np.float64
-        )
-        return np.asarray(per_chunk.sum(axis=1).compute()).ravel()
-    return _block_row_totals(mat).ravel()
+    k = int(np.shape(adata.obsm[uk])[1])
+    if stored:
+        scores = _stored(adata, "varm", sk, key, "cNMF's gene spectra scores")
+        return pd.DataFrame(scores, index=adata.var_names, columns=program_names(k))
+    mat, normalize, _ = _all_gene_matrix(adata, u["params"], normalize)
+    scale = TARGET_SUM / row_totals(mat) if normalize else None
+    usages = np.asarray(to_host(adata.obsm[uk]), dtype=np.float64)
+    scores = score_spectra(mat, usages, scale)
+    return pd.DataFrame(scores.T, index=adata.var_names, columns=program_names(k))
 
 
 def gene_scores(expr: Any, usages: np.ndarray, totals: np.ndarray | None = None) -> np.ndarray:
     """``(k, genes)`` least-squares coefficients of each z-scored column of ``expr`` on ``usages`` (no intercept).
 
-    ``expr`` is cells x genes (numpy, scipy.sparse, or their CuPy twins; never densified); with ``totals`` (one per
-    cell) each row is first divided by its total. The z-scoring is folded into the normal equations,
-    ``Uᵀ Z = (Uᵀ X - (Uᵀ 1) meanᵀ) / sd``, so only ``Uᵀ X`` (one product with the data) is needed. Genes of zero
-    variance get the floor SD of cNMF (1e-6, i.e. variance 1e-12).
+    ``expr`` is cells x genes (numpy, scipy.sparse, their CuPy twins, or a dask array of those; never densified
+    whole); with ``totals`` (one per cell) each row is first divided by its total. Genes of zero variance get the
+    floor SD of cNMF (1e-6, i.e. variance 1e-12). :func:`gpuc.nmf._all_genes.score_spectra` does the work.
     """
-    bk = backend_of(expr)
-    xp = bk.xp
-    sparse = is_sparse(expr)
-    x = expr.tocsr().astype(np.float64) if sparse else xp.asarray(expr, dtype=np.float64)
-    n = x.shape[0]
-    if totals is not None:
-        scale = xp.asarray(1.0 / np.maximum(np.asarray(totals, dtype=np.float64), 1e-300))
-        x = (bk.sparse.diags(scale) @ x).tocsr() if sparse else x * scale[:, None]
-    mean = xp.asarray(x.sum(axis=0)).ravel() / n
-    sq = xp.asarray((x.multiply(x) if sparse else x * x).sum(axis=0)).ravel() / n
-    sd = xp.sqrt(xp.maximum(sq - mean * mean, 1e-12))
-    u = xp.asarray(usages)
-    utx = xp.asarray((x.T @ u).T) if sparse else u.T @ x  # k x genes
-    utz = (utx - u.sum(axis=0)[:, None] * mean[None, :]) / sd[None, :]
-    gram = to_host(u.T @ u)
-    return np.linalg.lstsq(gram, np.asarray(to_host(utz)), rcond=None)[0]
+    scale = None if totals is None else 1.0 / np.maximum(np.asarray(totals, dtype=np.float64).ravel(), 1e-300)
+    return score_spectra(expr, usages, scale)
+
+
+def nmf_gene_spectra(
+    adata: AnnData, kind: Literal["score", "tpm", "consensus"] = "score", *, key: str = _keys.NMF
+) -> pd.DataFrame:
+    """The gene spectra (cNMF's) of every programme written by :func:`gpuc.tl.consensus_nmf`, genes x programmes.
+
+    Parameters
+    ----------
+    adata
+        AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_refine`).
+    kind
+        ``"score"`` (default): cNMF's ``gene_spectra_score`` over every gene (``varm[key + '_spectra_score']``,
+        :func:`nmf_gene_scores`): z-scored expression regressed on the usages, what to read and to rank for
+        enrichment. ``"tpm"``: cNMF's ``gene_spectra_tpm`` over every gene (``varm[key + '_spectra_tpm']``): each
+        programme's expression profile in TPM units (transcripts per million per unit of normalised usage), the
+        non-negative refit of the TPM matrix on the usages normalised per cell. ``"consensus"``: the consensus
+        spectra over the factorised genes only (``varm[key + '_spectra']``; cNMF's ``consensus_spectra``, each
+        programme summing to 1 with ``normalization="sum"``).
+    key
+        The ``key_added`` of the consensus call.
+
+    Returns
+    -------
+    A :class:`~pandas.DataFrame` indexed by gene (every gene of ``var_names``; the factorised ones for
+    ``"consensus"``), one column per programme (``P1`` ...).
+    """
+    u = _nmf_fit(adata, key, need_uns=False)
+    if kind == "score":
+        return nmf_gene_scores(adata, key=key)
+    if kind == "tpm":
+        values = _stored(adata, "varm", _keys.nmf_spectra_tpm(key), key, "cNMF's TPM gene spectra")
+        return pd.DataFrame(values, index=adata.var_names, columns=program_names(values.shape[1]))
+    if kind == "consensus":
+        idx = _factorised(adata, key, u)
+        values = np.asarray(to_host(adata.varm[_keys.nmf_spectra(key)]), dtype=np.float64)[idx]
+        return pd.DataFrame(values, index=adata.var_names[idx], columns=program_names(values.shape[1]))
+    msg = f"kind={kind!r} is not valid; choose one of 'score', 'tpm', 'consensus'."
+    raise ValueError(msg)
+
+
+def nmf_usages(
+    adata: AnnData, kind: Literal["refit", "consensus"] = "refit", *, key: str = _keys.NMF, normalize: bool = True
+) -> pd.DataFrame:
+    """The usages of every programme in every cell written by :func:`gpuc.tl.consensus_nmf`, as a table.
+
+    Parameters
+    ----------
+    adata
+        AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_refine`).
+    kind
+        ``"refit"`` (default): cNMF's final usages (``obsm['X_' + key + '_refit']``, its ``consensus_usages``
+        file with the default ``refit_usage=True``: the TPM of the factorised genes, scaled by their SD, refitted
+        on the TPM spectra). ``"consensus"``: the refit of the factorised matrix on the consensus spectra
+        (``obsm['X_' + key]``, which the gene spectra scores are regressed on).
+    key
+        The ``key_added`` of the consensus call.
+    normalize
+        Divide each cell's usages by their sum, so they are the fractions of the cell's expression each programme
+        explains (cNMF's ``norm_usage``, the default of its ``load_results``); cells with no usage stay zero.
+        ``False``: the usages as fitted.
+
+    Returns
+    -------
+    A :class:`~pandas.DataFrame`, cells (``obs_names``) x programmes (``P1`` ...).
+    """
+    _nmf_fit(adata, key, need_uns=False)
+    check_bool("normalize", normalize)
+    if kind == "refit":
+        values = _stored(adata, "obsm", _keys.nmf_usages_refit(key), key, "cNMF's final (refitted) usages")
+    elif kind == "consensus":
+        uk = _keys.nmf_usages(key)
+        check_key(adata.obsm, uk, "adata.obsm", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
+        values = np.asarray(to_host(adata.obsm[uk]), dtype=np.float64)
+    else:
+        msg = f"kind={kind!r} is not valid; choose one of 'refit', 'consensus'."
+        raise ValueError(msg)
+    if normalize:
+        rs = values.sum(axis=1, keepdims=True)
+        values = values / np.where(rs > 0, rs, 1.0)
+    return pd.DataFrame(values, index=adata.obs_names, columns=program_names(values.shape[1]))
 
 
 def nmf_top_genes(
@@ -159,50 +242,46 @@ def nmf_top_genes(
     n: int = 20,
     *,
     key: str = _keys.NMF,
-    by: Literal["score", "weight"] = "score",
+    by: Literal["score", "tpm", "weight"] = "score",
     wide: bool = False,
 ) -> pd.DataFrame:
     """Top ``n`` genes of every programme written by :func:`gpuc.tl.consensus_nmf`.
 
-    Only genes that were factorised (the ``mask_var`` genes, listed in ``uns[key]['genes']``) are ranked: a gene
-    left out of the fit has no place in a programme.
+    By score (the default) and by TPM every gene is ranked, as cNMF's top genes (``load_results``) are: a marker
+    left out of the highly variable genes still shows up in its programme. By weight only the factorised genes
+    (``uns[key]['genes']``) are ranked: the consensus spectra hold no other gene.
 
     Parameters
     ----------
     adata
         AnnData after :func:`gpuc.tl.consensus_nmf`.
     n
-        Genes per programme (at most the number of factorised genes).
+        Genes per programme (at most the number of genes ranked).
     key
         The ``key_added`` of the consensus call.
     by
         ``"score"`` (default): cNMF's gene spectra score (:func:`nmf_gene_scores`), the genes whose expression
         rises most with the programme's usage, in units of each gene's own variation; these name the cell types
         and activities the programmes stand for (on pbmc3k: LYZ, CD14 for monocytes, MS4A1, CD79A for B cells ...).
-        Needs the matrix the programmes were fitted on (``uns[key]['params']['layer']``). ``"weight"``: the
-        consensus spectra weights (``varm[key + '_spectra']``), dominated by genes expressed highly everywhere.
+        ``"tpm"``: cNMF's TPM spectra (:func:`nmf_gene_spectra` with ``kind="tpm"``), the most expressed genes of
+        the programme, dominated by genes expressed highly everywhere. ``"weight"``: the consensus spectra weights
+        (``varm[key + '_spectra']``), over the factorised genes.
     wide
         Return one column of gene names per programme (rows = rank) instead of the tidy long table.
 
     Returns
     -------
-    Long format (default): columns ``program`` (``P1`` ...), ``rank`` (1 = highest), ``gene``, and ``score`` or
-    ``weight`` (the spectra entry; a programme's weights sum to 1 over the genes with ``normalization="sum"``).
-    Wide format: index ``rank``, one column per programme holding gene names.
+    Long format (default): columns ``program`` (``P1`` ...), ``rank`` (1 = highest), ``gene``, and ``score``,
+    ``tpm`` or ``weight`` (the spectra entry; a programme's weights sum to 1 over the genes with
+    ``normalization="sum"``). Wide format: index ``rank``, one column per programme holding gene names.
     """
     check_adata(adata)
     n = check_int("n", n, minimum=1)
-    if by not in ("score", "weight"):
-        msg = f"by={by!r} is not valid; choose one of 'score', 'weight'."
+    if by not in ("score", "tpm", "weight"):
+        msg = f"by={by!r} is not valid; choose one of 'score', 'tpm', 'weight'."
         raise ValueError(msg)
-    if by == "score":
-        table = nmf_gene_scores(adata, key=key)
-        values, genes = table.to_numpy(), np.asarray(table.index)
-    else:
-        u = _nmf_fit(adata, key, need_uns=False)
-        idx = _factorised(adata, key, u)
-        values = np.asarray(adata.varm[_keys.nmf_spectra(key)], dtype=np.float64)[idx]  # genes x k
-        genes = np.asarray(adata.var_names)[idx]
+    table = nmf_gene_spectra(adata, {"score": "score", "tpm": "tpm", "weight": "consensus"}[by], key=key)
+    values, genes = table.to_numpy(), np.asarray(table.index)
     n = min(n, values.shape[0])
     names = program_names(values.shape[1])
     order = np.argsort(-values, axis=0, kind="stable")[:n]  # (n, k)

@@ -220,7 +220,7 @@ def nmf_programs(
     *,
     key: str = _keys.NMF,
     n_genes: int = 10,
-    by: Literal["score", "weight"] = "score",
+    by: Literal["score", "tpm", "weight"] = "score",
     ncols: int = 4,
     ax: Any = None,
     show: bool | None = None,
@@ -238,7 +238,8 @@ def nmf_programs(
     n_genes
         Genes per programme.
     by
-        ``"score"`` or ``"weight"``, as in :func:`gpuc.get.nmf_top_genes`.
+        ``"score"``, ``"tpm"`` or ``"weight"``, as in :func:`gpuc.get.nmf_top_genes` (scores and TPM rank every
+        gene, weights the factorised ones).
     ncols
         Panels per row.
     ax
@@ -258,6 +259,7 @@ def nmf_programs(
     percent = by == "weight" and adata.uns.get(key, {}).get("params", {}).get("normalization", "sum") == "sum"
     xlabel = {
         "score": "score (z-score per unit usage)",
+        "tpm": "TPM",
         "weight": "% of programme" if percent else "weight (L2-normalised)",
     }
     for j, p in enumerate(names):

@@ -497,10 +497,16 @@ def aggregate_metacells(
 def _cell_embeddings(adata: AnnData) -> dict[str, Any]:
     """The dense 2-D numeric ``obsm`` arrays named ``X_*`` that metacells average, except NMF usages."""
     out = {}
+    nmf = {
+        name
+        for key in adata.uns
+        if _keys.written_by(adata, key, _keys.NMF_MARKER)
+        for name in _keys.nmf_outputs(key)["obsm"]
+    }
     for name, emb in adata.obsm.items():
         if not name.startswith("X_") or is_sparse(getattr(emb, "_meta", emb)) or isinstance(emb, pd.DataFrame):
             continue
-        if _keys.written_by(adata, name[2:], _keys.NMF_MARKER):
+        if name in nmf or _keys.written_by(adata, name[2:], _keys.NMF_MARKER):
             # the cells' NMF usages belong to their uns entry, which the metacells do not get: averaged here they
             # would sit where consensus_nmf on the metacells writes, without a result describing them
             continue

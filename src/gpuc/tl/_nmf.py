@@ -40,6 +40,7 @@ from gpuc._validate import (
     check_key_added,
     get_matrix,
 )
+from gpuc.nmf._all_genes import GeneSpectra, gene_spectra
 from gpuc.nmf._consensus import (
     ConsensusError,
     ConsensusOptions,
@@ -186,6 +187,49 @@ def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
     boolean array over ``var_names`` it selected, so a replay selects the same genes.
     """
     return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
+
+
+def _all_gene_source(
+    adata: AnnData, layer: str | None, counts_layer: str | None, preprocessing: str
+) -> tuple[Any, bool, str]:
+    """The matrix of cNMF's all-gene outputs (all genes, in place: numpy/scipy, CuPy/cupyx or dask), whether its
+    cells are scaled to 10⁶ (cNMF's TPM), and its name for messages; touches nothing in ``adata``.
+
+    ``counts_layer`` names raw counts, always scaled. Without it the matrix the programmes were fitted on
+    (``layer``) is used over every gene: scaled when ``preprocessing`` says it holds counts (``"sd"``, ``"sqrt_sd"``,
+    cNMF's input), as it is for ``"none"`` (an already normalised layer).
+    """
+    if counts_layer is not None:
+        if not isinstance(counts_layer, str):
+            msg = f"counts_layer must be a layer name or None, got {counts_layer!r}."
+            raise TypeError(msg)
+        return get_matrix(adata, layer=counts_layer), True, f"adata.layers[{counts_layer!r}]"
+    where = f"adata.layers[{layer!r}]" if layer is not None else "adata.X"
+    return get_matrix(adata, layer=layer), preprocessing != "none", where
+
+
+def _all_gene_outputs(
+    adata: AnnData, params: dict[str, Any], mask: np.ndarray, usages: np.ndarray
+) -> GeneSpectra | None:
+    """The all-gene outputs (cNMF's) of a consensus (:func:`gpuc.nmf._all_genes.gene_spectra`), computed where the matrix
+    lives, before anything is written; ``None`` when ``params['all_genes']`` is off.
+    """
+    if not params.get("all_genes", False):
+        return None
+    layer = params["layer"]
+    mat, normalize, where = _all_gene_source(adata, layer, params.get("counts_layer"), params["preprocessing"])
+    t0 = time.perf_counter()
+    try:
+        with interruptible("consensus_nmf"):
+            out = gene_spectra(mat, usages, np.flatnonzero(mask), normalize=normalize)
+    except ValueError as err:
+        msg = (
+            f"{err} (cNMF's all-gene outputs read {where}; pass counts_layer= naming the raw counts to "
+            "gpuc.tl.consensus_nmf, or all_genes=False to skip them). Nothing was written."
+        )
+        raise ValueError(msg) from None
+    logg.debug(f"    all-gene spectra from {where} ({adata.n_vars} genes) in {time.perf_counter() - t0:.2f} s")
+    return out
 
 
 # what each fitting tool writes under its (checked) key_added, and the marker of its result
@@ -371,6 +415,8 @@ def consensus_nmf(
     layer: str | None = None,
     mask_var: str | np.ndarray | None = "highly_variable",
     preprocessing: Preprocessing = "none",
+    counts_layer: str | None = None,
+    all_genes: bool = True,
     density_threshold: float = 0.5,
     metric: Literal["cosine", "euclidean"] = "cosine",
     target: Literal["spectra", "usage"] = "spectra",
@@ -408,6 +454,17 @@ def consensus_nmf(
     n_runs
         Restarts (>= 2).
     {input}
+    counts_layer
+        Raw counts over every gene for cNMF's all-gene outputs (``all_genes``): ``adata.layers[counts_layer]``,
+        each cell scaled to 10⁶ over all its genes (cNMF's TPM, from the counts file it is given). ``None``
+        (default): the matrix that is factorised (``layer``), over every gene: scaled to 10⁶ likewise when
+        ``preprocessing`` is ``"sd"`` or ``"sqrt_sd"`` (the layer holds counts, cNMF's input), used as it is for
+        ``"none"`` (an already normalised layer; the "TPM" spectra are then in its units).
+    all_genes
+        Compute cNMF's outputs over every gene (``varm[key_added + '_spectra_tpm']``,
+        ``varm[key_added + '_spectra_score']``, ``obsm['X_' + key_added + '_refit']``): one more pass over the
+        matrix (all genes) and one over the factorised genes, in memory-bounded blocks, on the device where the
+        matrix lives (chunk by chunk for a lazily read one). The matrix must be non-negative.
     density_threshold
         Keep components with local density ``<`` this (0.5 default; 2.0 keeps all). Read the histogram
         (:func:`gpuc.pl.nmf_density`) before tightening it.
@@ -430,9 +487,25 @@ def consensus_nmf(
     ``None``, or a copy of ``adata`` with ``copy=True``. Sets
 
     ``adata.obsm['X_nmf']``
-        Cells x k usages (programmes ordered by total usage, largest first).
+        Cells x k usages (programmes ordered by total usage, largest first): the non-negative refit of the
+        factorised matrix with the consensus spectra fixed. With cNMF's settings, cNMF's usages before its final
+        refit (the ``consensus_usages`` file of ``consensus(..., refit_usage=False)``).
     ``adata.varm['nmf_spectra']``
-        Genes x k consensus programmes (zero for genes not factorised).
+        Genes x k consensus programmes (zero for genes not factorised); cNMF's ``consensus_spectra``
+        (``median_spectra``) with ``normalization="sum"``.
+    ``adata.varm['nmf_spectra_tpm']``
+        Genes x k, every gene (with ``all_genes``): cNMF's ``gene_spectra_tpm``, each programme in TPM units, the
+        non-negative least-squares refit of the TPM matrix (``counts_layer``) on the usages normalised to sum 1
+        per cell, ``min_{S >= 0} ||TPM - N S||²``.
+    ``adata.varm['nmf_spectra_score']``
+        Genes x k, every gene (with ``all_genes``): cNMF's ``gene_spectra_score``, the least-squares coefficients
+        (no intercept) of each gene's z-scored TPM (population SD) on ``obsm['X_nmf']``; the marker ranking cNMF's
+        authors recommend reading and feeding to enrichment (:func:`gpuc.get.nmf_top_genes`).
+    ``adata.obsm['X_nmf_refit']``
+        Cells x k (with ``all_genes``): cNMF's final usages (its ``consensus_usages`` file, default
+        ``refit_usage=True``): the non-negative refit of the TPM of the factorised genes, each divided by its SD,
+        on the TPM spectra divided by the same SD. :func:`gpuc.get.nmf_usages` returns them, normalised to sum 1
+        per cell as cNMF's ``load_results(norm_usage=True)``.
     ``adata.uns['nmf']``
         ``params``; ``stability`` (mean silhouette of the kept components); ``rel_error`` of the consensus refit;
         ``run_errors`` (each restart's relative error); ``n_converged``, ``run_converged`` and ``run_n_iter``
@@ -444,7 +517,8 @@ def consensus_nmf(
         working precision, spectra over the factorised genes or usages over the cells per ``target``), from which
         :func:`nmf_refine` redoes the consensus with another density threshold without refitting.
 
-    Outputs of an earlier run under the same ``key_added`` are replaced.
+    Outputs of an earlier run under the same ``key_added`` are replaced. The arrays are host numpy whatever the
+    device, so :meth:`anndata.AnnData.write_h5ad` stores them.
 
     Warns
     -----
@@ -461,6 +535,9 @@ def consensus_nmf(
     rule = ConsensusOptions(target, metric, density_threshold, normalization, neighborhood, kmeans_n_init, random_state)
     hals, rule = _checked_options("consensus_nmf", adata, n_runs, hals, rule, key_added, copy)
     random_state, neighborhood = rule.random_state, rule.neighborhood
+    check_bool("all_genes", all_genes)
+    if all_genes:
+        _all_gene_source(adata, layer, counts_layer, preprocessing)  # the layer exists (read after the fit)
     block, mask = _prepare_block(adata, layer, mask_var, preprocessing)
     k = check_rank(k, block.shape)
     dask_client = resolve_client(client)
@@ -473,7 +550,10 @@ def consensus_nmf(
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
     runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
     res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
-    return _write_consensus(adata, be, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0)
+    genes = _all_gene_outputs(adata, params, mask, res.usages)
+    return _write_consensus(
+        adata, be, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
+    )
 
 
 def _run_diagnostics(fits: HalsResult) -> dict[str, Any]:
@@ -523,13 +603,16 @@ def _write_consensus(
     params: dict[str, Any],
     runs: dict[str, Any],
     res: ConsensusResult,
+    genes: GeneSpectra | None,
     *,
     key_added: str,
     copy: bool,
     start: Any,
     t0: float,
 ) -> AnnData | None:
-    """The writes of :func:`consensus_nmf` (and :func:`nmf_refine`): usages, spectra over every gene, ``uns``."""
+    """The writes of :func:`consensus_nmf` (and :func:`nmf_refine`): usages, spectra over every gene, cNMF's
+    all-gene outputs (``genes``, when computed), ``uns``.
+    """
     k = int(params["k"])
     spectra = np.zeros((adata.n_vars, k))
     spectra[mask] = res.spectra.T
@@ -538,6 +621,10 @@ def _write_consensus(
     _keys.drop_outputs(adata, _keys.nmf_outputs(key_added))
     adata.obsm[_keys.nmf_usages(key_added)] = res.usages
     adata.varm[_keys.nmf_spectra(key_added)] = spectra
+    if genes is not None:
+        adata.obsm[_keys.nmf_usages_refit(key_added)] = genes.usages
+        adata.varm[_keys.nmf_spectra_tpm(key_added)] = genes.tpm.T
+        adata.varm[_keys.nmf_spectra_score(key_added)] = genes.score.T
     adata.uns[key_added] = {
         "params": params,
         "device": backend.name,
@@ -555,11 +642,18 @@ def _write_consensus(
         "pool": runs["pool"],
         "seconds": time.perf_counter() - t0,
     }
+    added = [f"obsm[{_keys.nmf_usages(key_added)!r}]", f"varm[{_keys.nmf_spectra(key_added)!r}]"]
+    if genes is not None:
+        added += [
+            f"obsm[{_keys.nmf_usages_refit(key_added)!r}]",
+            f"varm[{_keys.nmf_spectra_tpm(key_added)!r}]",
+            f"varm[{_keys.nmf_spectra_score(key_added)!r}]",
+        ]
     logg.info(
         "    finished",
         time=start,
         deep=(
-            f"added\n    'obsm[{_keys.nmf_usages(key_added)!r}]', 'varm[{_keys.nmf_spectra(key_added)!r}]', "
+            f"added\n    {', '.join(repr(a) for a in added)}, "
             f"'uns[{key_added!r}]' (stability {res.stability:.3f}, {res.n_dropped}/{len(comp)} dropped)"
         ),
     )
@@ -604,8 +698,9 @@ def nmf_refine(
     Returns
     -------
     ``None``, or a copy of ``adata`` with ``copy=True``. Writes the same fields as :func:`consensus_nmf` under
-    ``key_added`` (``params['density_threshold']`` and ``params['neighborhood']`` updated); the previous outputs
-    under that key are replaced.
+    ``key_added`` (``params['density_threshold']`` and ``params['neighborhood']`` updated), cNMF's all-gene
+    outputs included (recomputed on the new consensus, from the matrix the earlier call recorded; a result of a
+    gpuc without them gets them, from the factorised layer); the previous outputs under that key are replaced.
     """
     check_adata(adata)
     check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
@@ -647,8 +742,11 @@ def nmf_refine(
     }
     runs["pool"] = pool
     res = _consensus(backend, op, pool, n_runs, k, rule, params.get("n_jobs"))
+    params.setdefault("counts_layer", None)  # a result of an older gpuc: its all-gene outputs are made now
+    params.setdefault("all_genes", True)
+    genes = _all_gene_outputs(adata, params, mask, res.usages)
     return _write_consensus(
-        adata, backend, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
+        adata, backend, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
     )
 
 
