@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from gpuc.tl._deseq import deseq, pseudobulk, vst
     from gpuc.tl._metacells import aggregate_metacells, metacell_quality, metacells
     from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
+    from gpuc.tl._transforms import normalized_counts, rlog
 
 __all__ = [
     "aggregate_metacells",
@@ -22,7 +23,9 @@ __all__ = [
     "metacells",
     "nmf_k_sweep",
     "nmf_refine",
+    "normalized_counts",
     "pseudobulk",
+    "rlog",
     "vst",
 ]
 # each public name -> the submodule that defines it
@@ -36,5 +39,7 @@ _EXPORTS = {
     "nmf_refine": "._nmf",
     "pseudobulk": "._deseq",
     "vst": "._deseq",
+    "rlog": "._transforms",
+    "normalized_counts": "._transforms",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
