@@ -13,9 +13,9 @@ import pytest
 
 import gpuc
 from gpuc._backend import get_backend
+from gpuc._errors import GpucWarning
 from gpuc.deseq._dispersion import DispersionFunction
 from gpuc.deseq._rlog import regularized_log
-from gpuc._errors import GpucWarning
 
 SETS = ["pasilla", "pbmc_cd14"]
 
@@ -126,7 +126,10 @@ def test_rlog_dask_gene_blocks_equal_at_once(sim_bulk):
 
     a = _with_zero_gene(sim_bulk)
     b = a.copy()
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc, Client(lc) as c:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as lc,
+        Client(lc) as c,
+    ):
         gpuc.tl.rlog(b, block_genes=100, client=c)
     np.testing.assert_array_equal(b.layers["rlog"], a.layers["rlog"])
     assert "dask" in b.uns["rlog"]["device"]
@@ -172,7 +175,7 @@ def test_normalized_counts_and_fpm_equal_r(name, test_data, tmp_path, same):
 
 
 def test_rlog_warns_for_genes_that_do_not_converge(test_data):
-    a, glob, _, _ = _ref(test_data, "pbmc_cd14")
+    a, _, _, _ = _ref(test_data, "pbmc_cd14")
     with pytest.warns(GpucWarning, match="did not converge"):
         gpuc.tl.rlog(a)
     assert a.uns["rlog"]["n_not_converged"] > 0

@@ -56,14 +56,16 @@ def test_pl_pca_draws_the_scores(pasilla_rlog, tmp_path):
     assert got == sorted(map(tuple, np.round(scores[:, :2], 8)))
     assert ax.get_xlabel() == f"PC1: {round(100 * frac[0])}% variance"
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert sorted(labels) == sorted({f"{c}:{t}" for c, t in zip(pasilla_rlog.obs["condition"], pasilla_rlog.obs["type"])})
+    assert sorted(labels) == sorted(
+        {f"{c}:{t}" for c, t in zip(pasilla_rlog.obs["condition"], pasilla_rlog.obs["type"], strict=True)}
+    )
     fig = ax.figure
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     assert ax.get_legend().get_window_extent(r).x0 >= ax.get_window_extent(r).x1  # outside the data
     assert (tmp_path / "pca.png").stat().st_size > 5000
     with pytest.raises(KeyError, match="vst"):
-        gpuc.pl.pca(pasilla_rlog, "condition", layer="vst", show=False)
+        gpuc.pl.pca(pasilla_rlog, "condition", key="vst", show=False)
     with pytest.raises(KeyError, match="nope"):
         gpuc.pl.pca(pasilla_rlog, "nope", show=False)
     with pytest.raises(ValueError, match="components"):
@@ -94,7 +96,9 @@ def test_pl_counts_draws_r_plotcounts(test_data, tmp_path):
     )
     ax3 = gpuc.pl.counts(a, gene, "condition", normalized=False, log=False, show=False)
     raw = np.asarray(a[:, gene].X).ravel()
-    np.testing.assert_array_equal(np.sort(np.concatenate([c.get_offsets()[:, 1] for c in ax3.collections])), np.sort(raw))
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate([c.get_offsets()[:, 1] for c in ax3.collections])), np.sort(raw)
+    )
     with pytest.raises(KeyError, match="not in"):
         gpuc.pl.counts(a, "nope", show=False)
     plt.close("all")

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import nb_loglik_sum
 from gpuc.deseq._shrink import weighted_upper_quantile_var
 
 LN2 = float(np.log(2.0))
@@ -47,7 +46,9 @@ def rlog_prior_variance(norm: np.ndarray, base_mean: np.ndarray, disp_fit: np.nd
     ``norm`` is genes x samples normalised counts of the genes with a non-zero count (host numpy).
     """
     lfc = np.log2(norm + 0.5) - np.log2(base_mean + 0.5)[:, None]
-    with np.errstate(divide="ignore"):  # a zero baseMean (all of a gene's counts replaced as outliers) weighs 0, as in R
+    with np.errstate(
+        divide="ignore"
+    ):  # a zero baseMean (all of a gene's counts replaced as outliers) weighs 0, as in R
         weights = 1.0 / (1.0 / base_mean + disp_fit)
     # R flattens the genes x samples matrix column by column and repeats the weights per sample
     return weighted_upper_quantile_var(lfc.T.ravel(), np.tile(weights, norm.shape[1]))

@@ -434,7 +434,8 @@ def _nonzero(x: Any) -> Any:
 
 def _with_nonzero(block: Any) -> Any:
     """A chunk of counts with its :func:`_nonzero` indicator beside it (genes ``[block | nonzero(block)]``), so one
-    grouped sum over the chunk gives both the count sums and the numbers of expressing cells."""
+    grouped sum over the chunk gives both the count sums and the numbers of expressing cells.
+    """
     if is_sparse(block):
         return backend_of(block).sparse.hstack([block.astype(np.float64), _nonzero(block)], format="csr")
     return backend_of(block).xp.concatenate([block.astype(np.float64), _nonzero(block)], axis=1)
@@ -453,9 +454,7 @@ def profile_sums(x: Any, codes: np.ndarray, cells: np.ndarray, n_profiles: int) 
     ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(n_profiles, x.shape[0]))
     if is_dask_array(x):
         widths = np.asarray(x.chunks[1], dtype=np.int64)
-        wide = x.map_blocks(
-            _with_nonzero, chunks=(x.chunks[0], tuple(int(2 * w) for w in widths)), dtype=np.float64
-        )
+        wide = x.map_blocks(_with_nonzero, chunks=(x.chunks[0], tuple(int(2 * w) for w in widths)), dtype=np.float64)
         both, flags = grouped_sum_and_count_checks(ind, wide)  # the indicator's 0/1 leave the count flags unchanged
         starts = np.r_[0, np.cumsum(2 * widths)][:-1]
         sums = np.concatenate([both[:, s : s + w] for s, w in zip(starts, widths, strict=True)], axis=1)

@@ -1,5 +1,6 @@
 """Plots of :func:`gpuc.tl.deseq` output (volcano, MA and dispersion plots) and of the transformed counts (R's plotPCA
-and plotCounts)."""
+and plotCounts).
+"""
 
 from __future__ import annotations
 
@@ -276,7 +277,8 @@ def dispersion(
 
 def _obs_groups(adata: AnnData, color: Any) -> tuple[list[str], Any]:
     """``obs`` columns named by ``color`` (one or several, checked) and the group of each sample: the column's values,
-    or the values of several joined with ":" (R's ``intgroup``), as a Categorical."""
+    or the values of several joined with ":" (R's ``intgroup``), as a Categorical.
+    """
     import pandas as pd
 
     cols = [color] if isinstance(color, str) else list(color)
@@ -308,7 +310,7 @@ def pca(
     adata: AnnData,
     color: str | list[str] = "condition",
     *,
-    layer: str = _keys.RLOG,
+    key: str = _keys.RLOG,
     ntop: int = 500,
     components: tuple[int, int] = (1, 2),
     ax: Any = None,
@@ -317,18 +319,19 @@ def pca(
 ) -> Axes | None:
     """Samples on principal components of transformed counts, coloured by design variables (R ``plotPCA``).
 
-    The ``ntop`` genes of largest variance in ``layers[layer]`` (:func:`gpuc.tl.rlog` or :func:`gpuc.tl.vst`
+    The ``ntop`` genes of largest variance in ``layers[key]`` (:func:`gpuc.tl.rlog` or :func:`gpuc.tl.vst`
     output), centred, not scaled; the axes say each component's share of the variance, as R's
     ``plotPCA(returnData=TRUE)`` computes it (sample scores equal R's up to each component's sign).
 
     Parameters
     ----------
     adata
-        Samples x genes AnnData with the transformed values in ``layers[layer]``.
+        Samples x genes AnnData with the transformed values in ``layers[key]``.
     color
         ``obs`` column(s) to colour by (R's ``intgroup``); several are joined with ":".
-    layer
-        Layer with the transformed values (``"rlog"`` or ``"vst"``, the tools' default names).
+    key
+        ``key_added`` of the :func:`gpuc.tl.rlog` or :func:`gpuc.tl.vst` run: the layer with the transformed values
+        (``"rlog"`` or ``"vst"`` by default).
     ntop
         Number of most variable genes used.
     components
@@ -339,16 +342,18 @@ def pca(
     """
     from gpuc.deseq._vst import sample_pca
 
-    if layer not in adata.layers:
-        msg = f"adata.layers has no {layer!r}; run gpuc.tl.rlog or gpuc.tl.vst first (or pass layer=)."
+    if key not in adata.layers:
+        msg = f"adata.layers has no {key!r}; run gpuc.tl.rlog or gpuc.tl.vst first (or pass key=)."
         raise KeyError(msg)
     ntop = _check_positive_int("ntop", ntop)
     comps = tuple(components)
     if len(comps) != 2 or not all(isinstance(c, int | np.integer) and 1 <= c <= adata.n_obs for c in comps):
-        msg = f"components must be two integers between 1 and the number of samples ({adata.n_obs}), got {components!r}."
+        msg = (
+            f"components must be two integers between 1 and the number of samples ({adata.n_obs}), got {components!r}."
+        )
         raise ValueError(msg)
     cols, groups = _obs_groups(adata, color)
-    scores, frac = sample_pca(np.asarray(adata.layers[layer]), ntop)
+    scores, frac = sample_pca(np.asarray(adata.layers[key]), ntop)
     if max(comps) > scores.shape[1]:
         msg = f"only {scores.shape[1]} components exist for {adata.n_obs} samples; components={components!r}."
         raise ValueError(msg)
@@ -359,7 +364,7 @@ def pca(
     ax.set_ylabel(f"PC{comps[1]}: {round(100 * frac[j])}% variance")
     ax.set_aspect("equal", adjustable="datalim")  # R's coord_fixed: distances read alike on both axes
     ax.legend(title=":".join(cols), frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    ax.set_title(f"{layer}, top {min(ntop, adata.n_vars)} genes")
+    ax.set_title(f"{key}, top {min(ntop, adata.n_vars)} genes")
     return finish(ax, show, save=save)
 
 

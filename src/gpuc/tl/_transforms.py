@@ -14,8 +14,16 @@ from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
 from gpuc._lazy import load
-from gpuc._validate import check_adata, check_bool, check_choice, check_int, check_key, check_key_added, check_number
-from gpuc._validate import get_matrix
+from gpuc._validate import (
+    check_adata,
+    check_bool,
+    check_choice,
+    check_int,
+    check_key,
+    check_key_added,
+    check_number,
+    get_matrix,
+)
 from gpuc.deseq._run import check_counts
 
 
