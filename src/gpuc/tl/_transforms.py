@@ -107,7 +107,7 @@ def rlog(
 
     - ``adata.layers[key_added]``: the rlog values (samples x genes, log2 scale; R's ``assay(rlog(dds))``, 0 for
       genes with no count);
-    - ``adata.var[f"{{key_added}}_intercept"]``: the fitted log2 intercept (R's ``mcols(rld)$rlogIntercept``; -inf
+    - ``adata.var[f"{key_added}_intercept"]``: the fitted log2 intercept (R's ``mcols(rld)$rlogIntercept``; -inf
       for genes with no count);
     - ``adata.uns[key_added]``: ``params``, ``device``, ``beta_prior_var`` (R's ``attr(rld, "betaPriorVar")``),
       ``trend`` (the dispersion trend used) and ``n_not_converged`` (genes whose fit stopped at 100 iterations or
@@ -225,7 +225,7 @@ def normalized_counts(
     robust
         See ``fpm``.
     key
-        ``key_added`` of a :func:`deseq` run whose size factors (``obs[f"{{key}}_size_factors"]``) are used; when
+        ``key_added`` of a :func:`deseq` run whose size factors (``obs[f"{key}_size_factors"]``) are used; when
         that run is absent, or ``key=None``, median-of-ratios size factors are computed here (R's
         ``estimateSizeFactors``; poscounts with a warning when every gene has a zero, as :func:`deseq` does).
     key_added
