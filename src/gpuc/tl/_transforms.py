@@ -90,8 +90,8 @@ def rlog(
     key
         ``key_added`` of the :func:`deseq` run used when ``blind=False``.
     block_genes
-        Fit the genes in blocks of this many (the values do not change); ``None``: all at once, or one block per
-        Dask task's share when ``client`` is a cluster.
+        Fit the genes in blocks of this many, one after the other or as Dask tasks on ``client`` (the values do not
+        change); ``None``: all genes in one block (one task).
     {device}
     {n_jobs}
     client
