@@ -110,7 +110,7 @@ def rlog(
     - ``adata.var[f"{key_added}_intercept"]``: the fitted log2 intercept (R's ``mcols(rld)$rlogIntercept``; -inf
       for genes with no count);
     - ``adata.uns[key_added]``: ``params``, ``device``, ``beta_prior_var`` (R's ``attr(rld, "betaPriorVar")``),
-      ``trend`` (the dispersion trend used) and ``n_not_converged`` (genes whose fit stopped at 100 iterations or
+      ``trend`` (the dispersion trend fitted, or with ``blind=False`` that of the :func:`deseq` run) and ``n_not_converged`` (genes whose fit stopped at 100 iterations or
       diverged, as R's ``betaConv`` is FALSE; R keeps their last values, and so does gpuc).
 
     Replaces all of them if they exist.
@@ -191,7 +191,8 @@ def rlog(
         "params": params,
         "device": runs_on(backend, dask_client),
         "beta_prior_var": res.beta_prior_var,
-        "trend": res.trend.to_dict() if res.trend is not None else {"type": "given"},
+        # blind=False: the trend of the deseq run, whose values at each gene (var[f"{key}_dispFit"]) were used
+        "trend": res.trend.to_dict() if res.trend is not None else dict(adata.uns[key].get("trend", {})),
         "n_not_converged": n_bad,
     }
     return adata if copy else None
