@@ -110,8 +110,9 @@ def rlog(
     - ``adata.var[f"{key_added}_intercept"]``: the fitted log2 intercept (R's ``mcols(rld)$rlogIntercept``; -inf
       for genes with no count);
     - ``adata.uns[key_added]``: ``params``, ``device``, ``beta_prior_var`` (R's ``attr(rld, "betaPriorVar")``),
-      ``trend`` (the dispersion trend fitted, or with ``blind=False`` that of the :func:`deseq` run) and ``n_not_converged`` (genes whose fit stopped at 100 iterations or
-      diverged, as R's ``betaConv`` is FALSE; R keeps their last values, and so does gpuc).
+      ``trend`` (the dispersion trend fitted, or with ``blind=False`` that of the :func:`deseq` run) and
+      ``n_not_converged`` (genes whose fit stopped at 100 iterations or diverged, as R's ``betaConv`` is FALSE; R
+      keeps their last values, and so does gpuc).
 
     Replaces all of them if they exist.
 
