@@ -179,3 +179,26 @@ def test_rlog_warns_for_genes_that_do_not_converge(test_data):
     with pytest.warns(GpucWarning, match="did not converge"):
         gpuc.tl.rlog(a)
     assert a.uns["rlog"]["n_not_converged"] > 0
+
+
+def test_rlog_irls_budget_on_the_standin_device(standin_gpu, sim_bulk):
+    """Per IRLS step a fixed number of device operations (~70 elementwise launches over the genes still iterating,
+    independent of the number of genes), and no synchronising read inside the loop besides the active-gene
+    compaction (the stand-in counts reads; only the results' transfers at the end read)."""
+    from gpuc._testing.standin import counting
+    from gpuc.deseq._rlog import rlog_genes
+
+    a = sim_bulk(n_per=4, n_genes=300, seed=5)
+    y = np.ascontiguousarray(a.X.T.astype(np.float64))
+    sf = np.exp(np.log(y / np.exp(np.log(y + 0.5).mean(axis=1))[:, None] + 1e-12).mean(axis=0))
+    alpha = np.full(y.shape[0], 0.1)
+    want = rlog_genes(get_backend("cpu"), y, sf, alpha, 0.5)
+    bk = standin_gpu
+    with counting() as c:
+        got = rlog_genes(bk, bk.asarray(y), bk.asarray(sf), bk.asarray(alpha), 0.5)
+    assert want.converged.all()
+    steps = int(want.iterations.max())  # the loop's steps
+    np.testing.assert_allclose(got.values, want.values, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got.iterations, want.iterations)
+    assert c.reads <= 4, c.top()  # the four result arrays
+    assert c.ops <= 20 + 75 * steps, (c.ops, steps, c.top())
