@@ -1,4 +1,4 @@
-# Regenerates the R references of tests/deseq/test_prefit.py with Debian's R 4.2.2, r-bioc-deseq2 (DESeq2 1.38.3)
+# Regenerates the R references of tests/deseq/test_prefit.py, test_rlog.py and test_transform_figures.py with Debian's R 4.2.2, r-bioc-deseq2 (DESeq2 1.38.3)
 # and r-bioc-edger (edgeR 3.40.2):
 #   Rscript tests/data/deseq/prefit/make_reference.R src/gpuc/datasets/data tests/data/deseq/prefit
 # Two data sets: pasilla (7 samples, design ~condition) and a pbmc3k CD14+ monocyte pseudobulk (24 random
