@@ -49,6 +49,8 @@ NMF_K_SWEEP_MARKER = ("k_range", "n_runs", "density_threshold")
 DESEQ_MARKER = ("design", "contrast", "fit_type", "cooks_filter")
 VST_MARKER = ("blind", "fit_type", "key")
 NMF_PROJECT_MARKER = ("reference_key", "scale", "max_missing")
+RLOG_MARKER = ("blind", "fit_type", "key", "beta_prior_var")
+NORMALIZED_MARKER = ("fpm", "robust", "key")
 
 
 def written_by(adata: Any, key: str, marker: tuple[str, ...]) -> bool:
@@ -65,8 +67,10 @@ def _gpuc_tool_of(adata: Any, key: str) -> str | None:
         ("gpuc.tl.consensus_nmf", NMF_MARKER),
         ("gpuc.tl.nmf_k_sweep", NMF_K_SWEEP_MARKER),
         ("gpuc.tl.deseq", DESEQ_MARKER),
+        ("gpuc.tl.rlog", RLOG_MARKER),  # before vst: its marker holds vst's
         ("gpuc.tl.vst", VST_MARKER),
         ("gpuc.tl.nmf_project", NMF_PROJECT_MARKER),
+        ("gpuc.tl.normalized_counts", NORMALIZED_MARKER),
     ):
         if written_by(adata, key, marker):
             return tool
@@ -268,10 +272,37 @@ def deseq_outputs(key: str) -> dict[str, list[str]]:
 
 
 PSEUDOBULK = "pseudobulk"  # uns[key] of the AnnData returned by gpuc.tl.pseudobulk
+# the quality-control fields of gpuc.tl.pseudobulk, named as decoupler's pp.pseudobulk names them, so that decoupler's
+# pp.filter_samples / filter_by_prop and pl.filter_samples / filter_by_prop read them
+PSBULK_CELLS = "psbulk_cells"  # obs: cells summed into each profile
+PSBULK_COUNTS = "psbulk_counts"  # obs: total count of each profile (all genes)
+PSBULK_PROPS = "psbulk_props"  # layers: per profile and gene, the fraction of its cells with a non-zero count
 
 VST = "vst"  # layers[key] and uns[key] of gpuc.tl.vst
 
 
 def vst_outputs(key: str) -> dict[str, list[str]]:
     """Everything :func:`gpuc.tl.vst` writes under ``key``."""
+    return {"layers": [key], "uns": [key]}
+
+
+RLOG = "rlog"  # layers[key], var[f"{key}_intercept"] and uns[key] of gpuc.tl.rlog
+
+
+def rlog_intercept(key: str) -> str:
+    """``var`` column of the fitted log2 intercept of :func:`gpuc.tl.rlog` (R's ``mcols(rld)$rlogIntercept``)."""
+    return f"{key}_intercept"
+
+
+def rlog_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.rlog` writes under ``key``."""
+    return {"layers": [key], "var": [rlog_intercept(key)], "uns": [key]}
+
+
+NORMALIZED = "normalized"  # layers[key] and uns[key] of gpuc.tl.normalized_counts (fpm=False)
+FPM = "fpm"  # the same with fpm=True
+
+
+def normalized_outputs(key: str) -> dict[str, list[str]]:
+    """Everything :func:`gpuc.tl.normalized_counts` writes under ``key``."""
     return {"layers": [key], "uns": [key]}

@@ -259,7 +259,11 @@ def test_vst_and_deseq_lazy_equal_in_memory(files, same, tmp_path):
     pb.write_h5ad(tmp_path / "pb.h5ad")
     with h5py.File(tmp_path / "pb.h5ad", "r") as f:
         lazy = ad.AnnData(
-            ad.experimental.read_elem_lazy(f["X"], chunks=(2, N_GENES)), obs=pb.obs, var=pb.var, uns=dict(pb.uns)
+            ad.experimental.read_elem_lazy(f["X"], chunks=(2, N_GENES)),
+            obs=pb.obs,
+            var=pb.var,
+            uns=dict(pb.uns),
+            layers=dict(pb.layers),  # pseudobulk's psbulk_props
         )
         assert isinstance(lazy.X, da.Array)
         with warnings.catch_warnings():

@@ -101,6 +101,8 @@ def test_bad_key_added_gives_the_same_exception_in_every_tool(pbmc, unchanged, b
         "nmf_project": (nmf, lambda a, **kw: gpuc.tl.nmf_project(a, nmf_fitted, device="cpu", **kw)),
         "deseq": (bulk, lambda a, **kw: gpuc.tl.deseq(a, "~condition", device="cpu", **kw)),
         "vst": (bulk, lambda a, **kw: gpuc.tl.vst(a, device="cpu", **kw)),
+        "rlog": (bulk, lambda a, **kw: gpuc.tl.rlog(a, device="cpu", **kw)),
+        "normalized_counts": (bulk, lambda a, **kw: gpuc.tl.normalized_counts(a, **kw)),
     }
     assert set(calls) == {n for n in gpuc.tl.__all__ if n not in ("aggregate_metacells", "pseudobulk")}
     for data, call in calls.values():
@@ -121,6 +123,8 @@ def test_every_tool_output_survives_h5ad_with_awkward_names(pbmc, tmp_path, same
     )
     gpuc.tl.deseq(bulk, "~condition", contrast=["condition", "kd/siRNA", "ctrl"], device="cpu")
     gpuc.tl.vst(bulk, device="cpu", key_added="vst ü.1")
+    gpuc.tl.rlog(bulk, device="cpu", key_added="rlog ü.1")
+    gpuc.tl.normalized_counts(bulk, fpm=True, key_added="fpm ü.1")
     gpuc.tl.metacells(pbmc, groupby="sample", device="cpu", max_iter=3, min_iter=1, key_added=AWKWARD_KEY)
     gpuc.tl.metacell_quality(pbmc, AWKWARD_KEY, celltype_key="bulk_labels", device="cpu")
     gpuc.tl.metacell_assignment_quality(pbmc, AWKWARD_KEY)

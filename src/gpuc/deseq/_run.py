@@ -423,15 +423,48 @@ def check_raw_counts(x: Any, what: str, flags: CountFlags | None = None) -> None
 
 
 # --------------------------------------------------------------------------------------------------------------------
-def profile_sums(x: Any, codes: np.ndarray, cells: np.ndarray, n_profiles: int) -> tuple[np.ndarray, Any]:
+def _nonzero(x: Any) -> Any:
+    """1.0 where the counts ``x`` (dense or sparse, CPU or GPU) are non-zero, 0.0 elsewhere, in ``x``'s format."""
+    if is_sparse(x):
+        nz = x.astype(np.float64)  # a copy with the same sparsity structure; explicit zeros become 0.0
+        nz.data = (nz.data != 0).astype(np.float64)
+        return nz
+    return (x != 0).astype(np.float64)
+
+
+def _with_nonzero(block: Any) -> Any:
+    """A chunk of counts with its :func:`_nonzero` indicator beside it (genes ``[block | nonzero(block)]``), so one
+    grouped sum over the chunk gives both the count sums and the numbers of expressing cells.
+    """
+    if is_sparse(block):
+        return backend_of(block).sparse.hstack([block.astype(np.float64), _nonzero(block)], format="csr")
+    return backend_of(block).xp.concatenate([block.astype(np.float64), _nonzero(block)], axis=1)
+
+
+def profile_sums(x: Any, codes: np.ndarray, cells: np.ndarray, n_profiles: int) -> tuple[np.ndarray, np.ndarray, Any]:
     """Per profile the sums of the counts ``x`` (cells x genes) of its ``cells`` (profile ``codes[i]`` for cell
-    ``cells[i]``): a sparse indicator matrix times the counts, as :func:`scanpy.get.aggregate` sums, in float64
-    (exact for counts up to 2**53), where the counts are (CPU or GPU); only the profiles x genes result comes to the
-    host. A dask array is checked and summed chunk by chunk in one pass (:func:`gpuc._lazy.grouped_sum_and_count_checks`);
-    its count flags are returned (``None`` for an in-memory matrix, checked beforehand).
+    ``cells[i]``) and the numbers of those cells with a non-zero count of each gene.
+
+    Both are a sparse indicator matrix times the counts (times their non-zero indicator), as
+    :func:`scanpy.get.aggregate` sums, in float64 (exact for counts up to 2**53), where the counts are (CPU or GPU);
+    only the profiles x genes results come to the host. A dask array is checked and summed chunk by chunk in one pass
+    (:func:`gpuc._lazy.grouped_sum_and_count_checks` over each chunk with its non-zero indicator beside it, so each
+    chunk is read once); its count flags are returned (``None`` for an in-memory matrix, checked beforehand).
     """
     ind = sp.csr_matrix((np.ones(cells.size), (codes, cells)), shape=(n_profiles, x.shape[0]))
     if is_dask_array(x):
-        return grouped_sum_and_count_checks(ind, x)
-    summed = to_host(backend_of(x).asarray(ind) @ (x if x.dtype == np.float64 else x.astype(np.float64)))
-    return (summed.toarray() if sp.issparse(summed) else np.asarray(summed)), None
+        widths = np.asarray(x.chunks[1], dtype=np.int64)
+        wide = x.map_blocks(_with_nonzero, chunks=(x.chunks[0], tuple(int(2 * w) for w in widths)), dtype=np.float64)
+        both, flags = grouped_sum_and_count_checks(ind, wide)  # the indicator's 0/1 leave the count flags unchanged
+        starts = np.r_[0, np.cumsum(2 * widths)][:-1]
+        sums = np.concatenate([both[:, s : s + w] for s, w in zip(starts, widths, strict=True)], axis=1)
+        nnz = np.concatenate([both[:, s + w : s + 2 * w] for s, w in zip(starts, widths, strict=True)], axis=1)
+        return sums, nnz, flags
+    ind_d = backend_of(x).asarray(ind)
+
+    def dense(m: Any) -> np.ndarray:
+        m = to_host(m)
+        return m.toarray() if sp.issparse(m) else np.asarray(m)
+
+    summed = dense(ind_d @ (x if x.dtype == np.float64 else x.astype(np.float64)))
+    return summed, dense(ind_d @ _nonzero(x)), None

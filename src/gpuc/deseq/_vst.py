@@ -87,3 +87,17 @@ def variance_stabilize(
         sf = bk.asarray(np.asarray(size_factors, dtype=np.float64))
     out = np.asarray(bk.to_host(vst_transform(bk, y, sf, trend))).T.copy()
     return out, trend, note
+
+
+def sample_pca(values: np.ndarray, ntop: int = 500) -> tuple[np.ndarray, np.ndarray]:
+    """R DESeq2's ``plotPCA`` computation on samples x genes transformed values (vst or rlog): the ``ntop`` genes of
+    largest variance (R's ``rowVars``, n - 1 denominator; ties in R's ``order``), centred but not scaled
+    (``prcomp``); returns the sample scores (samples x components) and each component's fraction of the variance
+    (R's ``percentVar``, over all components). Signs of components are arbitrary, as in ``prcomp``.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    var = values.var(axis=0, ddof=1)
+    top = np.argsort(-var, kind="stable")[: min(ntop, var.size)]
+    x = values[:, top] - values[:, top].mean(axis=0)
+    u, s, _ = np.linalg.svd(x, full_matrices=False)
+    return u * s, s**2 / np.sum(s**2)

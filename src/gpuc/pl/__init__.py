@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gpuc._exports import lazy_exports
 
 if TYPE_CHECKING:
-    from gpuc.pl._deseq import dispersion, ma, volcano
+    from gpuc.pl._deseq import counts, dispersion, ma, pca, volcano
     from gpuc.pl._metacells import (
         metacell_assignment_quality,
         metacell_convergence,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpuc.pl._nmf import nmf_clustergram, nmf_density, nmf_k_sweep, nmf_programs, nmf_usage
 
 __all__ = [
+    "counts",
     "dispersion",
     "ma",
     "metacell_assignment_quality",
@@ -35,10 +36,12 @@ __all__ = [
     "nmf_k_sweep",
     "nmf_programs",
     "nmf_usage",
+    "pca",
     "volcano",
 ]
 # each public name -> the submodule that defines it
 _EXPORTS = {
+    "counts": "._deseq",
     "dispersion": "._deseq",
     "ma": "._deseq",
     "metacell_assignment_quality": "._metacells",
@@ -52,6 +55,7 @@ _EXPORTS = {
     "nmf_k_sweep": "._nmf",
     "nmf_programs": "._nmf",
     "nmf_usage": "._nmf",
+    "pca": "._deseq",
     "volcano": "._deseq",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

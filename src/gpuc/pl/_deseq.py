@@ -1,4 +1,6 @@
-"""Plots of :func:`gpuc.tl.deseq` output: volcano, MA and dispersion (plotDispEsts) plots."""
+"""Plots of :func:`gpuc.tl.deseq` output (volcano, MA and dispersion plots) and of the transformed counts (R's plotPCA
+and plotCounts).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from matplotlib.axes import Axes
 from gpuc import _keys
 from gpuc.get._checks import deseq_entry
 from gpuc.get._deseq import deseq_results
-from gpuc.pl._utils import check_number, finish, place_labels, plot_function, single_ax
+from gpuc.pl._utils import category_colors, check_number, finish, place_labels, plot_function, single_ax
 
 
 def _results_for_plot(
@@ -270,4 +272,192 @@ def dispersion(
     ax.set_xlabel("mean of normalised counts")
     ax.set_ylabel("dispersion")
     ax.legend(frameon=False, fontsize=8, markerscale=2)
+    return finish(ax, show, save=save)
+
+
+def _obs_groups(adata: AnnData, color: Any) -> tuple[list[str], Any]:
+    """``obs`` columns named by ``color`` (one or several, checked) and the group of each sample: the column's values,
+    or the values of several joined with ":" (R's ``intgroup``), as a Categorical.
+    """
+    import pandas as pd
+
+    cols = [color] if isinstance(color, str) else list(color)
+    missing = [c for c in cols if c not in adata.obs.columns]
+    if not cols or missing:
+        msg = f"color must name adata.obs columns; {missing or cols!r} not found (columns: {list(adata.obs.columns)})."
+        raise KeyError(msg)
+    if len(cols) == 1:
+        g = adata.obs[cols[0]]
+        return cols, g.astype("category") if not isinstance(g.dtype, pd.CategoricalDtype) else g
+    joined = adata.obs[cols].astype(str).agg(":".join, axis=1)
+    return cols, pd.Categorical(joined)
+
+
+def _draw_groups(ax: Any, adata: AnnData, key: str, x: np.ndarray, y: np.ndarray, groups: Any, s: float) -> None:
+    import pandas as pd
+
+    cats = list(pd.Categorical(groups).categories)
+    colors = category_colors(adata, key, cats)
+    codes = pd.Categorical(groups, categories=cats).codes
+    for i, (cat, col) in enumerate(zip(cats, colors, strict=True)):
+        sel = codes == i
+        if sel.any():
+            ax.scatter(x[sel], y[sel], s=s, color=col, label=str(cat), edgecolors="none")
+
+
+@plot_function
+def pca(
+    adata: AnnData,
+    color: str | list[str] = "condition",
+    *,
+    key: str = _keys.RLOG,
+    ntop: int = 500,
+    components: tuple[int, int] = (1, 2),
+    ax: Any = None,
+    show: bool | None = None,
+    save: str | bool | None = None,
+) -> Axes | None:
+    """Samples on principal components of transformed counts, coloured by design variables (R ``plotPCA``).
+
+    The ``ntop`` genes of largest variance in ``layers[key]`` (:func:`gpuc.tl.rlog` or :func:`gpuc.tl.vst`
+    output), centred, not scaled; the axes say each component's share of the variance, as R's
+    ``plotPCA(returnData=TRUE)`` computes it (sample scores equal R's up to each component's sign).
+
+    Parameters
+    ----------
+    adata
+        Samples x genes AnnData with the transformed values in ``layers[key]``.
+    color
+        ``obs`` column(s) to colour by (R's ``intgroup``); several are joined with ":".
+    key
+        ``key_added`` of the :func:`gpuc.tl.rlog` or :func:`gpuc.tl.vst` run: the layer with the transformed values
+        (``"rlog"`` or ``"vst"`` by default).
+    ntop
+        Number of most variable genes used.
+    components
+        The two components drawn (1-based).
+    {ax_show_save}
+
+    {returns_axes}
+    """
+    from gpuc.deseq._vst import sample_pca
+
+    if key not in adata.layers:
+        msg = f"adata.layers has no {key!r}; run gpuc.tl.rlog or gpuc.tl.vst first (or pass key=)."
+        raise KeyError(msg)
+    ntop = _check_positive_int("ntop", ntop)
+    comps = tuple(components)
+    if len(comps) != 2 or not all(isinstance(c, int | np.integer) and 1 <= c <= adata.n_obs for c in comps):
+        msg = (
+            f"components must be two integers between 1 and the number of samples ({adata.n_obs}), got {components!r}."
+        )
+        raise ValueError(msg)
+    cols, groups = _obs_groups(adata, color)
+    scores, frac = sample_pca(np.asarray(adata.layers[key]), ntop)
+    if max(comps) > scores.shape[1]:
+        msg = f"only {scores.shape[1]} components exist for {adata.n_obs} samples; components={components!r}."
+        raise ValueError(msg)
+    ax = single_ax(ax, "the PCA plot", (4.8, 4))
+    i, j = comps[0] - 1, comps[1] - 1
+    _draw_groups(ax, adata, cols[0], scores[:, i], scores[:, j], groups, s=40)
+    ax.set_xlabel(f"PC{comps[0]}: {round(100 * frac[i])}% variance")
+    ax.set_ylabel(f"PC{comps[1]}: {round(100 * frac[j])}% variance")
+    ax.set_aspect("equal", adjustable="datalim")  # R's coord_fixed: distances read alike on both axes
+    ax.legend(title=":".join(cols), frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(f"{key}, top {min(ntop, adata.n_vars)} genes")
+    return finish(ax, show, save=save)
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    from gpuc._validate import check_int
+
+    return check_int(name, value, minimum=1)
+
+
+@plot_function
+def counts(
+    adata: AnnData,
+    gene: str,
+    groupby: str | list[str] = "condition",
+    *,
+    layer: str | None = None,
+    key: str = _keys.DESEQ,
+    normalized: bool = True,
+    log: bool = True,
+    pc: float | None = None,
+    gene_symbols: str | None = None,
+    ax: Any = None,
+    show: bool | None = None,
+    save: str | bool | None = None,
+) -> Axes | None:
+    """Counts of one gene per sample, by group (R ``plotCounts``).
+
+    Normalised counts (divided by the size factors of the :func:`gpuc.tl.deseq` run under ``key``, or by
+    median-of-ratios size factors computed here when there is none, as R's ``plotCounts`` estimates them) plus a
+    pseudocount, on a log axis, one column of points per group with a little horizontal jitter (fixed, so the figure
+    is reproducible). The values drawn are R's ``plotCounts(returnData=TRUE)$count``.
+
+    Parameters
+    ----------
+    adata
+        Samples x genes AnnData with raw counts.
+    gene
+        Gene name (``var_names``), or a value of ``var[gene_symbols]``.
+    groupby
+        ``obs`` column(s) (R's ``intgroup``); several are joined with ":".
+    layer
+        Layer with the raw counts; ``None`` uses ``X``.
+    key
+        ``key_added`` of the :func:`gpuc.tl.deseq` run whose size factors are used.
+    normalized
+        Divide by the size factors (R's default); ``False`` draws raw counts.
+    log
+        Log-scale y axis (R's ``transform=TRUE``).
+    pc
+        Pseudocount added; ``None``: 0.5 on a log axis, else 0 (R's default).
+    gene_symbols
+        ``var`` column to look ``gene`` up in.
+    {ax_show_save}
+
+    {returns_axes}
+    """
+    from gpuc._lazy import load
+    from gpuc._validate import get_matrix
+    from gpuc.deseq._blocks import _gene_major
+
+    names = adata.var_names if gene_symbols is None else adata.var[gene_symbols].astype(str)
+    hits = np.flatnonzero(np.asarray(names == gene))
+    if hits.size != 1:
+        where = "adata.var_names" if gene_symbols is None else f"adata.var[{gene_symbols!r}]"
+        msg = f"gene {gene!r} {'is not in' if hits.size == 0 else 'occurs more than once in'} {where}."
+        raise KeyError(msg)
+    pc = (0.5 if log else 0.0) if pc is None else check_number("pc", pc, low=0)
+    cols, groups = _obs_groups(adata, groupby)
+    y = _gene_major(load(get_matrix(adata, layer=layer), "counts"))
+    values = y[hits[0]]
+    if normalized:
+        sf_col = _keys.deseq_size_factors(key)
+        if sf_col in adata.obs.columns:
+            sf = adata.obs[sf_col].to_numpy(dtype=np.float64)
+        else:
+            from gpuc._backend import get_backend
+            from gpuc.deseq._pipeline import compute_size_factors
+
+            sf = np.asarray(compute_size_factors(get_backend("cpu"), y, "ratio")[0], dtype=np.float64)
+        values = values / sf
+    values = values + pc
+    import pandas as pd
+
+    codes = pd.Categorical(groups).codes.astype(float)
+    jitter = np.random.default_rng(0).uniform(-0.05, 0.05, codes.size)  # R: runif(-0.05, 0.05)
+    ax = single_ax(ax, "the counts plot", (4, 3.6))
+    _draw_groups(ax, adata, cols[0], codes + jitter, values, groups, s=30)
+    cats = list(pd.Categorical(groups).categories)
+    ax.set_xticks(range(len(cats)), [str(c) for c in cats])
+    ax.set_xlim(-0.5, len(cats) - 0.5)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel(":".join(cols))
+    ax.set_ylabel(("normalized count" if normalized else "count") + (f" + {pc:g}" if pc else ""))
+    ax.set_title(str(gene))
     return finish(ax, show, save=save)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from gpuc.tl._metacells import aggregate_metacells, metacell_assignment_quality, metacell_quality, metacells
     from gpuc.tl._nmf import consensus_nmf, nmf_k_sweep, nmf_refine
     from gpuc.tl._nmf_project import nmf_project
+    from gpuc.tl._transforms import normalized_counts, rlog
 
 __all__ = [
     "aggregate_metacells",
@@ -25,7 +26,9 @@ __all__ = [
     "nmf_k_sweep",
     "nmf_project",
     "nmf_refine",
+    "normalized_counts",
     "pseudobulk",
+    "rlog",
     "vst",
 ]
 # each public name -> the submodule that defines it
@@ -41,5 +44,7 @@ _EXPORTS = {
     "nmf_refine": "._nmf",
     "pseudobulk": "._deseq",
     "vst": "._deseq",
+    "rlog": "._transforms",
+    "normalized_counts": "._transforms",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -523,7 +523,13 @@ def _analysis_uns(res: Analysis) -> dict:
 # pseudobulk
 # --------------------------------------------------------------------------------------------------------------------
 def pseudobulk(
-    adata: AnnData, sample_key: str, *, groupby: str | None = None, layer: str | None = None, min_cells: int = 10
+    adata: AnnData,
+    sample_key: str,
+    *,
+    groupby: str | None = None,
+    layer: str | None = None,
+    min_cells: int = 10,
+    min_counts: float = 0,
 ) -> AnnData:
     """Sum raw counts of the cells of each sample (and group) into a samples x genes AnnData for :func:`deseq`.
 
@@ -544,21 +550,48 @@ def pseudobulk(
         Layer with the raw counts (e.g. ``"counts"``); ``None`` uses ``X``.
     min_cells
         Drop (sample, group) profiles made of fewer cells, with a warning that counts and names them.
+    min_counts
+        Drop profiles whose total count (over all genes) is below this, likewise. Together with ``min_cells`` this is
+        decoupler's ``pp.filter_samples(min_cells=, min_counts=)`` (whose defaults are 10 and 1000) applied here;
+        the default 0 keeps every profile with enough cells.
 
     Returns
     -------
     A new AnnData (profiles x genes, named ``"<sample>_<group>"``; when labels contain "_" and that join would give
-    two profiles one name, another separator that occurs in no label, with a warning) with summed counts in ``X`` (int64), ``obs``
-    holding ``sample_key``, ``groupby``, ``n_cells`` and every ``obs`` column that is constant within each sample
-    (e.g. condition, donor covariates); ``var`` is copied; ``uns["pseudobulk"]`` holds ``params``, ``n_dropped``
-    (profiles under ``min_cells``) and ``n_cells_missing`` (cells without a sample or group). ``adata`` is not
+    two profiles one name, another separator that occurs in no label, with a warning) with summed counts in ``X``
+    (int64) and
+
+    - ``obs``: ``sample_key``, ``groupby``, every ``obs`` column that is constant within each sample (e.g.
+      condition, donor covariates), ``n_cells`` (int) and the quality-control columns of decoupler's
+      ``pp.pseudobulk``: ``psbulk_cells`` (cells summed, float as decoupler writes it) and ``psbulk_counts`` (total
+      count of the profile over all genes);
+    - ``layers["psbulk_props"]``: per profile and gene, the fraction of the profile's cells with a non-zero count
+      (decoupler's ``psbulk_props``);
+    - ``var``: copied; ``uns["pseudobulk"]``: ``params``, ``n_dropped`` (profiles under ``min_cells`` or
+      ``min_counts``) and ``n_cells_missing`` (cells without a sample or group).
+
+    These are the fields decoupler's ``pp.filter_samples``, ``pp.filter_by_prop`` and ``pl.filter_samples``,
+    ``pl.filter_by_prop`` read, and ``X`` is what its ``pp.filter_by_expr`` (edgeR's ``filterByExpr`` rule) and
+    ``pl.filter_by_expr`` read: the same numbers as decoupler's own pseudobulk of the same cells. ``adata`` is not
     modified.
+
+    Examples
+    --------
+    Drop shallow profiles and lowly expressed genes before :func:`deseq`, as decoupler's pseudobulk tutorial does::
+
+        import decoupler as dc
+
+        pb = gpuc.tl.pseudobulk(adata, "donor", groupby="cell_type", layer="counts", min_cells=10, min_counts=1000)
+        b = pb[pb.obs["cell_type"] == "B"].copy()
+        dc.pp.filter_by_prop(b, min_prop=0.1, min_smpls=2)
+        dc.pp.filter_by_expr(b, group="condition", min_count=10, min_total_count=15)
     """
     check_adata(adata)
     check_key(adata.obs, sample_key, "adata.obs")
     if groupby is not None:
         check_key(adata.obs, groupby, "adata.obs")
     check_int("min_cells", min_cells, minimum=1)
+    check_number("min_counts", min_counts, low=0)
     x = get_matrix(adata, layer=layer)
     what = f"adata.layers[{layer!r}]" if layer else "adata.X"
     lazy = is_dask_array(x)  # lazily read counts are checked and summed chunk by chunk, in one pass over the data
@@ -580,7 +613,7 @@ def pseudobulk(
     codes, uniq = pd.factorize(labels, sort=True)
     # one engine call: a sparse indicator times the counts, where the counts are; a lazy matrix chunk by chunk,
     # checked in the same pass (never loaded whole)
-    summed, flags = profile_sums(x, codes, cells, len(uniq))
+    summed, expressing, flags = profile_sums(x, codes, cells, len(uniq))
     if lazy:
         check_raw_counts(x, what, flags)
     if n_missing:
@@ -605,24 +638,47 @@ def pseudobulk(
     for col in obs.columns:
         if isinstance(adata.obs[col].dtype, pd.CategoricalDtype):
             obs[col] = pd.Categorical(obs[col], categories=adata.obs[col].cat.categories)
+    totals = summed.sum(axis=1)
     obs["n_cells"] = n_cells
-    keep = n_cells >= min_cells
+    obs[_keys.PSBULK_CELLS] = n_cells.astype(np.float64)
+    obs[_keys.PSBULK_COUNTS] = totals
+    few_cells, few_counts = n_cells < min_cells, totals < min_counts
+    keep = ~(few_cells | few_counts)
     if not keep.any():
-        msg = f"no (sample, group) profile has at least min_cells={min_cells} cells."
-        raise ValueError(msg)
-    if not keep.all():
-        warnings.warn(
-            f"{int((~keep).sum())} of {keep.size} (sample, group) profiles have fewer than min_cells={min_cells} "
-            f"cells and were dropped ({_show_names(obs.index[~keep])}); pass a smaller min_cells to keep them.",
-            GpucWarning,
-            stacklevel=2,
+        msg = (
+            f"no (sample, group) profile has at least min_cells={min_cells} cells and a total count of at least "
+            f"min_counts={min_counts}."
         )
-    out = AnnData(X=np.rint(summed[keep]).astype(np.int64), obs=obs.loc[keep].copy(), var=adata.var.copy())
+        raise ValueError(msg)
+    for under, what, arg in (
+        (few_cells, f"fewer than min_cells={min_cells} cells", "min_cells"),
+        (few_counts & ~few_cells, f"a total count below min_counts={min_counts}", "min_counts"),
+    ):
+        if under.any():
+            warnings.warn(
+                f"{int(under.sum())} of {keep.size} (sample, group) profiles have {what} and were dropped "
+                f"({_show_names(obs.index[under])}); pass a smaller {arg} to keep them.",
+                GpucWarning,
+                stacklevel=2,
+            )
+    props = expressing[keep] / n_cells[keep, None]
+    out = AnnData(
+        X=np.rint(summed[keep]).astype(np.int64),
+        obs=obs.loc[keep].copy(),
+        var=adata.var.copy(),
+        layers={_keys.PSBULK_PROPS: props},
+    )
     for col in out.obs.columns:
         if isinstance(out.obs[col].dtype, pd.CategoricalDtype):
             out.obs[col] = out.obs[col].cat.remove_unused_categories()
     out.uns[_keys.PSEUDOBULK] = {
-        "params": {"sample_key": sample_key, "groupby": groupby, "layer": layer, "min_cells": int(min_cells)},
+        "params": {
+            "sample_key": sample_key,
+            "groupby": groupby,
+            "layer": layer,
+            "min_cells": int(min_cells),
+            "min_counts": float(min_counts),
+        },
         "n_dropped": int((~keep).sum()),
         "n_cells_missing": n_missing,
     }
