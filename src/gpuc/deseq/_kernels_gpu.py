@@ -32,6 +32,8 @@ import math
 import numpy as np
 from numba import cuda, float64
 
+from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene
+
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
 K = 64  # integer counts below this use the recurrences (per-gene tables), as the CPU kernels
@@ -611,3 +613,42 @@ def grid_log_alpha(genes, y, mu, xx, p, cr, has_prior, pm, pv, lo, hi, ngrid, ou
             fbest = fv
             best = v
     out[k] = best
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# R's dispersion search (the per-gene code of gpuc.deseq._fitdisp, shared with the CPU kernels). numba-cuda's disk
+# cache is keyed on this file: after an edit of _fitdisp.py, clear the cache (or touch this file) before timing.
+# --------------------------------------------------------------------------------------------------------------------
+@cuda.jit(cache=True)
+def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, out):  # pragma: no cover
+    """R's ``fitDisp`` (:func:`gpuc.deseq._fitdisp.fit_disp_gene`), thread i: gene i. ``y``, ``mu``: sample-major
+    (n, G) flattened; ``x``: the n x p design flattened row-major. Writes log alpha, proposals, initial and last log
+    posterior into ``out[:, i]``.
+    """
+    i = cuda.grid(1)
+    G = la0.shape[0]
+    if i >= G:
+        return
+    n = y.shape[0] // G
+    b = cuda.local.array(MAXPP, float64)
+    db = cuda.local.array(MAXPP, float64)
+    res = cuda.local.array(4, float64)
+    m = pm[i] if use_prior else 0.0
+    fit_disp_gene(la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res)
+    for k in range(4):
+        out[k, i] = res[k]
+
+
+@cuda.jit(cache=True)
+def fit_disp_grid(y, mu, x, p, pm, pv, use_prior, use_cr, lo, hi, ngrid, out):  # pragma: no cover - device code
+    """R's ``fitDispGrid`` (:func:`gpuc.deseq._fitdisp.fit_disp_grid_gene`) of gene i into ``out[i]``; layouts as
+    :func:`fit_disp`.
+    """
+    i = cuda.grid(1)
+    G = out.shape[0]
+    if i >= G:
+        return
+    n = y.shape[0] // G
+    b = cuda.local.array(MAXPP, float64)
+    m = pm[i] if use_prior else 0.0
+    out[i] = fit_disp_grid_gene(y, mu, i, G, n, x, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)
