@@ -529,7 +529,7 @@ def _r_logpost(
     a = alpha[:, None]
     crt = 0.0
     if cr:
-        w = 1.0 / (1.0 / mu + a)
+        w = mu / (1.0 + mu * a)
         _, logdet = xp.linalg.slogdet(normal_matrix(w, xx, p))
         crt = -0.5 * logdet
     r = 1.0 / alpha
@@ -553,9 +553,8 @@ def _r_dlogpost(
     a = alpha[:, None]
     crt = 0.0
     if cr:
-        v = 1.0 / mu + a
-        w = 1.0 / v
-        dw = -(1.0 / (v * v))
+        w = mu / (1.0 + mu * a)
+        dw = -(w * w)
         b = normal_matrix(w, xx, p)
         db = normal_matrix(dw, xx, p)
         crt = -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
@@ -563,8 +562,9 @@ def _r_dlogpost(
     r2 = 1.0 / (alpha * alpha)
     rc = r[:, None]
     ma = mu * a
-    terms = _psi(xp, r)[:, None] + xp.log(1.0 + ma) - ma * (1.0 / (1.0 + ma)) - _psi(xp, y + rc) + y * (1.0 / (mu + rc))
-    s = terms.sum(axis=1)
+    u = 1.0 + ma
+    terms = _psi(xp, r)[:, None] + xp.log(u) - ma / u - _psi(xp, y + rc) + y / (mu + rc)
+    s = xp.where(y == 0, xp.log(u) - ma / u, terms).sum(axis=1)
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
