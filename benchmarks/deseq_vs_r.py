@@ -103,7 +103,7 @@ def _r_set(d: Path) -> tuple[ad.AnnData, str, object, pd.DataFrame, dict]:
         m[k] = pd.Categorical(m[k].astype(str), categories=spec["levels"][k])
     a = ad.AnnData(X=c.T.to_numpy().astype(np.int64), obs=m.loc[c.columns].copy())
     a.var_names = c.index.astype(str)
-    ref = pd.read_csv(d / "gene_fit.csv.gz", index_col=0)
+    ref = pd.read_csv(d / "gene_fit.csv.gz", index_col=0, skipinitialspace=True, na_values=["NA"])
     return a, spec["design"], spec["contrast"], ref, spec.get("kwargs", {})
 
 

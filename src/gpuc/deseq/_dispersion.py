@@ -652,6 +652,7 @@ class DispersionFunction:
     grid_logmean: np.ndarray | None = None
     grid_logdisp: np.ndarray | None = None
     min_disp: float = 1e-8
+    grid_slope: np.ndarray | None = None  # local: locfit's derivative at each vertex (cubic Hermite interpolation)
 
     def __call__(self, means: np.ndarray) -> np.ndarray:
         """Evaluate the trend at ``means`` (host numpy)."""
@@ -664,8 +665,9 @@ class DispersionFunction:
             return np.full(means.shape, float(self.mean))  # type: ignore[arg-type]
         with np.errstate(divide="ignore"):
             lm = np.log(means)
-        out = np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
-        return np.maximum(out, self.min_disp)
+        if self.grid_slope is None:  # a constant (no gene-wise estimate above 10 min_disp: R's minDisp)
+            return np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
+        return np.exp(locfit_predict(self.grid_logmean, self.grid_logdisp, self.grid_slope, lm))
 
     @classmethod
     def from_dict(cls, d: dict) -> DispersionFunction:
@@ -676,6 +678,7 @@ class DispersionFunction:
             mean=float(d["mean"]) if "mean" in d else None,
             grid_logmean=np.asarray(d["grid_logmean"]) if "grid_logmean" in d else None,
             grid_logdisp=np.asarray(d["grid_logdisp"]) if "grid_logdisp" in d else None,
+            grid_slope=np.asarray(d["grid_slope"]) if "grid_slope" in d else None,
         )
 
     def to_dict(self) -> dict:
@@ -688,6 +691,8 @@ class DispersionFunction:
         if self.grid_logmean is not None:
             d["grid_logmean"] = np.asarray(self.grid_logmean)
             d["grid_logdisp"] = np.asarray(self.grid_logdisp)
+        if self.grid_slope is not None:
+            d["grid_slope"] = np.asarray(self.grid_slope)
         return d
 
 
@@ -750,21 +755,91 @@ def parametric_trend(means: np.ndarray, disps: np.ndarray) -> tuple[float, float
     return float(coefs[0]), float(coefs[1])
 
 
-def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float, ngrid: int = 200) -> DispersionFunction:
-    """Stand-in for R's ``localDispersionFit`` (locfit of log dispersion on log mean, weights = mean).
-
-    A local quadratic regression with tricube weights on the 70% nearest neighbours (locfit's default span and
-    degree) evaluated on a grid and interpolated; close to, not identical with, locfit.
+def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float) -> DispersionFunction:
+    """R's ``localDispersionFit``: ``locfit(log(disp) ~ log(mean), weights = mean)`` over the genes with a dispersion
+    of at least 10 ``min_disp``, evaluated as locfit evaluates it (:func:`locfit_tree`, :func:`locfit_predict`);
+    the trend is ``exp`` of it. Without such genes R's trend is ``min_disp`` everywhere.
     """
     use = disps >= min_disp * 10
     if not use.any():
         return DispersionFunction(
             "local", grid_logmean=np.array([0.0, 1.0]), grid_logdisp=np.log([min_disp, min_disp]), min_disp=min_disp
         )
-    xs, ys, ws = np.log(means[use]), np.log(disps[use]), means[use]
-    grid = np.linspace(xs.min(), xs.max(), ngrid)
-    fit = local_poly(xs, ys, ws, grid, span=0.7, degree=2)
-    return DispersionFunction("local", grid_logmean=grid, grid_logdisp=fit, min_disp=min_disp)
+    vx, vf, vd = locfit_tree(np.log(means[use]), np.log(disps[use]), means[use])
+    return DispersionFunction("local", grid_logmean=vx, grid_logdisp=vf, grid_slope=vd, min_disp=min_disp)
+
+
+def _locfit_vertex(x: np.ndarray, y: np.ndarray, w: np.ndarray, x0: float, k: int) -> tuple[float, float, float]:
+    """locfit's local quadratic fit at ``x0``: the nearest-neighbour bandwidth h (distance to the k-th nearest point),
+    tricube weights ``(1 - (|x - x0| / h)^3)^3`` times the prior weights, weighted least squares; returns the fitted
+    value, its slope and h.
+    """
+    d = np.abs(x - x0)
+    h = float(np.partition(d, k - 1)[k - 1])
+    u = d / h
+    kw = np.where(u < 1.0, (1.0 - u**3) ** 3, 0.0) * w
+    sel = kw > 0
+    dx = x[sel] - x0
+    v = np.column_stack([np.ones(dx.shape[0]), dx, dx * dx])
+    sw = np.sqrt(kw[sel])
+    coef, *_ = np.linalg.lstsq(v * sw[:, None], y[sel] * sw, rcond=None)
+    return float(coef[0]), float(coef[1]), h
+
+
+def locfit_tree(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray, *, nn: float = 0.7, cut: float = 0.8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The vertices of locfit's default fit in one dimension (``locfit(y ~ x, weights = w)``: ``lp`` with nearest
+    neighbour fraction 0.7, degree 2, tricube kernel, evaluation structure ``rbox`` tree with ``cut = 0.8``).
+
+    Following the algorithm of locfit (Loader 1999, *Local Regression and Likelihood*, ch. 12; C. Loader's ``locfit``
+    R package): the local fit is computed at both ends of the data's range; a cell is halved while its width exceeds
+    ``cut`` times the smaller bandwidth of its two ends, and its midpoint is fitted in turn. Returns the sorted
+    vertices with the fitted values and slopes there, for :func:`locfit_predict`.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    k = max(1, int(x.shape[0] * nn + 1e-12))
+    lo, hi = float(x.min()), float(x.max())
+    verts: dict[float, tuple[float, float, float]] = {}
+    for v in (lo, hi):
+        verts[v] = _locfit_vertex(x, y, w, v, k)
+
+    stack = [(lo, hi)]
+    while stack:  # the cells still to examine (a 1-D tree of at most a few dozen cells)
+        a, b = stack.pop()
+        ha, hb = verts[a][2], verts[b][2]
+        hs = [h for h in (ha, hb) if h > 0]
+        hmin = min(hs) if hs else 0.0
+        score = 2.0 if hmin == 0 else (b - a) / hmin
+        if not cut < score:
+            continue
+        m = (b + a) / 2.0
+        if m not in verts:
+            verts[m] = _locfit_vertex(x, y, w, m, k)
+        stack += [(m, b), (a, m)]
+    vx = np.array(sorted(verts))
+    return vx, np.array([verts[v][0] for v in vx]), np.array([verts[v][1] for v in vx])
+
+
+def locfit_predict(vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """locfit's interpolation between the tree's vertices (``predict.locfit``): cubic Hermite from the values and
+    slopes at a cell's two ends, linear with the end slope beyond the data's range.
+    """
+    at = np.asarray(at, dtype=np.float64)
+    i = np.clip(np.searchsorted(vx, at, side="right") - 1, 0, vx.shape[0] - 2)
+    ll, ur = vx[i], vx[i + 1]
+    width = ur - ll
+    t = (at - ll) / width
+    p1 = t * t * (3.0 - 2.0 * t)
+    p0 = 1.0 - p1
+    p2 = t * (1.0 - t) * (1.0 - t)
+    p3 = t * t * (t - 1.0)
+    below, above = t < 0, t > 1
+    p0, p1 = np.where(below, 1.0, np.where(above, 0.0, p0)), np.where(below, 0.0, np.where(above, 1.0, p1))
+    p2, p3 = np.where(below, t, np.where(above, 0.0, p2)), np.where(below, 0.0, np.where(above, t - 1.0, p3))
+    p2, p3 = p2 * width, p3 * width
+    out = p0 * vf[i] + p1 * vf[i + 1] + p2 * vd[i] + p3 * vd[i + 1]
+    return np.where(np.isfinite(at), out, np.nan)
 
 
 def local_poly(x: np.ndarray, y: np.ndarray, w: np.ndarray, at: np.ndarray, *, span: float, degree: int) -> np.ndarray:
