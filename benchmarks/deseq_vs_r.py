@@ -9,6 +9,7 @@ the padj < 0.1 sets. Reference sets (all R DESeq2 1.38.3 unless said otherwise):
   the full-precision ``gene_fit_*.csv.gz`` beside the shared copy;
 - ``single_factor``, ``single_factor_meanfit``, ``multi_factor``, ``continuous``, ``wide``, ``large_counts``:
   PyDESeq2's test sets with the R 1.38.3 intermediates (``tests/data/deseq/refs/r_1.38.3``);
+- ``airway_dex``, ``airway_cell_dex`` (with ``--shared`` only): airway, R's per-gene output in the shared folder;
 - every ``tests/data/deseq/r_sets/<name>/`` made by its ``make_reference.R`` (2 vs 2, local trend, mean trend,
   outlier replacement, continuous covariate, interaction).
 
@@ -107,11 +108,30 @@ def _r_set(d: Path) -> tuple[ad.AnnData, str, object, pd.DataFrame, dict]:
     return a, spec["design"], spec["contrast"], ref, spec.get("kwargs", {})
 
 
+def _airway(tag: str, shared: Path) -> tuple[ad.AnnData, str, object, pd.DataFrame]:
+    base = shared / "bulk" / "airway"
+    counts = pd.read_csv(base / "counts.csv", index_col=0)
+    meta = pd.read_csv(base / "metadata.csv", index_col=0)
+    meta["dex"] = pd.Categorical(meta["dex"], ["untrt", "trt"])
+    meta["cell"] = pd.Categorical(meta["cell"])
+    a = ad.AnnData(X=counts.T.to_numpy(), obs=meta.loc[counts.columns])
+    a.var_names = counts.index
+    d = base / "deseq2_R_reference"
+    g = pd.read_csv(d / f"gene_fit_{tag}.csv.gz", index_col=0)
+    r = pd.read_csv(d / f"results_{tag}.csv.gz", index_col=0)
+    ref = g[["dispGeneEst", "dispFit", "dispMAP", "dispersion"]].join(r)
+    return a, {"dex": "~dex", "cell_dex": "~cell + dex"}[tag], ["dex", "trt", "untrt"], ref
+
+
 def run_set(name: str, shared: Path | None, rtol: float) -> dict:
     import gpuc
 
     kw: dict = {}
-    if name.startswith("pasilla_"):
+    if name.startswith("airway_"):
+        if shared is None:
+            raise SystemExit("airway needs --shared")
+        a, design, contrast, ref = _airway(name.removeprefix("airway_"), shared)
+    elif name.startswith("pasilla_"):
         a, design, contrast, ref = _pasilla(name.removeprefix("pasilla_"), shared)
     elif name in PYDESEQ2_DESIGNS:
         a, design, contrast, ref, kw = _pydeseq2_case(name)
@@ -134,8 +154,10 @@ def run_set(name: str, shared: Path | None, rtol: float) -> dict:
     return out
 
 
-def all_sets() -> list[str]:
+def all_sets(shared: Path | None = None) -> list[str]:
     sets = ["pasilla_condition", "pasilla_type_condition", *PYDESEQ2_DESIGNS]
+    if shared is not None and (shared / "bulk" / "airway").is_dir():
+        sets += ["airway_dex", "airway_cell_dex"]
     rs = DATA / "r_sets"
     if rs.is_dir():
         sets += sorted(p.name for p in rs.iterdir() if (p / "spec.json").exists())
@@ -149,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtol", type=float, default=1e-6)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args(argv)
-    sets = args.sets.split(",") if args.sets else all_sets()
+    sets = args.sets.split(",") if args.sets else all_sets(args.shared)
     rows = []
     hdr = f"{'set':28s} {'genes':>6s} " + " ".join(f"{c[:12]:>12s}" for c in COLS) + "  padj<0.1 R/gpuc/-/+"
     print(f"genes off by > {args.rtol:g} relative (NaN pattern differences count)")
