@@ -17,7 +17,12 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNEL_MODULES = ("gpuc.nmf._kernels_cpu", "gpuc.metacells._kernels_cpu", "gpuc.deseq._kernels_cpu", "gpuc.deseq._fitdisp")
+KERNEL_MODULES = (
+    "gpuc.nmf._kernels_cpu",
+    "gpuc.metacells._kernels_cpu",
+    "gpuc.deseq._kernels_cpu",
+    "gpuc.deseq._fitdisp",
+)
 
 # the kernels the fits below call from Python (kernels called only from other kernels are linked into their caller's
 # cached code and are not loaded on their own)

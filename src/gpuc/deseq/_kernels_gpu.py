@@ -634,7 +634,9 @@ def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, m
     db = cuda.local.array(MAXPP, float64)
     res = cuda.local.array(4, float64)
     m = pm[i] if use_prior else 0.0
-    fit_disp_gene(la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res)
+    fit_disp_gene(
+        la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res
+    )
     for k in range(4):
         out[k, i] = res[k]
 
