@@ -15,8 +15,6 @@ from typing import Any
 
 from gpuc._utils import numba_kernels
 
-# the per-gene NB terms of _dispersion._logpost
-nb_logpost_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "nb_logpost")
 # the per-gene IRLS loop of _glm._fit_nb_glm
 irls_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "irls")
 # the per-gene mu-free part of the NB log-likelihood, sum lgamma(y + r) - lgamma(r) - lgamma(y + 1), r = 1/alpha
