@@ -39,6 +39,10 @@ from numba.extending import register_jitable as _register_jitable
 
 LN_SQRT_2PI = 0.918938533204672741780329736406  # log(sqrt(2 pi)), R's M_LN_SQRT_2PI
 ARMIJO = 1.0e-4  # R's epsilon in fitDisp
+# Above this dispersion R's count terms are computed from exact per-gene tables instead of R's formula (see
+# log_posterior); below it R's formula itself, whose rounding R's search sees there.
+TABLE_MIN_ALPHA = 1e-4
+TABLE = 64  # integer counts below this take the tables; the scratch ``b`` holds p * p + TABLE values
 
 
 def jitable(fn):
@@ -176,8 +180,30 @@ def chol_trace_solve(lf, db, p):
 
 
 @jitable
-def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b):
-    """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``."""
+def max_small_count(y, off, sj, n):
+    """The largest integer count below :data:`TABLE` of the gene, or -1 when a count is not an integer."""
+    m = 0
+    for j in range(n):
+        yj = y[off + j * sj]
+        if yj != math.floor(yj):
+            return -1
+        if yj < TABLE and yj > m:
+            m = int(yj)
+    return m
+
+
+@jitable
+def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
+    """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
+    is scratch of p * p + :data:`TABLE` values; ``cache`` (n values, or none) receives log(1 + mu alpha) per sample
+    for :func:`dlog_posterior` at the same point.
+
+    The count terms are R's expression, operation for operation, except above :data:`TABLE_MIN_ALPHA` (where R's
+    rounding is far below its tolerances) for the counts from 1 to :data:`TABLE` - 1 of a gene with more samples
+    than its largest such count: there lgamma(y + r) - lgamma(r) = sum_{i<y} log(r + i) comes from a
+    per-evaluation table and y log(mu + r) = y (log r + log(1 + mu alpha)), one logarithm per sample instead of
+    three, equal to R's expression to its rounding (about 1e-13 relative).
+    """
     alpha = math.exp(la)
     cr = 0.0
     if use_cr:
@@ -186,14 +212,38 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b):
     r = 1.0 / alpha
     lgr = r_lgamma(r)
     ll = 0.0
-    for j in range(n):
-        yj = y[off + j * sj]
-        mj = mu[off + j * sj]
-        if yj == 0.0:
-            # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
-            ll += 0.0 - r * math.log(1.0 + mj * alpha)
-        else:
-            ll += r_lgamma(yj + r) - lgr - yj * math.log(mj + r) - r * math.log(1.0 + mj * alpha)
+    keep = cache.shape[0] >= n
+    k = max_small_count(y, off, sj, n) if alpha >= TABLE_MIN_ALPHA else -1
+    if k > 0 and k < n:
+        t = p * p  # b[t + c]: sum_{i<c} log(r + i)
+        b[t] = 0.0
+        for c in range(1, k + 1):
+            b[t + c] = b[t + c - 1] + math.log(r + (c - 1))
+        lr = math.log(r)
+        for j in range(n):
+            yj = y[off + j * sj]
+            mj = mu[off + j * sj]
+            l1 = math.log(1.0 + mj * alpha)
+            if keep:
+                cache[j] = l1
+            if yj == 0.0:
+                ll += 0.0 - r * l1
+            elif yj < TABLE:
+                ll += b[t + int(yj)] - yj * lr - (yj + r) * l1
+            else:  # R's expression for the large counts, whose rounding is the largest
+                ll += r_lgamma(yj + r) - lgr - yj * math.log(mj + r) - r * l1
+    else:
+        for j in range(n):
+            yj = y[off + j * sj]
+            mj = mu[off + j * sj]
+            l1 = math.log(1.0 + mj * alpha)
+            if keep:
+                cache[j] = l1
+            if yj == 0.0:
+                # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
+                ll += 0.0 - r * l1
+            else:
+                ll += r_lgamma(yj + r) - lgr - yj * math.log(mj + r) - r * l1
     prior = 0.0
     if use_prior:
         d = la - pm
@@ -202,8 +252,12 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b):
 
 
 @jitable
-def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db):
-    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``."""
+def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached):
+    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``; above
+    :data:`TABLE_MIN_ALPHA`, for integer counts below :data:`TABLE`, psi(r) - psi(y + r) is the exact sum
+    -sum_{i<y} 1 / (r + i) (a per-evaluation table in ``b``), below it R's expression. With ``cached``, ``cache``
+    holds log(1 + mu alpha) from :func:`log_posterior` at this point.
+    """
     alpha = math.exp(la)
     cr = 0.0
     if use_cr:
@@ -213,16 +267,24 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
     dgr = r_digamma(r)
+    k = max_small_count(y, off, sj, n) if alpha >= TABLE_MIN_ALPHA else -1
+    t = p * p  # b[t + c]: sum_{i<c} 1 / (r + i)
+    b[t] = 0.0
+    for c in range(1, k + 1):
+        b[t + c] = b[t + c - 1] + 1.0 / (r + (c - 1))
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]
         mj = mu[off + j * sj]
         ma = mj * alpha
         u = 1.0 + ma
+        lu = cache[j] if cached else math.log(u)
         if yj == 0.0:
-            s += math.log(u) - ma / u
+            s += lu - ma / u
+        elif k >= 0 and yj < TABLE:
+            s += lu - ma / u - b[t + int(yj)] + yj / (mj + r)
         else:
-            s += dgr + math.log(u) - ma / u - r_digamma(yj + r) + yj / (mj + r)
+            s += dgr + lu - ma / u - r_digamma(yj + r) + yj / (mj + r)
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
@@ -231,13 +293,15 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
 
 @jitable
 def fit_disp_gene(
-    a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res
+    a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, cache, res
 ):
     """R's ``fitDisp`` line search for one gene from log alpha ``a``; writes ``res[0:4]`` = (log alpha, proposals
-    made, initial log posterior, last log posterior).
+    made, initial log posterior, last log posterior). ``cache``: n values of scratch, or none (see
+    :func:`log_posterior`).
     """
-    lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b)
-    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db)
+    keep = cache.shape[0] >= n
+    lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)
+    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
     kappa = kappa_0
     initial_lp = lp
     it = 0
@@ -249,7 +313,9 @@ def fit_disp_gene(
             kappa = (-30.0 - a) / dlp
         if a_propose > 10.0:
             kappa = (10.0 - a) / dlp
-        theta_kappa = -1.0 * log_posterior(a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b)
+        theta_kappa = -1.0 * log_posterior(
+            a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache
+        )
         theta_hat_kappa = -1.0 * lp - kappa * ARMIJO * (dlp * dlp)
         if theta_kappa <= theta_hat_kappa:
             accepted += 1
@@ -262,7 +328,8 @@ def fit_disp_gene(
             if a < min_log_alpha:
                 break
             lp = lpnew
-            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db)
+            # the last log posterior evaluated was at this point: its log(1 + mu alpha) are in the cache
+            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
             kappa = min(kappa * 1.1, kappa_0)
             if accepted % 5 == 0:
                 kappa = kappa / 2.0
@@ -289,7 +356,7 @@ def fit_disp_grid_gene(y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, lo, h
             g = hi
         else:
             g = lo + t * delta
-        v = log_posterior(g, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b)
+        v = log_posterior(g, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, b[:0])
         if v > best:
             best = v
             a_hat = g
@@ -301,7 +368,7 @@ def fit_disp_grid_gene(y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, lo, h
     out = start
     for t in range(ngrid):
         g = end if t == ngrid - 1 else start + t * step
-        v = log_posterior(g, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b)
+        v = log_posterior(g, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, b[:0])
         if v > best:
             best = v
             out = g
@@ -325,14 +392,15 @@ def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, 
     yf = y.reshape(-1)
     mf = mu.reshape(-1)
     xf = x.reshape(-1)
-    b = np.empty(p * p)
+    b = np.empty(p * p + TABLE)
     db = np.empty(p * p)
+    cache = np.empty(n)
     res = np.empty(4)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
         fit_disp_gene(
             la0[i], yf, mf, i * n, 1, n, xf, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db,
-            res,
+            cache, res,
         )  # fmt: skip
         for k in range(4):
             out[k, i] = res[k]
@@ -346,7 +414,7 @@ def fit_disp_grid_cpu(y, mu, x, pm, pv, use_prior, use_cr, lo, hi, ngrid, out): 
     yf = y.reshape(-1)
     mf = mu.reshape(-1)
     xf = x.reshape(-1)
-    b = np.empty(p * p)
+    b = np.empty(p * p + TABLE)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
         out[i] = fit_disp_grid_gene(yf, mf, i * n, 1, n, xf, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene
+from gpuc.deseq._fitdisp import TABLE, fit_disp_gene, fit_disp_grid_gene
 
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
@@ -255,7 +255,7 @@ def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, m
     if i >= G:
         return
     n = y.shape[0] // G
-    b = cuda.local.array(MAXPP, float64)
+    b = cuda.local.array(MAXPP + TABLE, float64)
     db = cuda.local.array(MAXPP, float64)
     res = cuda.local.array(4, float64)
     m = pm[i] if use_prior else 0.0
@@ -276,6 +276,6 @@ def fit_disp_grid(y, mu, x, p, pm, pv, use_prior, use_cr, lo, hi, ngrid, out):  
     if i >= G:
         return
     n = y.shape[0] // G
-    b = cuda.local.array(MAXPP, float64)
+    b = cuda.local.array(MAXPP + TABLE, float64)
     m = pm[i] if use_prior else 0.0
     out[i] = fit_disp_grid_gene(y, mu, i, G, n, x, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)
