@@ -259,8 +259,9 @@ def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, m
     db = cuda.local.array(MAXPP, float64)
     res = cuda.local.array(4, float64)
     m = pm[i] if use_prior else 0.0
+    # no per-sample cache on the GPU (n is not known at compile time): the derivative takes its logarithms afresh
     fit_disp_gene(
-        la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res
+        la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res[:0], res
     )
     for k in range(4):
         out[k, i] = res[k]
