@@ -17,7 +17,12 @@ import pytest
 
 pytest.importorskip("numba")
 
-KERNEL_MODULES = ("gpuc.nmf._kernels_cpu", "gpuc.metacells._kernels_cpu", "gpuc.deseq._kernels_cpu")
+KERNEL_MODULES = (
+    "gpuc.nmf._kernels_cpu",
+    "gpuc.metacells._kernels_cpu",
+    "gpuc.deseq._kernels_cpu",
+    "gpuc.deseq._fitdisp",
+)
 
 # the kernels the fits below call from Python (kernels called only from other kernels are linked into their caller's
 # cached code and are not loaded on their own)
@@ -32,7 +37,8 @@ CALLED = {
         "csr_matmat",
         "frank_wolfe_columns",
     },
-    "gpuc.deseq._kernels_cpu": {"newton_log_alpha", "nb_logpost", "irls", "nb_const"},
+    "gpuc.deseq._kernels_cpu": {"irls", "nb_const"},
+    "gpuc.deseq._fitdisp": {"fit_disp_cpu", "fit_disp_grid_cpu"},
 }
 
 SCRIPT = f"""

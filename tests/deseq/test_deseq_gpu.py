@@ -23,21 +23,19 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
         ("~type + condition", {"test": "lrt", "reduced": "~type"}),
     ],
 )
-def test_cpu_gpu_parity_pasilla(design, kwargs):
+def test_cpu_gpu_parity_pasilla(genes_close, design, kwargs):
     out = {}
     for dev in ("cpu", "gpu"):
         a = gpuc.datasets.pasilla()
         gpuc.tl.deseq(a, design, contrast=["condition", "treated", "untreated"], device=dev, **kwargs)
         out[dev] = a
     rc, rg = gpuc.get.deseq_results(out["cpu"]), gpuc.get.deseq_results(out["gpu"])
-    for col in rc.columns:  # apeglm and the LRT statistic stop at the optimisers' tolerances (~1e-6 absolute)
-        np.testing.assert_allclose(rg[col], rc[col], rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=col)
-    for f in ("dispFit", "dispersion"):
-        assert _rel(out["gpu"].var[f"deseq_{f}"].to_numpy(), out["cpu"].var[f"deseq_{f}"].to_numpy()) < 1e-6, f
-    ge_g, ge_c = out["gpu"].var["deseq_dispGeneEst"].to_numpy(), out["cpu"].var["deseq_dispGeneEst"].to_numpy()
-    flat = ge_c < 1e-4  # flat likelihood near zero: both stop at the optimiser's tolerance, at different points
-    assert _rel(ge_g[~flat], ge_c[~flat]) < 1e-6
-    assert (ge_g[flat] < 1e-4).all()
+    # R's dispersion search on two devices: genes whose decisions hinge on the last bits may differ
+    # (assert_genes_close); apeglm and the LRT statistic stop at the optimisers' tolerances (~1e-6 absolute)
+    for col in rc.columns:
+        genes_close(rg[col], rc[col], 1e-6, atol=1e-6, err_msg=col)
+    for f in ("dispGeneEst", "dispFit", "dispMAP", "dispersion"):
+        genes_close(out["gpu"].var[f"deseq_{f}"], out["cpu"].var[f"deseq_{f}"], 1e-8, err_msg=f)
     np.testing.assert_array_equal(rc["padj"].isna(), rg["padj"].isna())
 
 
@@ -51,7 +49,7 @@ def test_gpu_vst_parity():
 
 
 @pytest.mark.gpu
-def test_gpu_parity_local_trend_near_poisson():
+def test_gpu_parity_local_trend_near_poisson(genes_close):
     """Near-Poisson counts: the parametric trend fails and the local fit takes over; its input (gene-wise estimates
     >= 1e-7, some in the flat region of the likelihood) must come out the same on both devices."""
     import anndata as ad
@@ -73,7 +71,7 @@ def test_gpu_parity_local_trend_near_poisson():
         out[dev] = a
     assert out["gpu"].uns["deseq"]["trend"]["type"] == out["cpu"].uns["deseq"]["trend"]["type"] == "local"
     for f in ("dispFit", "dispMAP", "dispersion"):
-        assert _rel(out["gpu"].var[f"deseq_{f}"].to_numpy(), out["cpu"].var[f"deseq_{f}"].to_numpy()) < 1e-6, f
+        genes_close(out["gpu"].var[f"deseq_{f}"], out["cpu"].var[f"deseq_{f}"], 1e-6, err_msg=f)
     rc, rg = gpuc.get.deseq_results(out["cpu"]), gpuc.get.deseq_results(out["gpu"])
     for col in rc.columns:
-        np.testing.assert_allclose(rg[col], rc[col], rtol=1e-6, atol=1e-9, equal_nan=True, err_msg=col)
+        genes_close(rg[col], rc[col], 1e-6, atol=1e-9, err_msg=col)

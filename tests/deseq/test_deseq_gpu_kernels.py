@@ -18,8 +18,8 @@ import pytest
 from gpuc._backend import get_backend
 from gpuc._testing.standin import counting, simulator_status, standin_backend
 from gpuc.deseq import _kernels
-from gpuc.deseq._dispersion import _grid_search, fit_log_alpha
-from gpuc.deseq._glm import _fit_nb_glm, fit_nb_glm, outer_rows
+from gpuc.deseq._dispersion import _fitdisp_grid, fit_log_alpha
+from gpuc.deseq._glm import _fit_nb_glm, fit_nb_glm
 
 pytestmark = pytest.mark.skipif(not simulator_status()[0], reason=simulator_status()[1])
 
@@ -52,7 +52,7 @@ def test_kernel_module_imports_and_is_chosen_on_the_standin(sb):
     assert _kernels.gpu_kernels(sb, 3) is _kernels_gpu
     assert _kernels.gpu_kernels(sb, _kernels_gpu.MAXP + 1) is None  # wide designs: batched CuPy path
     assert _kernels.gpu_kernels(get_backend("cpu"), 3) is None
-    for name in ("nb_const", "irls", "newton_log_alpha", "grid_log_alpha"):
+    for name in ("nb_const", "irls", "fit_disp", "fit_disp_grid"):
         assert hasattr(getattr(_kernels_gpu, name), "py_func") or callable(getattr(_kernels_gpu, name))
 
 
@@ -74,43 +74,38 @@ def test_kernel_module_imports_without_a_gpu_or_the_simulator():
 
 
 @pytest.mark.parametrize("prior", [False, True])
-def test_newton_kernel_equals_cpu_kernel(sb, prior):
+def test_fitdisp_kernel_equals_cpu_kernel(sb, prior):
+    """R's line search (fitDisp) and R's rules on the GPU kernel: the same proposals, estimates and log posteriors as
+    the CPU kernel (one source, gpuc.deseq._fitdisp)."""
     x, mu, y, _ = _problem(40, 8, 5)
     rng = np.random.default_rng(1)
     a0 = np.exp(rng.uniform(np.log(1e-6), np.log(5), y.shape[0]))
-    kw = {"min_disp": 1e-8, "max_disp": 12.0, "r_flat_start": not prior}
+    kw = {"min_disp": 1e-8, "max_disp": 12.0}
     if prior:
         kw |= {"prior_mean": rng.normal(-2, 1, y.shape[0]), "prior_var": 0.6}
     ref = fit_log_alpha(get_backend("cpu"), y, mu, x, a0, **kw)
     with counting() as c:
         got = fit_log_alpha(sb, sb.asarray(y), sb.asarray(mu), sb.asarray(x), sb.asarray(a0), **_up(sb, kw))
-    assert c.by_name["kernel.newton_log_alpha"] == 1, c.top()
+    assert c.by_name["kernel.fit_disp"] == 1, c.top()
     np.testing.assert_array_equal(got.iters.get(), ref.iters)
     np.testing.assert_array_equal(got.converged.get(), ref.converged)
-    np.testing.assert_allclose(got.alpha.get(), ref.alpha, rtol=1e-10)
+    np.testing.assert_allclose(got.alpha.get(), ref.alpha, rtol=1e-12)
     for a, b in zip(got.state, ref.state, strict=True):
-        np.testing.assert_allclose(a.get(), b, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a.get(), b, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("prior", [False, True])
 def test_grid_kernel_equals_cpu(sb, prior):
     x, mu, y, _ = _problem(24, 6, 6)
-    xx = outer_rows(x)
     pm = np.random.default_rng(2).normal(-2, 1, y.shape[0]) if prior else None
-    kw = {"lo": math.log(1e-8), "hi": math.log(10.0), "cr": True, "prior_var": 0.6 if prior else None}
-    ref = _grid_search(get_backend("cpu"), y, mu, xx, 3, prior_mean=pm, **kw)
+    args = (0.6 if prior else 1.0, prior, True, math.log(1e-8), math.log(10.0), 20)
+    ref = _fitdisp_grid(get_backend("cpu"), y, mu, x, pm, *args)
     with counting() as c:
-        got = _grid_search(
-            sb,
-            sb.asarray(y),
-            sb.asarray(mu),
-            sb.asarray(xx),
-            3,
-            prior_mean=None if pm is None else sb.asarray(pm),
-            **kw,
+        got = _fitdisp_grid(
+            sb, sb.asarray(y), sb.asarray(mu), sb.asarray(x), None if pm is None else sb.asarray(pm), *args
         )
-    assert c.by_name["kernel.grid_log_alpha"] == 1, c.top()
-    np.testing.assert_allclose(got.get(), ref, rtol=1e-10, atol=1e-12)
+    assert c.by_name["kernel.fit_disp_grid"] == 1, c.top()
+    np.testing.assert_allclose(got.get(), ref, rtol=1e-12, atol=1e-12)
 
 
 def test_irls_kernel_equals_cpu_kernel(sb):
@@ -167,7 +162,7 @@ def _disp_counts(sb, G: int, n: int, maxit: int):
         warnings.simplefilter("ignore", RuntimeWarning)
         fit = fit_log_alpha(
             sb, sb.asarray(y), sb.asarray(mu), sb.asarray(x), sb.asarray(a0), min_disp=1e-8, max_disp=10.0,
-            maxit=maxit, r_flat_start=True,
+            maxit=maxit,
         )  # fmt: skip
     return c, int(fit.iters.get().max())
 
@@ -287,7 +282,7 @@ def test_shipped_sets_gpu_path_equals_cpu_path(sb, case):
         cpu = run_deseq(get_backend("cpu"), y, x)
         with counting() as cnt:
             gpu = run_deseq(sb, sb.asarray(y), x)
-    assert cnt.by_name["kernel.newton_log_alpha"] >= 2 and cnt.by_name["kernel.irls"] >= 1, cnt.top()
+    assert cnt.by_name["kernel.fit_disp"] >= 2 and cnt.by_name["kernel.irls"] >= 1, cnt.top()
     assert gpu.trend.kind == cpu.trend.kind
     for k in ("dispFit", "dispMAP", "dispersion", "deviance", "maxCooks"):
         np.testing.assert_allclose(gpu.genes[k], cpu.genes[k], rtol=1e-6, atol=0, equal_nan=True, err_msg=k)

@@ -12,32 +12,42 @@ import scipy.stats
 
 from gpuc._backend import get_backend
 from gpuc.deseq import _kernels
-from gpuc.deseq._dispersion import _logpost
 from gpuc.deseq._glm import outer_rows
 
 pytest.importorskip("numba")
 
 
-@pytest.mark.parametrize("derivs", [False, True])
 @pytest.mark.parametrize("prior", [False, True])
-def test_logpost_kernel_matches_numpy(disable_numba, derivs, prior):
+def test_r_log_posterior_array_code_equals_per_gene_code(prior):
+    """R's log posterior and its derivative (gpuc.deseq._fitdisp) in array code (R's expressions) equal the per-gene
+    code the kernels compile (R's expressions below alpha 1e-4, exact tables above), and R's lgamma branches equal lgamma to its rounding below 4934720 (above it R drops the Stirling
+    correction, 1 / (12 x), as gpuc does)."""
+    import math
+
+    from gpuc.deseq import _fitdisp as F
+    from gpuc.deseq._dispersion import _r_dlogpost, _r_logpost
+
     rng = np.random.default_rng(3)
-    G, n = 400, 15
+    G, n = 200, 15
     x = np.column_stack([np.ones(n), np.repeat([0.0, 1.0], [7, 8]), rng.normal(size=n)])
     mu = np.exp(rng.normal(2, 2.5, (G, 1)) + rng.normal(0, 0.3, (G, n)))
     y = rng.negative_binomial(4, 4 / (4 + mu)).astype(float)
-    y[:20] += 0.25  # non-integer counts take the general path
-    la = rng.uniform(np.log(1e-4), np.log(20), G)
-    pm = rng.normal(-2, 1, G) if prior else None
+    la = rng.uniform(np.log(1e-7), np.log(20), G)
+    pm = rng.normal(-2, 1, G)
     bk = get_backend("cpu")
-    xx = outer_rows(x)
-    got = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)
-    disable_numba()
-    ref = _logpost(bk, la, y, mu, xx, 3, cr=True, prior_mean=pm, prior_var=0.7, derivs=derivs)
-    for a, b in zip(got, ref, strict=True):
-        if b is not None:
-            # the numpy form's trigamma is a 2e-9 approximation and lgamma differences cancel at small alpha
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    kw = {"pm": pm, "pv": 0.7, "use_prior": prior, "cr": True}
+    f = _r_logpost(bk, la, y, mu, outer_rows(x), 3, **kw)
+    g = _r_dlogpost(bk, la, y, mu, outer_rows(x), 3, **kw)
+    b, db, none = np.empty(9 + 64), np.empty(9), np.empty(0)
+    for i in range(G):
+        args = (y[i], mu[i], 0, 1, n, x.reshape(-1), 3, pm[i], 0.7, prior, True)
+        assert F.log_posterior(la[i], *args, b, none) == pytest.approx(f[i], rel=1e-13, abs=1e-9)
+        # above alpha 1e-4 the kernels sum psi(r) - psi(y + r) exactly, the array code takes R's expression
+        tol = 1e-9
+        assert F.dlog_posterior(la[i], *args, b, db, none, False) == pytest.approx(g[i], rel=tol, abs=tol)
+    for v in (0.3, 2.5, 10.0, 10.5, 123.4, 1e4, 4.9e6):
+        assert F.r_lgamma(v) == pytest.approx(math.lgamma(v), rel=4e-16, abs=4e-16)
+    assert F.r_lgamma(1e7) == pytest.approx(math.lgamma(1e7) - 1 / 12e7, rel=1e-15)
 
 
 def test_const_kernel_matches_gammaln():
@@ -97,9 +107,10 @@ def test_independent_filtering_equals_per_threshold_bh():
 
 
 @pytest.mark.parametrize("prior", [False, True])
-def test_newton_kernel_equals_array_loop(monkeypatch, prior):
-    """The compiled per-gene Newton loop takes the steps of the array code: same iterations and convergence, the same
-    estimates up to the rounding of the p x p determinant and inverse (LU here, LAPACK there)."""
+def test_fitdisp_kernel_equals_array_loop(monkeypatch, prior):
+    """R's line search compiled per gene (gpuc.deseq._fitdisp) and in array code take the same proposals: same
+    proposal counts and convergence, the same estimates up to rounding (scipy's lgamma below 10 and LAPACK's
+    determinant in the array code against the C library's lgamma and a Cholesky factor in the kernel)."""
     from gpuc.deseq._dispersion import fit_log_alpha
 
     rng = np.random.default_rng(5)
@@ -113,18 +124,47 @@ def test_newton_kernel_equals_array_loop(monkeypatch, prior):
     mu = np.maximum(mu, 0.5)
     a0 = np.exp(rng.uniform(np.log(1e-6), np.log(5), G))
     bk = get_backend("cpu")
-    kw = {"min_disp": 1e-8, "max_disp": 12.0, "r_flat_start": not prior}
+    kw = {"min_disp": 1e-8, "max_disp": 12.0}
     if prior:
         kw |= {"prior_mean": rng.normal(-2, 1, G), "prior_var": 0.6}
     got = fit_log_alpha(bk, y, mu, x, a0, **kw)
-    monkeypatch.setattr(_kernels, "newton_kernel", lambda: None)
+    monkeypatch.setattr(_kernels, "fitdisp_kernel", lambda: None)
+    monkeypatch.setattr(_kernels, "fitdisp_grid_kernel", lambda: None)
     ref = fit_log_alpha(bk, y, mu, x, a0, **kw)
-    np.testing.assert_array_equal(got.converged, ref.converged)
-    np.testing.assert_array_equal(got.iters, ref.iters)
-    # near the minimum dispersion the log posterior is flat in log alpha: rounding moves the optimum there
-    np.testing.assert_allclose(got.alpha, ref.alpha, rtol=1e-9, atol=1e-12)
-    for a, b in zip(got.state, ref.state, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-7)  # log alpha there: 1e-7 is 1e-14 in alpha
+    # a decision on a last-bit difference of the log posterior changes a gene's path: allow one gene in 600
+    same = (got.iters == ref.iters) & (got.converged == ref.converged)
+    assert same.sum() >= G - 1
+    np.testing.assert_allclose(got.alpha[same], ref.alpha[same], rtol=1e-9, atol=1e-14)
+
+
+def test_fitdisp_matches_r_on_a_gene():
+    """R 1.38.3's fitDisp on pasilla gene FBgn0032518 (~type + condition, MAP step; R's inputs printed by R with 17
+    digits by tests/data/deseq/fitdisp_gene_R.R): R made 11 proposals, 8 accepted, and stopped at
+    log alpha -5.166177188298; the 10th proposal improved the log posterior by 2 units in the last place, which R
+    rejected: its mu (from its own IRLS) differs from gpuc's in the last bits, and so do the sums. Up to the 9th
+    proposal gpuc's log posterior values equal R's to 1e-13 relative."""
+    import math
+
+    from gpuc.deseq import _fitdisp as F
+
+    y = np.array([19386, 32419, 16321, 20918, 24253, 16822, 18319], dtype=float)
+    mu = np.array(
+        [20042.035492438055, 31570.364229463823, 17150.890623158637, 19847.892525368137, 24116.715594506411,
+         16833.061669201797, 18411.466930517257]
+    )  # fmt: skip
+    x = np.array([[1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 0, 0], [1, 1, 1], [1, 0, 1], [1, 0, 1]], dtype=float)
+    pm, pv = math.log(0.0081064977443200507), 0.25519261862396214
+    b, db = np.empty(9 + 64), np.empty(9)
+    args = (y, mu, 0, 1, 7, x.reshape(-1), 3, pm, pv, True, True)
+    # R's (log alpha, last_lp) after 3 and after 9 proposals (fitDisp with maxit = 3, 9)
+    for la, lp in ((-4.846672029955, -147927.939372532885), (-5.166179376989, -147927.710708638391)):
+        assert F.log_posterior(la, *args, b, np.empty(0)) == pytest.approx(lp, rel=1e-13, abs=0)
+    res = np.empty(4)
+    F.fit_disp_gene(
+        math.log(0.0017192600946917714), *args[:10], math.log(1e-9), 1.0, 1e-6, 9, True, b, db, np.empty(7), res
+    )
+    assert res[0] == pytest.approx(-5.166179376989, abs=1e-11)
+    assert res[3] == pytest.approx(-147927.710708638391, rel=1e-13, abs=0)
 
 
 @pytest.mark.parametrize("complete", [True, False])

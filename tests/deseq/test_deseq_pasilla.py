@@ -45,6 +45,9 @@ def pasilla_fits() -> dict[str, ad.AnnData]:
     out = {}
     for tag, design in DESIGN.items():
         a = gpuc.datasets.pasilla()
+        # R's factor levels (alphabetical): paired-end is type's reference level in the R run, as here; the ridge
+        # penalty of the fit, and so the last digits of every result, depend on the parametrisation
+        a.obs["type"] = a.obs["type"].cat.reorder_categories(["paired-end", "single-read"])
         gpuc.tl.deseq(
             a, design, contrast=["condition", "treated", "untreated"], alpha=0.1, lfc_shrink="normal", device="cpu"
         )
@@ -60,12 +63,17 @@ def test_pasilla_vs_r(pasilla_fits, tag):
     assert list(res.index) == list(ref.index)
     np.testing.assert_allclose(res["baseMean"], ref["baseMean"], rtol=1e-6)
     _gates(res, ref)
-    # dispersion trend and final dispersions
-    fit = a.var["deseq_dispFit"].to_numpy()
+    # gene by gene (R's values are rounded to 7 digits here: 1.5e-6 is the tightest meaningful tolerance). gpuc runs
+    # R's dispersion search; where one of R's decisions hinged on the last bits of its log posterior (R's mu, from its
+    # own arithmetic, differs from gpuc's there), a gene ends elsewhere: 3 of 12,355 gene-wise estimates with
+    # ~condition, none with ~type + condition. Those 3 move the trend by 5e-6 (~condition), and with it every MAP.
     ok = np.isfinite(ref["dispFit"].to_numpy())
-    assert np.max(np.abs(fit[ok] / ref["dispFit"].to_numpy()[ok] - 1)) < 0.02
-    final = a.var["deseq_dispersion"].to_numpy()
-    assert np.median(np.abs(final[ok] / ref["dispersion"].to_numpy()[ok] - 1)) < 0.01
+    rel = lambda f: np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1)  # noqa: E731
+    assert (rel("dispGeneEst") > 1.5e-6).sum() <= (3 if tag == "condition" else 0)
+    assert rel("dispFit").max() < (1e-5 if tag == "condition" else 1.5e-6)
+    assert np.percentile(rel("dispersion"), 99.9) < (1e-4 if tag == "condition" else 1.5e-6)
+    sig, sig_r = set(res.index[res["padj"] < 0.1]), set(ref.index[ref["padj"] < 0.1])
+    assert sig == sig_r, (sorted(sig - sig_r), sorted(sig_r - sig))
 
 
 @pytest.mark.parametrize("tag", list(DESIGN))

@@ -1,20 +1,25 @@
-"""Dispersion estimation: initial estimates, genewise MLE with Cox-Reid, trend, prior variance, MAP, outliers.
+"""Dispersion estimation as R DESeq2 1.38 computes it: starting values, gene-wise estimates, trend, prior variance,
+MAP estimates, dispersion outliers.
 
-The genewise and MAP problems are 1-D in log(alpha) per gene and are solved for all genes at once by a safeguarded
-Newton method (analytic gradient and Hessian of the NB log-likelihood plus the Cox-Reid term, step halving so that
-the objective never decreases, bounds as R), with a batched grid search for genes that do not converge. Unlike
-R's line search this reaches the optimum; R can stop a few percent short for high-count genes.
+Gene-wise and MAP estimates run R's own search (``fitDisp`` in DESeq2's C++: steepest ascent on log alpha with
+Armijo backtracking, the Cox-Reid term and, for MAP, the log-normal prior; :mod:`gpuc.deseq._fitdisp`) from R's
+starting values, with R's rules after it (``estimateDispersionsGeneEst``: the log posterior must rise by a millionth
+or the start is kept; genes stopped after one step or at 100 proposals go to R's 20 + 20-point grid, ``fitDispGrid``;
+``estimateDispersionsMAP``: genes at 100 proposals go to the grid with the prior). R's search can stop short of the
+maximum of the log posterior (by up to a few percent for high counts); gpuc returns R's estimate all the same, not the
+optimum. Where one of R's decisions hinges on the last bits of a log posterior value (a step that raises it by one
+or two units in the last place), gpuc's arithmetic, which is R's up to the rounding of its inputs, can decide the
+other way for that gene: 0 to 3 genes in 12,000 on pasilla.
 
-The Newton loop and the grid search run per gene in compiled code where they can (numba on the CPU,
-``_kernels_cpu``; one numba-cuda launch with a thread per gene on the GPU, ``_kernels_gpu``); the batched array form
-(:func:`_newton`, :func:`_logpost`) is the fallback and computes the same log posterior (the kernels' recurrences
-and series for the count terms, which do not cancel at small alpha).
+The search runs per gene in compiled code (numba on the CPU; one numba-cuda launch, a thread per gene, on the GPU),
+from one source; the batched array form (:func:`_fitdisp_array`) is the fallback and follows the same arithmetic.
+The trend (:func:`parametric_trend`, :func:`local_trend`: locfit's adaptive tree; or the trimmed mean) and the prior
+variance are host computations on a few thousand numbers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +87,12 @@ def dispersion_mu(bk: Backend, y: Any, sf: Any, x: Any, alpha0: Any, *, min_mu: 
 # --------------------------------------------------------------------------------------------------------------------
 # the 1-D log-posterior in log(alpha)
 # --------------------------------------------------------------------------------------------------------------------
-K_TABLE = 64  # integer counts below this use the recurrences, as the compiled kernels (_kernels_cpu.K)
-HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def _psi(xp: Any, x: Any) -> Any:
-    """psi(x) for x > 0 as the kernels' ``psi``: the recurrence up to x >= 10, then the asymptotic series."""
+    """psi(x) for x > 0 as :func:`gpuc.deseq._fitdisp.r_digamma`: the recurrence up to x >= 10, then the asymptotic
+    series (array code).
+    """
     acc = xp.zeros_like(x)
     for _ in range(10):
         m = x < 10.0
@@ -110,190 +115,6 @@ def _psi(xp: Any, x: Any) -> Any:
     return acc + big
 
 
-def _tri(xp: Any, x: Any) -> Any:
-    """psi_1(x) for x > 0 as the kernels' ``tri``: the recurrence up to x >= 10, then the asymptotic series."""
-    acc = xp.zeros_like(x)
-    for _ in range(10):
-        m = x < 10.0
-        acc = acc + xp.where(m, 1.0 / (x * x), 0.0)
-        x = xp.where(m, x + 1.0, x)
-    v = 1.0 / x
-    z = v * v
-    big = v + z * (
-        0.5
-        + v
-        * (1.0 / 6.0 - z * (1.0 / 30.0 - z * (1.0 / 42.0 - z * (1.0 / 30.0 - z * (5.0 / 66.0 - z * (691.0 / 2730.0))))))
-    )
-    return acc + big
-
-
-def _nb_count_terms(bk: Backend, y: Any, r: Any, derivs: bool) -> tuple[Any, Any, Any]:
-    """Per entry, lgamma(y + r) - lgamma(r) and (with ``derivs``) psi(y + r) - psi(r), psi_1(y + r) - psi_1(r), for
-    counts ``y`` (G, n) and r = 1/alpha (G,), computed as the compiled kernels do (``_kernels_cpu.gene_nb_terms``):
-    integer counts below :data:`K_TABLE` from per-gene tables of the exact recurrences (sum of log(r + k), 1/(r + k),
-    -1/(r + k)^2 over k < y, free of the cancellation of large lgamma values at small alpha), larger ones by the
-    asymptotic series, non-integer ones by lgamma and the kernels' psi and psi_1. Zero counts give 0.
-    """
-    xp, sp = bk.xp, bk.special
-    G = y.shape[0]
-    q = r[:, None] + xp.arange(K_TABLE - 1, dtype=xp.float64)[None, :]
-    zero = xp.zeros((G, 1))
-    # tables indexed by the count: entry k holds the sum over the first k terms
-    t_lg = xp.concatenate([zero, xp.cumsum(xp.log(q), axis=1)], axis=1)
-    small = (y < K_TABLE) & (y == xp.floor(y))
-    k = xp.where(small, y, 0.0).astype(xp.int64)
-    d_lg = xp.take_along_axis(t_lg, k, axis=1)
-    yr = y + r[:, None]
-    big = (~small) & (yr >= K_TABLE)
-    other = ~small & ~big
-    lgr = sp.gammaln(r)[:, None]
-    lx = xp.log(yr)
-    v = 1.0 / yr
-    z = v * v
-    stirling = (
-        (yr - 0.5) * lx
-        - yr
-        + HALF_LOG_2PI
-        + v * (1.0 / 12.0 - z * (1.0 / 360.0 - z * (1.0 / 1260.0 - z * (1.0 / 1680.0 - z / 1188.0))))
-        - lgr
-    )
-    d_lg = xp.where(big, stirling, d_lg)
-    has_other = bool(other.any())
-    if has_other:
-        d_lg = xp.where(other, sp.gammaln(yr) - lgr, d_lg)
-    if not derivs:
-        return d_lg, None, None
-    iq = 1.0 / q
-    t_dg = xp.concatenate([zero, xp.cumsum(iq, axis=1)], axis=1)
-    t_tg = xp.concatenate([zero, xp.cumsum(-(iq * iq), axis=1)], axis=1)
-    dgr = _psi(xp, r)[:, None]
-    tgr = _tri(xp, r)[:, None]
-    d_dg = xp.where(
-        big,
-        (lx - 0.5 * v - z * (1.0 / 12.0 - z * (1.0 / 120.0 - z * (1.0 / 252.0 - z / 240.0)))) - dgr,
-        xp.take_along_axis(t_dg, k, axis=1),
-    )
-    d_tg = xp.where(
-        big,
-        (v + z * (0.5 + v * (1.0 / 6.0 - z * (1.0 / 30.0 - z * (1.0 / 42.0 - z / 30.0))))) - tgr,
-        xp.take_along_axis(t_tg, k, axis=1),
-    )
-    if has_other:
-        d_dg = xp.where(other, _psi(xp, yr) - dgr, d_dg)
-        d_tg = xp.where(other, _tri(xp, yr) - tgr, d_tg)
-    return d_lg, d_dg, d_tg
-
-
-def _logpost(
-    bk: Backend,
-    la: Any,
-    y: Any,
-    mu: Any,
-    xx: Any,
-    p: int,
-    *,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    derivs: bool,
-) -> tuple[Any, Any, Any]:
-    """Log posterior (NB log-likelihood + Cox-Reid [+ log-normal prior]) and its first two derivatives in log alpha.
-
-    The NB part drops the alpha-free constants (sum of y log mu and log y!), so values are relative. Per-gene
-    terms (digamma, trigamma and lgamma of 1/alpha) are computed once per gene; only terms in y + 1/alpha and
-    alpha * mu are elementwise. On the CPU the per-gene sums come from one compiled pass (``_kernels``), elsewhere
-    from array code (:func:`_logpost_sums`); both give the same values, finished here the same way.
-    """
-    xp = bk.xp
-    kern = None
-    if not bk.is_gpu:
-        from gpuc.deseq._kernels import nb_logpost_kernel
-
-        kern = nb_logpost_kernel()
-    if kern is not None:
-        la, f, ga, ha, m, a2, a3 = _logpost_sums_compiled(kern, la, y, mu, xx, p, cr=cr, derivs=derivs)
-    else:
-        f, ga, ha, m, a2, a3 = _logpost_sums(bk, la, y, mu, xx, p, cr=cr, derivs=derivs)
-    if cr:
-        _, logdet = xp.linalg.slogdet(m)
-        f = f - 0.5 * logdet
-    if prior_mean is not None:
-        f = f - (la - prior_mean) ** 2 / (2.0 * prior_var)
-    if not derivs:
-        return f, None, None
-    if cr:
-        minv = xp.linalg.inv(m)
-        b = minv @ a2
-        ga = ga + 0.5 * xp.trace(b, axis1=1, axis2=2)
-        ha = ha + 0.5 * ((b * xp.swapaxes(b, 1, 2)).sum(axis=(1, 2)) - 2.0 * (minv * a3).sum(axis=(1, 2)))
-    alpha = xp.exp(la)
-    g = alpha * ga
-    h = alpha * alpha * ha + g
-    if prior_mean is not None:
-        g = g - (la - prior_mean) / prior_var
-        h = h - 1.0 / prior_var
-    return f, g, h
-
-
-def _logpost_sums(bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, derivs: bool) -> tuple:
-    """The per-gene parts of :func:`_logpost` in array code (any device): the NB log-likelihood ``f`` and, with
-    ``derivs``, its derivatives ``ga``, ``ha`` in alpha; with ``cr`` the matrices X' W X (``m``) and, with ``derivs``,
-    X' W^2 X and X' W^3 X (``a2``, ``a3``) of the Cox-Reid term. What is not computed is None.
-    """
-    xp = bk.xp
-    alpha = xp.exp(la)
-    r1 = 1.0 / alpha  # per gene
-    a = alpha[:, None]
-    amu = a * mu
-    u1 = 1.0 + amu
-    inv_one = 1.0 / u1
-    l1p = xp.log(u1) + (amu - (u1 - 1.0)) * inv_one  # log1p(alpha mu) as the compiled kernels compute it
-    yr = y + r1[:, None]
-    sum_y = y.sum(axis=1)
-    d_lg, d_dg, d_tg = _nb_count_terms(bk, y, r1, derivs)
-    # NB log-likelihood up to alpha-free constants: sum [lgamma(y+r) - lgamma(r)] + log(alpha) sum y - sum (y+r) l1p
-    f = d_lg.sum(axis=1) + la * sum_y - (yr * l1p).sum(axis=1)
-    w = mu * inv_one if cr or derivs else None
-    m = normal_matrix(w, xx, p) if cr else None
-    if not derivs:
-        return f, None, None, m, None, None
-    ym = (y - mu) * inv_one
-    base = -d_dg.sum(axis=1) + l1p.sum(axis=1)
-    ga = r1 * r1 * base + r1 * ym.sum(axis=1)
-    ha = (
-        -2.0 * r1 * r1 * r1 * base
-        + r1 * r1 * (w.sum(axis=1) + r1 * r1 * d_tg.sum(axis=1))
-        - r1 * r1 * (ym * (2.0 - inv_one)).sum(axis=1)
-    )
-    a2 = a3 = None
-    if cr:
-        w2 = w * w
-        a2 = normal_matrix(w2, xx, p)
-        a3 = normal_matrix(w2 * w, xx, p)
-    return f, ga, ha, m, a2, a3
-
-
-def _logpost_sums_compiled(kern: Any, la: Any, y: Any, mu: Any, xx: Any, p: int, *, cr: bool, derivs: bool) -> tuple:
-    """:func:`_logpost_sums` on the CPU from one compiled pass (``_kernels``), same values; returns ``la`` as the
-    kernel read it (float64, contiguous) first.
-    """
-    la = np.ascontiguousarray(la, dtype=np.float64)
-    G = la.shape[0]
-    y = np.ascontiguousarray(y, dtype=np.float64)
-    mu = np.ascontiguousarray(mu, dtype=np.float64)
-    xx = np.ascontiguousarray(xx, dtype=np.float64)
-    f = np.empty(G)
-    ga = np.empty(G if derivs else 0)
-    ha = np.empty(G if derivs else 0)
-    pp = p * p
-    m = np.empty((G, pp) if cr else (0, pp))
-    a2 = np.empty((G, pp) if cr and derivs else (0, pp))
-    a3 = np.empty((G, pp) if cr and derivs else (0, pp))
-    kern(la, y, mu, xx, derivs, cr, f, ga, ha, m, a2, a3)
-    m, a2, a3 = (v.reshape(G, p, p) if use else None for v, use in ((m, cr), (a2, cr and derivs), (a3, cr and derivs)))
-    return la, f, ga, ha, m, a2, a3
-
-
 @dataclass
 class DispFit:
     """Result of :func:`fit_log_alpha`."""
@@ -301,30 +122,21 @@ class DispFit:
     alpha: Any
     iters: Any
     converged: Any
-    state: tuple | None = None  # (log alpha, f, g, h) of the Newton iterate before R's rules, for warm starts
+    state: tuple | None = None  # (log alpha, proposals, initial lp, last lp) of R's line search, before R's rules
 
 
 def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: Any) -> DispFit:
-    """Batched log-alpha solver (see :func:`_fit_log_alpha`); on the CPU large problems run in gene blocks."""
+    """R's dispersion search (see :func:`_fit_log_alpha`); on the CPU large problems run in gene blocks."""
     from gpuc.deseq._threads import gene_blocks, map_blocks
 
+    kwargs.pop("init_state", None)  # accepted for callers of the former Newton solver; R starts from alpha0 only
     blocks = gene_blocks(bk, y.shape[0], y.shape[1])
     if blocks is None:
         return _fit_log_alpha(bk, y, mu, x, alpha0, **kwargs)
     pm = kwargs.pop("prior_mean", None)
-    st = kwargs.pop("init_state", None)
     parts = map_blocks(
         blocks,
-        lambda s: _fit_log_alpha(
-            bk,
-            y[s],
-            mu[s],
-            x,
-            alpha0[s],
-            prior_mean=None if pm is None else pm[s],
-            init_state=None if st is None else tuple(v[s] for v in st),
-            **kwargs,
-        ),
+        lambda s: _fit_log_alpha(bk, y[s], mu[s], x, alpha0[s], prior_mean=None if pm is None else pm[s], **kwargs),
     )
     xp = bk.xp
     state = tuple(xp.concatenate([q.state[i] for q in parts]) for i in range(4))
@@ -349,374 +161,317 @@ def _fit_log_alpha(
     prior_var: float | None = None,
     cr: bool = True,
     maxit: int = 100,
-    tol: float = 1e-8,
-    r_flat_start: bool = False,
-    init_state: tuple | None = None,
+    tol: float = 1e-6,
+    kappa_0: float = 1.0,
+    r_flat_start: bool = True,
 ) -> DispFit:
-    """Maximise the (Cox-Reid adjusted, optionally log-normal-prior) NB log posterior in log alpha for all genes.
+    """R DESeq2's dispersion estimate for all genes: ``fitDisp`` from ``alpha0`` then R's rules.
 
-    Bounds: log(min_disp / 10) .. log(max_disp) as R's line search; the result is clipped to [min_disp, max_disp].
-    Genes that do not converge within ``maxit`` Newton steps are refitted on a 20+20-point grid of the same
-    objective (keeping the prior).
+    Without a prior this is ``estimateDispersionsGeneEst`` after its starting values (``niter = 1``): the line
+    search (:mod:`gpuc.deseq._fitdisp`) bounded below by log(min_disp / 10); its estimate capped at ``max_disp``;
+    genes whose log posterior rose by less than a millionth of its start value keep ``alpha0`` ("noIncrease"); genes
+    that made ``maxit`` proposals or stopped after one, with an estimate above 10 ``min_disp``, take R's grid search
+    (``fitDispGrid``, no prior) instead; finally clipped to [min_disp, max_disp]. With ``prior_mean`` (log trend
+    values) and ``prior_var`` it is ``estimateDispersionsMAP``'s fit: the same search with the log-normal prior,
+    genes that made ``maxit`` proposals take the grid search with the prior, clipped to [min_disp, max_disp].
 
-    ``r_flat_start`` applies R's post-processing of the genewise estimate, emulating its line search where that
-    changes results: R stops after the first step when it raises the log posterior by less than 1e-6 (flat start,
-    typically at the minimum dispersion); an estimate whose log posterior rose by less than a millionth of its
-    start value reverts to the start ("noIncrease"); and genes stopped after one step with an estimate above
-    10 * min_disp are refitted on R's 20+20-point grid. Elsewhere the exact optimum is kept.
+    R's search can stop short of the optimum (its tolerance is on the log posterior, 1e-6, and a search that makes
+    little progress in its first step stops there); gpuc returns R's estimate, not the optimum. ``r_flat_start`` is
+    accepted for compatibility and has no effect (R's rules always apply).
     """
+    from gpuc.deseq._fitdisp import grid_bounds
+
+    del r_flat_start
     xp = bk.xp
-    p = x.shape[1]
-    xx = outer_rows(x)
-    lo, hi = math.log(min_disp / 10.0), math.log(max_disp)
-    la = xp.clip(xp.log(alpha0), lo, hi)
-
-    def grid(i: Any) -> Any:
-        """R's grid search of the genes ``i`` (same objective, prior included), from the minimum dispersion up."""
-        pm = None if prior_mean is None else prior_mean[i]
-        return _grid_search(
-            bk, y[i], mu[i], xx, p, lo=math.log(min_disp), hi=hi, cr=cr, prior_mean=pm, prior_var=prior_var
-        )
-
-    problem = NewtonProblem(
-        y, mu, xx, p, cr=cr, prior_mean=prior_mean, prior_var=prior_var, lo=lo, hi=hi, maxit=maxit, tol=tol,
-        r_flat_start=r_flat_start, init_state=init_state,
-    )  # fmt: skip
-    from gpuc.deseq._kernels import gpu_kernels, newton_kernel
-
-    kern = None if bk.is_gpu else newton_kernel()
-    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
-    if kern is not None:
-        la, f, g, h, iters, conv, r_state = _newton_compiled(kern, la, problem)
-    elif gk is not None:
-        la, f, g, h, iters, conv, r_state = _newton_gpu(bk, gk, la, problem)
-    else:
-        la, f, g, h, iters, conv, r_state = _newton(bk, la, problem)
-    state = (la.copy(), f.copy(), g.copy(), h.copy())
-    if bool((~conv).any()):
-        bad = xp.nonzero(~conv)[0]
-        la[bad] = grid(bad)
-    if r_state is not None:
-        la0, f0, target, f1, stuck = r_state
-        f_opt = f  # the log posterior at the current estimate, kept up to date by the Newton loop
-        est = xp.where(stuck, target, la)
-        last = xp.where(stuck, f1, f_opt)
-        # R: noIncrease <- last_lp < initial_lp + abs(initial_lp) / 1e6 (our log posterior is R's: its likelihood
-        # also omits log y! and uses y log(mu + 1/alpha))
-        no_increase = last - f0 < xp.abs(f0) / 1e6
-        est = xp.where(no_increase, la0, est)
-        regrid = stuck & (xp.exp(est) > 10 * min_disp)
-        if bool(regrid.any()):
-            gi = xp.nonzero(regrid)[0]
-            est[gi] = grid(gi)
-        la = est
-    alpha = xp.clip(xp.exp(la), min_disp, max_disp)
-    return DispFit(alpha, iters, conv, state)
-
-
-@dataclass(frozen=True)
-class NewtonProblem:
-    """The log-alpha problem of every gene that the three Newton solvers (:func:`_newton_compiled` on the CPU,
-    :func:`_newton_gpu`, the array code :func:`_newton`) take besides the starting iterate; each solver unpacks it in
-    one place (:meth:`fields`) and passes the scalars on to its kernel.
-
-    Attributes
-    ----------
-    y, mu
-        Genes x samples counts and (floored) means of the negative-binomial likelihood.
-    xx
-        Outer products of the design rows (:func:`gpuc.deseq._glm.outer_rows`), for the Cox-Reid term.
-    p
-        Design columns.
-    cr
-        Add the Cox-Reid adjustment (``-0.5 log det(X' W X)``).
-    prior_mean, prior_var
-        Per-gene mean and the variance of the log-normal prior on alpha (MAP fit); ``None`` for the genewise MLE.
-    lo, hi
-        Bounds of log alpha.
-    maxit, tol
-        Newton iterations at most, and the relative change of the log posterior at which a gene has converged.
-    r_flat_start
-        Also return R's first line-search step quantities (genewise fit, see :func:`_fit_log_alpha`).
-    init_state
-        ``(log alpha, f, g, h)`` of an earlier fit to warm-start from (MAP after genewise), or ``None``.
-    """
-
-    y: Any
-    mu: Any
-    xx: Any
-    p: int
-    cr: bool = True
-    prior_mean: Any = None
-    prior_var: float | None = None
-    lo: float = -math.inf
-    hi: float = math.inf
-    maxit: int = 100
-    tol: float = 1e-8
-    r_flat_start: bool = False
-    init_state: tuple | None = None
-
-    def fields(self) -> tuple:
-        """Every field, in the order of the kernels' arguments after the iterate."""
-        return (
-            self.y, self.mu, self.xx, self.p, self.cr, self.prior_mean, self.prior_var, self.lo, self.hi, self.maxit,
-            self.tol, self.r_flat_start, self.init_state,
-        )  # fmt: skip
-
-
-def _newton_compiled(kern: Any, la: np.ndarray, problem: NewtonProblem) -> tuple:
-    """:func:`_newton` on the CPU as one compiled loop over the genes (``_kernels_cpu.newton_log_alpha``)."""
-    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
-    G = y.shape[0]
-    c = np.ascontiguousarray
-    has_prior = prior_mean is not None
-    pm = c(prior_mean, dtype=np.float64) if has_prior else np.empty(0)
-    st = tuple(c(v, dtype=np.float64) for v in init_state) if init_state is not None else (np.empty(0),) * 4
-    out = np.empty((10 if r_flat_start else 6, G))
-    la_start = c(la, dtype=np.float64)
-    kern(
-        la_start,
-        c(y, dtype=np.float64),
-        c(mu, dtype=np.float64),
-        c(xx, dtype=np.float64),
-        p,
-        cr,
-        has_prior,
-        pm,
-        0.0 if prior_var is None else float(prior_var),
-        lo,
-        hi,
-        maxit,
-        tol,
-        init_state is not None,
-        *st,
-        r_flat_start,
-        out,
+    n = y.shape[1]
+    use_prior = prior_mean is not None
+    la0 = xp.log(alpha0)
+    pv = float(prior_var) if use_prior else 1.0
+    pm = prior_mean
+    la, it, lp0, lp1 = _fitdisp(
+        bk, la0, y, mu, x, pm, pv, use_prior, math.log(min_disp / 10.0), kappa_0, tol, maxit, cr
     )
-    r_state = None
-    if r_flat_start:
-        r_state = (la_start, out[9].copy(), out[6].copy(), out[7].copy(), out[8] > 0)
-    return out[0].copy(), out[1].copy(), out[2].copy(), out[3].copy(), out[4].astype(np.int64), out[5] > 0, r_state
+    if use_prior:
+        est = xp.exp(la)
+        conv = it < maxit
+        refit = ~conv
+    else:
+        est = xp.minimum(xp.exp(la), max_disp)
+        no_increase = lp1 < lp0 + xp.abs(lp0) / 1e6
+        est = xp.where(no_increase, alpha0, est)
+        conv = (it < maxit) & (it != 1)
+        refit = ~conv & (est > min_disp * 10.0)
+    if bool(refit.any()):
+        gi = xp.nonzero(refit)[0]
+        lo, hi = grid_bounds(n)
+        est[gi] = xp.exp(
+            _fitdisp_grid(bk, y[gi], mu[gi], x, None if pm is None else pm[gi], pv, use_prior, cr, lo, hi, 20)
+        )
+    alpha = xp.clip(est, min_disp, max_disp)
+    return DispFit(alpha, it, conv, (la, it.astype(xp.float64), lp0, lp1))
 
 
-def _newton_gpu(bk: Backend, gk: Any, la: Any, problem: NewtonProblem) -> tuple:
-    """:func:`_newton` on the GPU as one kernel launch, one thread per gene (``_kernels_gpu.newton_log_alpha``, the
-    CPU kernel's loop); returns what :func:`_newton` returns, on the device.
+def _fitdisp(
+    bk: Backend,
+    la0: Any,
+    y: Any,
+    mu: Any,
+    x: Any,
+    pm: Any,
+    pv: float,
+    use_prior: bool,
+    min_log_alpha: float,
+    kappa_0: float,
+    tol: float,
+    maxit: int,
+    cr: bool,
+) -> tuple[Any, Any, Any, Any]:
+    """R's ``fitDisp`` for every gene: (log alpha, proposals made, initial and last log posterior). On the CPU the
+    compiled loop (:func:`gpuc.deseq._fitdisp.fit_disp_cpu`), on the GPU one kernel launch, else array code.
     """
-    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
+    from gpuc.deseq._kernels import fitdisp_kernel, gpu_kernels
+
     xp = bk.xp
     G = y.shape[0]
     f64 = xp.float64
-    has_prior = prior_mean is not None
-    none = xp.empty(1)
-    pm = xp.ascontiguousarray(prior_mean, dtype=f64) if has_prior else none
-    st = tuple(xp.ascontiguousarray(v, dtype=f64) for v in init_state) if init_state is not None else (none,) * 4
-    out = xp.empty((10 if r_flat_start else 6, G))
-    la_start = xp.ascontiguousarray(la, dtype=f64)
-    bk.launch(
-        gk.newton_log_alpha,
-        gk.blocks_for(G),
-        gk.THREADS,
-        la_start,
-        xp.ascontiguousarray(y.T, dtype=f64),
-        xp.ascontiguousarray(mu.T, dtype=f64),
-        xp.ascontiguousarray(xx, dtype=f64),
-        int(p),
-        bool(cr),
-        has_prior,
-        pm,
-        0.0 if prior_var is None else float(prior_var),
-        float(lo),
-        float(hi),
-        int(maxit),
-        float(tol),
-        init_state is not None,
-        *st,
-        bool(r_flat_start),
-        out,
-    )
-    r_state = (la_start, out[9], out[6], out[7], out[8] > 0) if r_flat_start else None
-    return out[0], out[1], out[2], out[3], out[4].astype(xp.int64), out[5] > 0, r_state
-
-
-def _newton(bk: Backend, la: Any, problem: NewtonProblem) -> tuple:
-    """The safeguarded Newton iterations of :func:`_fit_log_alpha` for all genes at once (array code, any device).
-
-    Returns the iterate, its log posterior, gradient and Hessian, the iterations, convergence, and R's first-step
-    quantities ``(start, f0, target, f1, stuck)`` with ``r_flat_start`` (else None).
-    """
-    y, mu, xx, p, cr, prior_mean, prior_var, lo, hi, maxit, tol, r_flat_start, init_state = problem.fields()
-    xp = bk.xp
-    G = y.shape[0]
-    pm_all = prior_mean
-    iters = xp.zeros(G, dtype=xp.int64)
-    conv = xp.zeros(G, dtype=bool)
-    idx = xp.arange(G)
-
-    def pm(i: Any) -> Any:
-        return None if pm_all is None else pm_all[i]
-
-    def logpost_of(i: Any, at: Any, derivs: bool) -> tuple[Any, Any, Any]:
-        """:func:`_logpost` of the genes ``i`` at log alpha ``at``."""
-        return _logpost(bk, at, y[i], mu[i], xx, p, cr=cr, prior_mean=pm(i), prior_var=prior_var, derivs=derivs)
-
-    if init_state is None:
-        f, g, h = _logpost(bk, la, y, mu, xx, p, cr=cr, prior_mean=pm_all, prior_var=prior_var, derivs=True)
-    else:
-        # warm start (MAP after genewise): reuse the genewise log likelihood and derivatives where the start is the
-        # genewise iterate, adding the prior terms; evaluate afresh elsewhere
-        la_ref, f, g, h = (xp.array(v, dtype=xp.float64) for v in init_state)
-        if pm_all is not None:
-            d = la - pm_all
-            f = f - d * d / (2.0 * prior_var)
-            g = g - d / prior_var
-            h = h - 1.0 / prior_var
-        redo = xp.nonzero(xp.abs(la - la_ref) > 1e-12)[0]
-        if redo.shape[0]:
-            f[redo], g[redo], h[redo] = logpost_of(redo, la[redo], derivs=True)
-    r_state = None
-    if r_flat_start:
-        # R's first line-search step (kappa = 1, limited to [-30, 10]) and its log posterior on R's scale
-        target = xp.clip(la + g, -30.0, 10.0)
-        # the first step's gain is about g^2, so only genes with a small gradient can gain less than 1e-6
-        f1 = f + g * g
-        cand1 = xp.nonzero(g * g < 1e-3)[0]
-        if cand1.shape[0]:
-            f1[cand1] = logpost_of(cand1, target[cand1], derivs=False)[0]
-        armijo = f1 >= f + 1e-4 * g * (target - la)
-        # a first step gaining less than R's tolerance (1e-6) ends R's search at once; with |gradient| < 1e-3 the
-        # gain of any step R can take is below it, whatever the rounding noise of the log posterior
-        stuck = (armijo & (f1 - f < 1e-6)) | (g * g < 1e-6)
-        r_state = (la.copy(), f.copy(), target, f1, stuck)
-    for _ in range(maxit):
-        if idx.shape[0] == 0:
-            break
-        lai, fi, gi, hi_ = la[idx], f[idx], g[idx], h[idx]
-        ya, mua = y[idx], mu[idx]
-        pmi = pm(idx)
-        step = xp.where(hi_ < 0, -gi / xp.where(hi_ < 0, hi_, -1.0), xp.sign(gi))
-        step = xp.clip(step, -3.0, 3.0)
-        # at a bound with the gradient pointing outward there is nothing to do
-        at_lo = (lai <= lo + 1e-12) & (gi < 0)
-        at_hi = (lai >= hi - 1e-12) & (gi > 0)
-        step = xp.where(at_lo | at_hi, 0.0, step)
-        # full step first, with derivatives (accepted for most genes)
-        cand = xp.clip(lai + step, lo, hi)
-        fn, gn, hn = _logpost(bk, cand, ya, mua, xx, p, cr=cr, prior_mean=pmi, prior_var=prior_var, derivs=True)
-        ok = (fn >= fi - 1e-12 * (xp.abs(fi) + 1.0)) & xp.isfinite(fn)
-        newla = xp.where(ok, cand, lai)
-        accepted = ok | (step == 0)
-        fn = xp.where(ok, fn, fi)
-        gn = xp.where(ok, gn, gi)
-        hn = xp.where(ok, hn, hi_)
-        if not bool(accepted.all()):
-            # step halving on the genes whose full step lowered the objective
-            pend = xp.nonzero(~accepted)[0]
-            lp_, sp_, fp_ = lai[pend], step[pend], fi[pend]
-            yp, mp_ = ya[pend], mua[pend]
-            pmp = None if pmi is None else pmi[pend]
-            scale = xp.full(pend.shape[0], 0.5)
-            acc_p = xp.zeros(pend.shape[0], dtype=bool)
-            best = lp_
-            fbest = fp_
-            for _h in range(24):
-                c2 = xp.clip(lp_ + scale * sp_, lo, hi)
-                f2, _, _ = _logpost(bk, c2, yp, mp_, xx, p, cr=cr, prior_mean=pmp, prior_var=prior_var, derivs=False)
-                ok2 = ~acc_p & (f2 >= fp_ - 1e-12 * (xp.abs(fp_) + 1.0)) & xp.isfinite(f2)
-                best = xp.where(ok2, c2, best)
-                fbest = xp.where(ok2, f2, fbest)
-                acc_p |= ok2
-                if bool(acc_p.all()):
-                    break
-                scale = xp.where(acc_p, scale, scale * 0.5)
-            f3, g3, h3 = _logpost(bk, best, yp, mp_, xx, p, cr=cr, prior_mean=pmp, prior_var=prior_var, derivs=True)
-            newla[pend], fn[pend], gn[pend], hn[pend] = best, f3, g3, h3
-            accepted[pend] = acc_p
-        moved = xp.abs(newla - lai)
-        iters[idx] += 1
-        la[idx] = newla
-        atb = ((newla <= lo + 1e-12) & (gn < 0)) | ((newla >= hi - 1e-12) & (gn > 0))
-        # converged: the step was tiny, the next Newton step would be (quadratic convergence), or the gradient vanished
-        next_small = (hn < 0) & (xp.abs(gn) < 1e-7 * xp.abs(hn))
-        # a remaining Newton step below 3e-4 in log alpha is taken without another evaluation (the error left is of
-        # the order of its square); f, g, h follow by Taylor expansion so that warm starts stay consistent
-        pred = -gn / xp.where(hn < 0, hn, -1.0)
-        polish = accepted & (hn < 0) & (xp.abs(pred) < 3e-4) & ~atb & ~next_small
-        pred = xp.where(polish, xp.clip(newla + pred, lo, hi) - newla, 0.0)
-        la[idx] = newla + pred
-        fn = fn + gn * pred + 0.5 * hn * pred * pred
-        gn = gn + hn * pred
-        next_small = next_small | polish
-        f[idx], g[idx], h[idx] = fn, gn, hn
-        done = (
-            (moved < 1e-8)
-            | next_small
-            | (xp.abs(gn) < 1e-7)
-            | atb
-            | ~accepted
-            | (xp.abs(fn - fi) < tol * (xp.abs(fi) + 1e-3) * 1e-3)
+    pm_arr = xp.ascontiguousarray(pm, dtype=f64) if use_prior else xp.zeros(1)
+    kern = None if bk.is_gpu else fitdisp_kernel()
+    if kern is not None:
+        out = np.empty((4, G))
+        kern(
+            np.ascontiguousarray(la0, dtype=f64), np.ascontiguousarray(y, dtype=f64),
+            np.ascontiguousarray(mu, dtype=f64), np.ascontiguousarray(x, dtype=f64), pm_arr, pv, use_prior,
+            min_log_alpha, kappa_0, tol, maxit, cr, out,
+        )  # fmt: skip
+        return out[0], out[1].astype(np.int64), out[2], out[3]
+    gk = gpu_kernels(bk, x.shape[1], y.shape[0] * y.shape[1])
+    if gk is not None:
+        out = xp.empty((4, G))
+        bk.launch(
+            gk.fit_disp,
+            gk.blocks_for(G),
+            gk.THREADS,
+            xp.ascontiguousarray(la0, dtype=f64),
+            xp.ascontiguousarray(y.T, dtype=f64).reshape(-1),
+            xp.ascontiguousarray(mu.T, dtype=f64).reshape(-1),
+            xp.ascontiguousarray(x, dtype=f64).reshape(-1),
+            int(x.shape[1]),
+            pm_arr,
+            float(pv),
+            bool(use_prior),
+            float(min_log_alpha),
+            float(kappa_0),
+            float(tol),
+            int(maxit),
+            bool(cr),
+            out,
         )
-        conv[idx] = done & accepted
-        idx = idx[~done]
-    conv[idx] = False
-    return la, f, g, h, iters, conv, r_state
+        return out[0], out[1].astype(xp.int64), out[2], out[3]
+    return _fitdisp_array(bk, la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, cr)
 
 
-def _grid_search(
+def _fitdisp_grid(
     bk: Backend,
     y: Any,
     mu: Any,
-    xx: Any,
-    p: int,
-    *,
+    x: Any,
+    pm: Any,
+    pv: float,
+    use_prior: bool,
+    cr: bool,
     lo: float,
     hi: float,
-    cr: bool,
-    prior_mean: Any,
-    prior_var: float | None,
-    ngrid: int = 20,
+    ngrid: int,
 ) -> Any:
-    """R's ``fitDispGrid``: coarse grid on log alpha then a fine grid around the best point, for all genes at once
-    (on the GPU one kernel launch, ``_kernels_gpu.grid_log_alpha``, one thread per gene).
-    """
-    from gpuc.deseq._kernels import gpu_kernels
+    """R's ``fitDispGrid`` for every gene (log alpha); compiled on the CPU, one launch on the GPU, else array code."""
+    from gpuc.deseq._kernels import fitdisp_grid_kernel, gpu_kernels
 
     xp = bk.xp
     G = y.shape[0]
-    gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1])
+    f64 = xp.float64
+    pm_arr = xp.ascontiguousarray(pm, dtype=f64) if use_prior else xp.zeros(1)
+    kern = None if bk.is_gpu else fitdisp_grid_kernel()
+    if kern is not None:
+        out = np.empty(G)
+        kern(
+            np.ascontiguousarray(y, dtype=f64), np.ascontiguousarray(mu, dtype=f64),
+            np.ascontiguousarray(x, dtype=f64), pm_arr, pv, use_prior, cr, lo, hi, ngrid, out,
+        )  # fmt: skip
+        return out
+    gk = gpu_kernels(bk, x.shape[1], y.shape[0] * y.shape[1])
     if gk is not None:
-        f64 = xp.float64
         out = xp.empty(G)
         bk.launch(
-            gk.grid_log_alpha,
+            gk.fit_disp_grid,
             gk.blocks_for(G),
             gk.THREADS,
-            xp.arange(G),
-            xp.ascontiguousarray(y.T, dtype=f64),
-            xp.ascontiguousarray(mu.T, dtype=f64),
-            xp.ascontiguousarray(xx, dtype=f64),
-            int(p),
+            xp.ascontiguousarray(y.T, dtype=f64).reshape(-1),
+            xp.ascontiguousarray(mu.T, dtype=f64).reshape(-1),
+            xp.ascontiguousarray(x, dtype=f64).reshape(-1),
+            int(x.shape[1]),
+            pm_arr,
+            float(pv),
+            bool(use_prior),
             bool(cr),
-            prior_mean is not None,
-            xp.empty(1) if prior_mean is None else xp.ascontiguousarray(prior_mean, dtype=f64),
-            0.0 if prior_var is None else float(prior_var),
             float(lo),
             float(hi),
             int(ngrid),
             out,
         )
         return out
+    xx = outer_rows(x)
+    p = x.shape[1]
+    kw = {"pm": pm, "pv": pv, "use_prior": use_prior, "cr": cr}
+    delta = (hi - lo) / (ngrid - 1)
+    pts = [lo] + [lo + t * delta for t in range(1, ngrid - 1)] + [hi]
+    vals = xp.stack([_r_logpost(bk, xp.full(G, g), y, mu, xx, p, **kw) for g in pts], axis=1)
+    a_hat = xp.asarray(np.asarray(pts))[_first_argmax(xp, vals)]
+    d1 = (lo + delta) - lo
+    start, end = a_hat - d1, a_hat + d1
+    step = (end - start) / (ngrid - 1)
+    fine = [start + t * step for t in range(ngrid - 1)] + [end]
+    vals = xp.stack([_r_logpost(bk, g, y, mu, xx, p, **kw) for g in fine], axis=1)
+    return xp.stack(fine, axis=1)[xp.arange(G), _first_argmax(xp, vals)]
 
-    def values(points: Iterable[Any]) -> Any:
-        """The log posterior of every gene at each of ``points`` (per gene log alphas), genes x points."""
-        kw = {"cr": cr, "prior_mean": prior_mean, "prior_var": prior_var, "derivs": False}
-        return xp.stack([_logpost(bk, la, y, mu, xx, p, **kw)[0] for la in points], axis=1)
 
-    grid = xp.linspace(lo, hi, ngrid)
-    best = grid[xp.argmax(values(xp.full(G, float(v)) for v in bk.to_host(grid)), axis=1)]
-    delta = float(grid[1] - grid[0])
-    fine = best[:, None] + xp.linspace(-delta, delta, ngrid)[None, :]
-    return fine[xp.arange(G), xp.argmax(values(fine[:, j] for j in range(ngrid)), axis=1)]
+def _first_argmax(xp: Any, v: Any) -> Any:
+    """Index of the first maximum per row, NaN never winning (R's grid keeps the first best value)."""
+    return xp.argmax(xp.where(xp.isnan(v), -xp.inf, v), axis=1)
+
+
+def _r_lgamma(bk: Backend, x: Any) -> Any:
+    """:func:`gpuc.deseq._fitdisp.r_lgamma` elementwise (array code)."""
+    from gpuc.deseq._fitdisp import LN_SQRT_2PI
+
+    xp = bk.xp
+    xs = xp.where(x > 10.0, x, 11.0)
+    lx = xp.log(xs)
+    base = LN_SQRT_2PI + (xs - 0.5) * lx - xs
+    z = 1.0 / (xs * xs)
+    s = 1.0 / 156.0 - z * (3617.0 / 122400.0)
+    for c in (691.0 / 360360.0, 1.0 / 1188.0, 1.0 / 1680.0, 1.0 / 1260.0, 1.0 / 360.0, 1.0 / 12.0):
+        s = c - z * s
+    out = xp.where(xs > 4934720.0, base, base + s / xs)
+    out = xp.where(xs > 1e17, xs * (lx - 1.0), out)
+    small = x <= 10.0
+    if bool(small.any()):
+        out = xp.where(small, bk.special.gammaln(xp.where(small, x, 1.0)), out)
+    return out
+
+
+def _r_logpost(
+    bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, pm: Any, pv: float, use_prior: bool, cr: bool
+) -> Any:
+    """R's ``log_posterior`` for every gene at log alphas ``la`` (array code, as :mod:`gpuc.deseq._fitdisp`)."""
+    xp = bk.xp
+    alpha = xp.exp(la)
+    a = alpha[:, None]
+    crt = 0.0
+    if cr:
+        w = mu / (1.0 + mu * a)
+        _, logdet = xp.linalg.slogdet(normal_matrix(w, xx, p))
+        crt = -0.5 * logdet
+    r = 1.0 / alpha
+    rc = r[:, None]
+    lgr = _r_lgamma(bk, r)[:, None]
+    terms = _r_lgamma(bk, y + rc) - lgr - y * xp.log(mu + rc) - rc * xp.log(1.0 + mu * a)
+    ll = terms.sum(axis=1)
+    prior = 0.0
+    if use_prior:
+        d = la - pm
+        prior = -0.5 * (d * d) / pv
+    return ll + prior + crt
+
+
+def _r_dlogpost(
+    bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, pm: Any, pv: float, use_prior: bool, cr: bool
+) -> Any:
+    """R's ``dlog_posterior`` for every gene at log alphas ``la`` (array code)."""
+    xp = bk.xp
+    alpha = xp.exp(la)
+    a = alpha[:, None]
+    crt = 0.0
+    if cr:
+        w = mu / (1.0 + mu * a)
+        dw = -(w * w)
+        b = normal_matrix(w, xx, p)
+        db = normal_matrix(dw, xx, p)
+        crt = -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
+    r = 1.0 / alpha
+    r2 = 1.0 / (alpha * alpha)
+    rc = r[:, None]
+    ma = mu * a
+    u = 1.0 + ma
+    terms = _psi(xp, r)[:, None] + xp.log(u) - ma / u - _psi(xp, y + rc) + y / (mu + rc)
+    s = xp.where(y == 0, xp.log(u) - ma / u, terms).sum(axis=1)
+    prior = 0.0
+    if use_prior:
+        prior = -1.0 * (la - pm) / pv
+    return (r2 * s + crt) * alpha + prior
+
+
+def _fitdisp_array(
+    bk: Backend,
+    la0: Any,
+    y: Any,
+    mu: Any,
+    x: Any,
+    pm: Any,
+    pv: float,
+    use_prior: bool,
+    min_log_alpha: float,
+    kappa_0: float,
+    tol: float,
+    maxit: int,
+    cr: bool,
+) -> tuple[Any, Any, Any, Any]:
+    """:func:`_fitdisp` in array code: R's line search for all genes at once, a step of every active gene per pass."""
+    from gpuc.deseq._fitdisp import ARMIJO
+
+    xp = bk.xp
+    G = y.shape[0]
+    p = x.shape[1]
+    xx = outer_rows(x)
+
+    def kw(i: Any) -> dict:
+        return {"pm": None if not use_prior else pm[i], "pv": pv, "use_prior": use_prior, "cr": cr}
+
+    a = xp.array(la0, dtype=xp.float64)
+    lp = _r_logpost(bk, a, y, mu, xx, p, **kw(slice(None)))
+    dlp = _r_dlogpost(bk, a, y, mu, xx, p, **kw(slice(None)))
+    lp0 = lp.copy()
+    kappa = xp.full(G, float(kappa_0))
+    it = xp.zeros(G, dtype=xp.int64)
+    acc = xp.zeros(G, dtype=xp.int64)
+    idx = xp.arange(G)
+    for _ in range(maxit):
+        if idx.shape[0] == 0:
+            break
+        it[idx] += 1
+        ai, di, ki, lpi = a[idx], dlp[idx], kappa[idx], lp[idx]
+        prop = ai + ki * di
+        ki = xp.where(prop < -30.0, (-30.0 - ai) / di, ki)
+        ki = xp.where(prop > 10.0, (10.0 - ai) / di, ki)
+        cand = ai + ki * di
+        theta = -1.0 * _r_logpost(bk, cand, y[idx], mu[idx], xx, p, **kw(idx))
+        ok = theta <= -1.0 * lpi - ki * ARMIJO * (di * di)
+        lpnew = -theta
+        change = lpnew - lpi
+        stop_tol = ok & (change < tol)
+        stop_low = ok & ~stop_tol & (cand < min_log_alpha)
+        cont = ok & ~stop_tol & ~stop_low
+        a[idx] = xp.where(ok, cand, ai)
+        lp[idx] = xp.where(stop_tol | cont, lpnew, lpi)
+        acc_i = acc[idx] + ok
+        acc[idx] = acc_i
+        kn = xp.where(ok, xp.minimum(ki * 1.1, kappa_0), ki / 2.0)
+        kn = xp.where(cont & (acc_i % 5 == 0), kn / 2.0, kn)
+        kappa[idx] = kn
+        ci = idx[cont]
+        if ci.shape[0]:
+            dlp[ci] = _r_dlogpost(bk, a[ci], y[ci], mu[ci], xx, p, **kw(ci))
+        idx = idx[~(stop_tol | stop_low)]
+    return a, it, lp0, lp
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -736,6 +491,7 @@ class DispersionFunction:
     grid_logmean: np.ndarray | None = None
     grid_logdisp: np.ndarray | None = None
     min_disp: float = 1e-8
+    grid_slope: np.ndarray | None = None  # local: locfit's derivative at each vertex (cubic Hermite interpolation)
 
     def __call__(self, means: np.ndarray) -> np.ndarray:
         """Evaluate the trend at ``means`` (host numpy)."""
@@ -748,8 +504,9 @@ class DispersionFunction:
             return np.full(means.shape, float(self.mean))  # type: ignore[arg-type]
         with np.errstate(divide="ignore"):
             lm = np.log(means)
-        out = np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
-        return np.maximum(out, self.min_disp)
+        if self.grid_slope is None:  # a constant (no gene-wise estimate above 10 min_disp: R's minDisp)
+            return np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
+        return np.exp(locfit_predict(self.grid_logmean, self.grid_logdisp, self.grid_slope, lm))
 
     @classmethod
     def from_dict(cls, d: dict) -> DispersionFunction:
@@ -760,6 +517,7 @@ class DispersionFunction:
             mean=float(d["mean"]) if "mean" in d else None,
             grid_logmean=np.asarray(d["grid_logmean"]) if "grid_logmean" in d else None,
             grid_logdisp=np.asarray(d["grid_logdisp"]) if "grid_logdisp" in d else None,
+            grid_slope=np.asarray(d["grid_slope"]) if "grid_slope" in d else None,
         )
 
     def to_dict(self) -> dict:
@@ -772,6 +530,8 @@ class DispersionFunction:
         if self.grid_logmean is not None:
             d["grid_logmean"] = np.asarray(self.grid_logmean)
             d["grid_logdisp"] = np.asarray(self.grid_logdisp)
+        if self.grid_slope is not None:
+            d["grid_slope"] = np.asarray(self.grid_slope)
         return d
 
 
@@ -834,21 +594,91 @@ def parametric_trend(means: np.ndarray, disps: np.ndarray) -> tuple[float, float
     return float(coefs[0]), float(coefs[1])
 
 
-def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float, ngrid: int = 200) -> DispersionFunction:
-    """Stand-in for R's ``localDispersionFit`` (locfit of log dispersion on log mean, weights = mean).
-
-    A local quadratic regression with tricube weights on the 70% nearest neighbours (locfit's default span and
-    degree) evaluated on a grid and interpolated; close to, not identical with, locfit.
+def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float) -> DispersionFunction:
+    """R's ``localDispersionFit``: ``locfit(log(disp) ~ log(mean), weights = mean)`` over the genes with a dispersion
+    of at least 10 ``min_disp``, evaluated as locfit evaluates it (:func:`locfit_tree`, :func:`locfit_predict`);
+    the trend is ``exp`` of it. Without such genes R's trend is ``min_disp`` everywhere.
     """
     use = disps >= min_disp * 10
     if not use.any():
         return DispersionFunction(
             "local", grid_logmean=np.array([0.0, 1.0]), grid_logdisp=np.log([min_disp, min_disp]), min_disp=min_disp
         )
-    xs, ys, ws = np.log(means[use]), np.log(disps[use]), means[use]
-    grid = np.linspace(xs.min(), xs.max(), ngrid)
-    fit = local_poly(xs, ys, ws, grid, span=0.7, degree=2)
-    return DispersionFunction("local", grid_logmean=grid, grid_logdisp=fit, min_disp=min_disp)
+    vx, vf, vd = locfit_tree(np.log(means[use]), np.log(disps[use]), means[use])
+    return DispersionFunction("local", grid_logmean=vx, grid_logdisp=vf, grid_slope=vd, min_disp=min_disp)
+
+
+def _locfit_vertex(x: np.ndarray, y: np.ndarray, w: np.ndarray, x0: float, k: int) -> tuple[float, float, float]:
+    """Locfit's local quadratic fit at ``x0``: the nearest-neighbour bandwidth h (distance to the k-th nearest point),
+    tricube weights ``(1 - (|x - x0| / h)^3)^3`` times the prior weights, weighted least squares; returns the fitted
+    value, its slope and h.
+    """
+    d = np.abs(x - x0)
+    h = float(np.partition(d, k - 1)[k - 1])
+    u = d / h
+    kw = np.where(u < 1.0, (1.0 - u**3) ** 3, 0.0) * w
+    sel = kw > 0
+    dx = x[sel] - x0
+    v = np.column_stack([np.ones(dx.shape[0]), dx, dx * dx])
+    sw = np.sqrt(kw[sel])
+    coef, *_ = np.linalg.lstsq(v * sw[:, None], y[sel] * sw, rcond=None)
+    return float(coef[0]), float(coef[1]), h
+
+
+def locfit_tree(
+    x: np.ndarray, y: np.ndarray, w: np.ndarray, *, nn: float = 0.7, cut: float = 0.8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The vertices of locfit's default fit in one dimension (``locfit(y ~ x, weights = w)``: ``lp`` with nearest
+    neighbour fraction 0.7, degree 2, tricube kernel, evaluation structure ``rbox`` tree with ``cut = 0.8``).
+
+    Following the algorithm of locfit (Loader 1999, *Local Regression and Likelihood*, ch. 12; C. Loader's ``locfit``
+    R package): the local fit is computed at both ends of the data's range; a cell is halved while its width exceeds
+    ``cut`` times the smaller bandwidth of its two ends, and its midpoint is fitted in turn. Returns the sorted
+    vertices with the fitted values and slopes there, for :func:`locfit_predict`.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    k = max(1, int(x.shape[0] * nn + 1e-12))
+    lo, hi = float(x.min()), float(x.max())
+    verts: dict[float, tuple[float, float, float]] = {}
+    for v in (lo, hi):
+        verts[v] = _locfit_vertex(x, y, w, v, k)
+
+    stack = [(lo, hi)]
+    while stack:  # the cells still to examine (a 1-D tree of at most a few dozen cells)
+        a, b = stack.pop()
+        ha, hb = verts[a][2], verts[b][2]
+        hs = [h for h in (ha, hb) if h > 0]
+        hmin = min(hs) if hs else 0.0
+        score = 2.0 if hmin == 0 else (b - a) / hmin
+        if not cut < score:
+            continue
+        m = (b + a) / 2.0
+        if m not in verts:
+            verts[m] = _locfit_vertex(x, y, w, m, k)
+        stack += [(m, b), (a, m)]
+    vx = np.array(sorted(verts))
+    return vx, np.array([verts[v][0] for v in vx]), np.array([verts[v][1] for v in vx])
+
+
+def locfit_predict(vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Locfit's interpolation between the tree's vertices (``predict.locfit``): cubic Hermite from the values and
+    slopes at a cell's two ends, linear with the end slope beyond the data's range.
+    """
+    at = np.asarray(at, dtype=np.float64)
+    i = np.clip(np.searchsorted(vx, at, side="right") - 1, 0, vx.shape[0] - 2)
+    ll, ur = vx[i], vx[i + 1]
+    width = ur - ll
+    t = (at - ll) / width
+    p1 = t * t * (3.0 - 2.0 * t)
+    p0 = 1.0 - p1
+    p2 = t * (1.0 - t) * (1.0 - t)
+    p3 = t * t * (t - 1.0)
+    below, above = t < 0, t > 1
+    p0, p1 = np.where(below, 1.0, np.where(above, 0.0, p0)), np.where(below, 0.0, np.where(above, 1.0, p1))
+    p2, p3 = np.where(below, t, np.where(above, 0.0, p2)), np.where(below, 0.0, np.where(above, t - 1.0, p3))
+    p2, p3 = p2 * width, p3 * width
+    out = p0 * vf[i] + p1 * vf[i + 1] + p2 * vd[i] + p3 * vd[i + 1]
+    return np.where(np.isfinite(at), out, np.nan)
 
 
 def local_poly(x: np.ndarray, y: np.ndarray, w: np.ndarray, at: np.ndarray, *, span: float, degree: int) -> np.ndarray:

@@ -15,14 +15,14 @@ from typing import Any
 
 from gpuc._utils import numba_kernels
 
-# the per-gene NB terms of _dispersion._logpost
-nb_logpost_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "nb_logpost")
 # the per-gene IRLS loop of _glm._fit_nb_glm
 irls_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "irls")
 # the per-gene mu-free part of the NB log-likelihood, sum lgamma(y + r) - lgamma(r) - lgamma(y + 1), r = 1/alpha
 nb_const_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "nb_const")
-# the per-gene safeguarded Newton loop of _dispersion._fit_log_alpha
-newton_kernel = numba_kernels("gpuc.deseq._kernels_cpu", "newton_log_alpha")
+# R's per-gene dispersion line search and grid (fitDisp, fitDispGrid) of _dispersion._fit_log_alpha; compiled from
+# the source the GPU kernels share (_fitdisp), in that module so that numba's disk cache follows its edits
+fitdisp_kernel = numba_kernels("gpuc.deseq._fitdisp", "fit_disp_cpu")
+fitdisp_grid_kernel = numba_kernels("gpuc.deseq._fitdisp", "fit_disp_grid_cpu")
 
 
 @functools.cache

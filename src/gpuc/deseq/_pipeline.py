@@ -157,9 +157,9 @@ def _fit_dispersions(
 def _fit_map(
     bk: Backend, y: Any, sf: Any, mu: Any, x: Any, gw: Any, fitted: Any, state: tuple | None, glob: FitGlobals
 ) -> tuple[Any, Any, Any, Any, Any]:
-    """MAP dispersions warm-started from the genewise fit (``gw``, Newton ``state``) towards the trend values
-    ``fitted``, R's dispersion outliers (which keep their genewise value), the final dispersions, and the NB GLM
-    fitted with them.
+    """MAP dispersions towards the trend values ``fitted`` (R's search from the gene-wise value, or from the trend
+    value where the gene-wise one is more than 10 times below it; ``state`` is unused), R's dispersion outliers
+    (which keep their gene-wise value), the final dispersions, and the NB GLM fitted with them.
     """
     xp = bk.xp
     start = xp.where(gw > 0.1 * fitted, gw, fitted)

@@ -1,0 +1,182 @@
+"""gpuc.tl.deseq gene by gene against R DESeq2 1.38.3's own per-gene output (issue 42).
+
+Sets: the branches R takes, simulated and run through R by ``tests/data/deseq/r_sets/make_reference.R`` (2 vs 2 with
+the simulated prior variance, local trend fallback, mean trend, outlier replacement with 7 replicates, a continuous
+covariate, an interaction); PyDESeq2's test sets with R 1.38.3's intermediates; pasilla (both designs). Every
+column equals R to 1e-6 relative on every gene (p-values on the log scale, which is what a 1e-6 change of a Wald
+statistic of 20 moves by: p-values near 1e-120 move by 2e-5 relative), except where a test says otherwise and why.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+import gpuc
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "deseq"
+DISP = ("dispGeneEst", "dispFit", "dispMAP", "dispersion")
+RES = ("log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
+
+
+def _load_set(name: str) -> tuple[ad.AnnData, dict, pd.DataFrame]:
+    d = DATA / "r_sets" / name
+    spec = json.loads((d / "spec.json").read_text())
+    c = pd.read_csv(d / "counts.csv.gz", index_col=0)
+    m = pd.read_csv(d / "metadata.csv", index_col=0)
+    for k in spec.get("categorical", []):
+        m[k] = pd.Categorical(m[k].astype(str), categories=spec["levels"][k])
+    a = ad.AnnData(X=c.T.to_numpy().astype(np.int64), obs=m.loc[c.columns].copy())
+    a.var_names = c.index.astype(str)
+    ref = pd.read_csv(d / "gene_fit.csv.gz", index_col=0, skipinitialspace=True, na_values=["NA"])
+    return a, spec, ref
+
+
+def _fit(name: str) -> tuple[ad.AnnData, pd.DataFrame, pd.DataFrame]:
+    a, spec, ref = _load_set(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gpuc.tl.deseq(a, spec["design"], contrast=spec["contrast"], alpha=0.1, device="cpu", **spec["kwargs"])
+    return a, gpuc.get.deseq_results(a), ref
+
+
+def _close(mine: np.ndarray, ref: np.ndarray, rtol: float, what: str, *, mask: np.ndarray | None = None) -> None:
+    mine, ref = np.asarray(mine, dtype=float), np.asarray(ref, dtype=float)
+    np.testing.assert_array_equal(np.isnan(mine), np.isnan(ref), err_msg=f"NaN pattern of {what}")
+    ok = ~np.isnan(ref) if mask is None else (~np.isnan(ref) & mask)
+    if what in ("pvalue", "padj"):
+        mine, ref = np.log(np.maximum(mine, 1e-300)), np.log(np.maximum(ref, 1e-300))
+        np.testing.assert_allclose(mine[ok], ref[ok], rtol=rtol, atol=rtol, err_msg=what)
+    else:
+        np.testing.assert_allclose(mine[ok], ref[ok], rtol=rtol, atol=0, err_msg=what)
+
+
+def _padj_sets_equal(res: pd.DataFrame, ref: pd.DataFrame) -> None:
+    a = set(res.index[res["padj"].to_numpy() < 0.1])
+    b = set(ref.index[ref["padj"].to_numpy() < 0.1])
+    assert a == b, (sorted(a - b), sorted(b - a))
+
+
+@pytest.mark.parametrize("name", ["two_vs_two", "mean_trend", "outliers_7", "continuous_cov", "interaction"])
+def test_r_branch_sets_gene_by_gene(name):
+    a, res, ref = _fit(name)
+    for col in DISP:
+        _close(a.var[f"deseq_{col}"], ref[col], 1e-6, col)
+    for col in RES:
+        _close(res[col], ref[col], 1e-6, col)
+    _padj_sets_equal(res, ref)
+    np.testing.assert_array_equal(a.var["deseq_dispOutlier"].to_numpy(), ref["dispOutlier"].fillna(False).to_numpy())
+    if name == "outliers_7":  # 20 planted outliers: R replaces and refits the same genes
+        np.testing.assert_array_equal(a.var["deseq_replace"].to_numpy(), ref["replace"].fillna(False).to_numpy())
+        assert ref["replace"].sum() == 20
+    g = pd.read_csv(DATA / "r_sets" / name / "globals.csv", index_col=0)["value"]
+    tr = a.uns["deseq"]["trend"]
+    assert tr["type"] == g["fitType"]
+    if g["fitType"] == "parametric":
+        assert tr["asymptDisp"] == pytest.approx(float(g["asymptDisp"]), rel=1e-8)
+        assert tr["extraPois"] == pytest.approx(float(g["extraPois"]), rel=1e-8)
+    else:
+        assert tr["mean"] == pytest.approx(float(g["mean"]), rel=1e-8)
+    assert a.uns["deseq"]["prior_disp_var"] == pytest.approx(float(g["dispPriorVar"]), rel=1e-8)
+
+
+def test_local_fallback_set():
+    """Poisson counts: R's parametric fit fails and locfit takes over. gpuc evaluates locfit's tree as R does: the
+    trend equals R's to 1e-7 at every gene inside the range of the means the fit used. Beyond that range (here six
+    genes with lower means, whose gene-wise estimates were too small to enter the fit) R's locfit extrapolates in a
+    way gpuc does not reproduce yet: their trend differs by up to 0.6%, and so do their MAP and final dispersions
+    and their test results."""
+    a, res, ref = _fit("local_fallback")
+    assert a.uns["deseq"]["trend"]["type"] == "local"
+    _close(a.var["deseq_dispGeneEst"], ref["dispGeneEst"], 1e-6, "dispGeneEst")
+    bm, ge = a.var["deseq_baseMean"].to_numpy(), a.var["deseq_dispGeneEst"].to_numpy()
+    used = ge > 1e-6
+    inside = (bm >= bm[used].min()) & (bm <= bm[used].max())
+    assert (~inside).sum() == 6
+    for col in ("dispFit", "dispMAP", "dispersion"):
+        _close(a.var[f"deseq_{col}"], ref[col], 1e-6, col, mask=inside)
+        _close(a.var[f"deseq_{col}"], ref[col], 1e-2, col)
+    for col in RES:
+        _close(res[col], ref[col], 1e-6, col, mask=inside)
+    _padj_sets_equal(res, ref)
+
+
+PYDESEQ2_SETS = {
+    "single_factor": ("~condition", "parametric"),
+    "single_factor_meanfit": ("~condition", "mean"),
+    "multi_factor": ("~group + condition", "parametric"),
+    "continuous": ("~group + condition + measurement", "parametric"),
+    "wide": ("~group + condition", "parametric"),
+    "large_counts": ("~condition", "parametric"),
+}
+
+
+@pytest.mark.parametrize("case", list(PYDESEQ2_SETS))
+def test_pydeseq2_sets_vs_r_1_38_3_intermediates(case):
+    """Every stage equals R 1.38.3 to 1e-8 (measured: 1e-12 and below)."""
+    design, fit_type = PYDESEQ2_SETS[case]
+    r = DATA / "refs"
+    if case == "large_counts":
+        c = pd.read_csv(r / case / "test_counts_from_inline_test.csv.gz", index_col=0)
+        m = pd.read_csv(r / case / "test_metadata_from_inline_test.csv.gz", index_col=0)
+        c = c if c.shape[0] == m.shape[0] else c.T
+    else:
+        folder = case if case in ("continuous", "wide") else "synthetic"
+        c = pd.read_csv(r / folder / "test_counts.csv.gz", index_col=0).T
+        m = pd.read_csv(r / folder / "test_metadata.csv.gz", index_col=0)
+
+    def r_stage(case: str, what: str) -> pd.DataFrame:
+        return pd.read_csv(r / "r_1.38.3" / f"{case}_{what}.csv.gz", index_col=0)
+
+    a = ad.AnnData(X=c.to_numpy().astype(np.int64), obs=m.loc[c.index].copy())
+    a.var_names = c.columns.astype(str)
+    contrast = "measurement" if case == "continuous" else ["condition", "B", "A"]
+    gpuc.tl.deseq(a, design, contrast=contrast, alpha=0.1, fit_type=fit_type, device="cpu")
+    p = r_stage(case, "gene_params")
+    for col in DISP:
+        _close(a.var[f"deseq_{col}"], p[col], 1e-8, col)
+    res = gpuc.get.deseq_results(a)
+    ref = r_stage(case, "res")
+    for col in RES:
+        _close(res[col], ref[col], 1e-8, col)
+    coef = r_stage(case, "coef_log2").to_numpy()
+    np.testing.assert_allclose(a.varm["deseq_coef"], coef, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(a.layers["deseq_cooks"], r_stage(case, "cooks").to_numpy().T, rtol=1e-8, atol=1e-14)
+
+
+def test_pasilla_type_condition_gene_by_gene(shared_data):
+    """pasilla ~type + condition (R's reference level for type: paired-end). The gene-wise estimates, the trend and
+    the padj < 0.1 set equal R's; 12 of 12,359 genes differ from R's MAP by 1e-6 to 5e-6 relative: R's search there
+    rejected a step that raised the log posterior by 2 units in its last place (R's mu, from its own IRLS, differs
+    from gpuc's in the last bits; see test_deseq_kernels.test_fitdisp_matches_r_on_a_gene), and 5 genes whose IRLS
+    reached 100 iterations were refitted by R's optim (L-BFGS-B), which gpuc replaces by a bounded Fisher scoring
+    (their LFCs differ by up to 2e-3 relative)."""
+    ref_dir = shared_data / "bulk" / "pasilla" / "deseq2_R_reference"
+    a = gpuc.datasets.pasilla()
+    a.obs["type"] = a.obs["type"].cat.reorder_categories(["paired-end", "single-read"])
+    gpuc.tl.deseq(a, "~type + condition", contrast=["condition", "treated", "untreated"], alpha=0.1, device="cpu")
+    g = pd.read_csv(ref_dir / "gene_fit_type_condition.csv.gz", index_col=0)
+    r = pd.read_csv(ref_dir / "results_type_condition.csv", index_col=0)
+    _close(a.var["deseq_dispGeneEst"], g["dispGeneEst"], 1e-6, "dispGeneEst")
+    _close(a.var["deseq_dispFit"], g["dispFit"], 1e-8, "dispFit")
+    tr = a.uns["deseq"]["trend"]
+    assert tr["asymptDisp"] == pytest.approx(0.00798417862402958, rel=1e-8)
+    assert tr["extraPois"] == pytest.approx(2.56858439454833, rel=1e-8)
+    res = gpuc.get.deseq_results(a)
+    for col, frac in (("dispMAP", 12), ("dispersion", 12)):
+        m, ref = a.var[f"deseq_{col}"].to_numpy(), g[col].to_numpy()
+        off = np.abs(m - ref) > 1e-6 * np.abs(ref)
+        assert off.sum() <= frac and np.nanmax(np.abs(m / ref - 1)) < 5e-6, col
+    for col in RES:
+        m, ref = res[col].to_numpy(), r[col].to_numpy()
+        np.testing.assert_array_equal(np.isnan(m), np.isnan(ref))
+        ok = ~np.isnan(ref)
+        off = np.abs(m[ok] - ref[ok]) > 1e-6 * np.abs(ref[ok])
+        assert off.sum() <= 15, (col, off.sum())
+    _padj_sets_equal(res, r)
