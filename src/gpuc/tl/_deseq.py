@@ -11,6 +11,7 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._docs import doc_params
@@ -250,7 +251,8 @@ def deseq(
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     params["contrast"] = _replayable_contrast(contrast, plan.first)
-    _write_deseq(adata, fitted, plan, params, key_added, backend.name)
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        _write_deseq(adata, fitted, plan, params, key_added, backend.name)
     return adata if copy else None
 
 
@@ -638,8 +640,6 @@ def vst(
 
     # ---- write
     adata = adata.copy() if copy else adata
-    _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
-    adata.layers[key_added] = out
     params = {
         "layer": layer,
         "blind": bool(blind),
@@ -648,5 +648,8 @@ def vst(
         "device": device,
         "n_jobs": n_jobs,
     }
-    adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend}
+    with atomic_writes(adata):  # all or nothing
+        _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
+        adata.layers[key_added] = out
+        adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend}
     return adata if copy else None

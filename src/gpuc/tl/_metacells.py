@@ -18,6 +18,7 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Device, get_backend, is_sparse
 from gpuc._dask import is_dask_array, resolve_client
 from gpuc._docs import doc_params
@@ -248,12 +249,13 @@ def metacells(
 
     # ---- write: everything computed and checked ----------------------------------------------------------------------
     adata = adata.copy() if copy else adata
-    _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
-    adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
-    adata.obsm[_keys.metacell_weights(key_added)] = res.weights
-    adata.obsm[_keys.metacell_archetypes(key_added)] = res.archetypes
-    adata.obsp[_keys.metacell_kernel(key_added)] = res.kernel
-    adata.uns[key_added] = {**uns, **res.diagnostics(grouped=groupby is not None)}
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
+        adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
+        adata.obsm[_keys.metacell_weights(key_added)] = res.weights
+        adata.obsm[_keys.metacell_archetypes(key_added)] = res.archetypes
+        adata.obsp[_keys.metacell_kernel(key_added)] = res.kernel
+        adata.uns[key_added] = {**uns, **res.diagnostics(grouped=groupby is not None)}
     logg.info(
         "    finished",
         time=start,
@@ -556,5 +558,6 @@ def metacell_quality(
     if not inplace:
         return df
     adata = adata.copy() if copy else adata
-    adata.uns[key_added] = df
+    with atomic_writes(adata):
+        adata.uns[key_added] = df
     return adata if copy else None

@@ -23,6 +23,7 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Backend, Device, to_host
 from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
@@ -342,16 +343,17 @@ def nmf_k_sweep(
     _warn_sweep(table, n_runs, hals)
 
     adata = adata.copy() if copy else adata
-    adata.uns[key_added] = {
-        "params": _call_params(
-            nmf_k_sweep, locals(), k_range=np.asarray(ks, dtype=np.int64), mask_var=_stored_mask(mask_var, mask)
-        ),
-        "device": be.name,
-        "dtype": str(op.dtype),
-        "table": table,
-        "suggested_k": _suggested_k(table),
-        "seconds": time.perf_counter() - t0,
-    }
+    with atomic_writes(adata):
+        adata.uns[key_added] = {
+            "params": _call_params(
+                nmf_k_sweep, locals(), k_range=np.asarray(ks, dtype=np.int64), mask_var=_stored_mask(mask_var, mask)
+            ),
+            "device": be.name,
+            "dtype": str(op.dtype),
+            "table": table,
+            "suggested_k": _suggested_k(table),
+            "seconds": time.perf_counter() - t0,
+        }
     suggested = adata.uns[key_added]["suggested_k"]
     logg.info(
         "    finished", time=start, deep=f"added\n    'uns[{key_added!r}]' (params, table, suggested_k={suggested})"
@@ -473,7 +475,10 @@ def consensus_nmf(
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
     runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
     res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
-    return _write_consensus(adata, be, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0)
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        return _write_consensus(
+            adata, be, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
+        )
 
 
 def _run_diagnostics(fits: HalsResult) -> dict[str, Any]:
@@ -647,9 +652,10 @@ def nmf_refine(
     }
     runs["pool"] = pool
     res = _consensus(backend, op, pool, n_runs, k, rule, params.get("n_jobs"))
-    return _write_consensus(
-        adata, backend, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
-    )
+    with atomic_writes(adata):  # all or nothing: the old outputs and pool, or the new ones
+        return _write_consensus(
+            adata, backend, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
+        )
 
 
 def _stored_rule(params: dict[str, Any]) -> ConsensusOptions:
