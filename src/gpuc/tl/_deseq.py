@@ -16,6 +16,7 @@ from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._validate import (
     SeedLike,
@@ -251,8 +252,10 @@ def deseq(
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     params["contrast"] = _replayable_contrast(contrast, plan.first)
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names)
     with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
         _write_deseq(adata, fitted, plan, params, key_added, backend.name)
+        adata.uns[key_added]["inputs"] = inputs  # readers align genes by name and recognise joined objects
     return adata if copy else None
 
 

@@ -23,6 +23,7 @@ from gpuc._backend import Device, get_backend, is_sparse
 from gpuc._dask import is_dask_array, resolve_client
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._units import split_groups
 from gpuc._validate import (
@@ -246,6 +247,7 @@ def metacells(
         "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
     }  # fmt: skip
     uns = {"params": params, "device": backend.name, "metacells": res.table, "seconds": time.perf_counter() - t_all}
+    uns["inputs"] = record_inputs(obs_names=adata.obs_names)  # readers recognise objects joined after the fit
 
     # ---- write: everything computed and checked ----------------------------------------------------------------------
     adata = adata.copy() if copy else adata
@@ -356,10 +358,16 @@ key
 
 def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
     check_adata(adata)
+    if key in adata.obs and key not in adata.uns:
+        from gpuc.get._checks import tool_output
+
+        tool_output(adata, key, "metacells")  # labels without their fit (anndata.concat drops uns): says so
     if key not in adata.obs or key not in adata.uns or _keys.metacell_weights(key) not in adata.obsm:
         msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
         raise KeyError(msg)
-    return adata.uns[key]
+    from gpuc.get._checks import tool_output
+
+    return tool_output(adata, key, "metacells")  # its fields checked; objects joined after their fits refused
 
 
 @doc_params(metacells_run=_METACELLS_RUN)

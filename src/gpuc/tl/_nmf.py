@@ -14,7 +14,7 @@ import inspect
 import numbers
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -28,6 +28,8 @@ from gpuc._backend import Backend, Device, to_host
 from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
+from gpuc._inputs import matrix_fingerprint, names_digest, same_fingerprint
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._utils import iteration_progress
 from gpuc._validate import (
@@ -475,10 +477,13 @@ def consensus_nmf(
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
     runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
     res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names[mask], matrix=block)
     with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
-        return _write_consensus(
+        out = _write_consensus(
             adata, be, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
         )
+        (adata if out is None else out).uns[key_added]["inputs"] = inputs  # what nmf_refine recognises
+    return out
 
 
 def _run_diagnostics(fits: HalsResult) -> dict[str, Any]:
@@ -635,6 +640,7 @@ def nmf_refine(
         _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.nmf_refine", _keys.NMF_MARKER)
     params["density_threshold"], params["neighborhood"] = rule.density_threshold, rule.neighborhood
     block, mask = _prepare_block(adata, params["layer"], params["mask_var"], params["preprocessing"])
+    _check_same_input(adata, old, key, mask, block)
     pool = np.array(old["pool"])
     n_runs, k = int(params["n_runs"]), int(params["k"])
     d_expected = block.shape[1] if rule.target == "spectra" else block.shape[0]
@@ -652,10 +658,43 @@ def nmf_refine(
     }
     runs["pool"] = pool
     res = _consensus(backend, op, pool, n_runs, k, rule, params.get("n_jobs"))
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names[mask], matrix=block)
     with atomic_writes(adata):  # all or nothing: the old outputs and pool, or the new ones
-        return _write_consensus(
+        out = _write_consensus(
             adata, backend, op, mask, params, runs, res, key_added=key_added, copy=copy, start=start, t0=t0
         )
+        (adata if out is None else out).uns[key_added]["inputs"] = inputs
+    return out
+
+
+def _check_same_input(adata: AnnData, old: Any, key: str, mask: np.ndarray, block: Any) -> None:
+    """Refuse to refine when the factorised matrix is not the one :func:`consensus_nmf` read: other genes or the
+    same genes in another order (the pooled components are over the genes in the fit's order), other cells, or other
+    values (a matrix transformed in place after the fit).
+    """
+    redo = f"Rerun gpuc.tl.consensus_nmf(adata, k, ..., key_added={key!r}) on the AnnData as it is now."
+    genes = np.asarray(adata.var_names[mask]).astype(str)
+    stored = np.asarray(old.get("genes", genes)).astype(str)
+    if not np.array_equal(genes, stored):
+        same_set = genes.size == stored.size and set(genes) == set(stored)
+        what = "in another order (adata[:, perm] after the fit?)" if same_set else "not the ones it factorised"
+        msg = (
+            f"nmf_refine: the genes of adata.uns[{key!r}] are {what}: the pooled components of its restarts are "
+            f"over the genes in the fit's order, so a new consensus would mix genes up. {redo}"
+        )
+        raise ValueError(msg)
+    inputs = old.get("inputs")
+    if not isinstance(inputs, Mapping):
+        return  # written before inputs were recorded: the shape checks below are all there is
+    if "obs_digest" in inputs and inputs["obs_digest"] != names_digest(adata.obs_names):
+        msg = f"nmf_refine: the cells of this AnnData are not those consensus_nmf factorised under {key!r}. {redo}"
+        raise ValueError(msg)
+    if "fingerprint" in inputs and not same_fingerprint(inputs["fingerprint"], matrix_fingerprint(block)):
+        msg = (
+            f"nmf_refine: the matrix consensus_nmf factorised under {key!r} has changed since the fit (transformed "
+            f"in place, e.g. sc.pp.log1p, or another layer). {redo}"
+        )
+        raise ValueError(msg)
 
 
 def _stored_rule(params: dict[str, Any]) -> ConsensusOptions:
