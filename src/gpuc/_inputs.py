@@ -18,7 +18,9 @@ import numpy as np
 def names_digest(names: Any) -> str:
     """A short digest of ``names`` in order (SHA-256 of the names joined by a unit separator, 16 hex digits)."""
     h = hashlib.sha256()
-    for name in np.asarray(names).astype(str):
+    from gpuc._validate import str_array
+
+    for name in str_array(names):
         h.update(name.encode("utf-8", "surrogatepass"))
         h.update(b"\x1f")
     return h.hexdigest()[:16]

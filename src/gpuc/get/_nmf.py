@@ -15,7 +15,7 @@ from gpuc._backend import backend_of, is_sparse, to_host
 from gpuc._dask import is_dask_array
 from gpuc._errors import GpucWarning
 from gpuc._lazy import load
-from gpuc._validate import check_adata, check_int, check_key, get_matrix
+from gpuc._validate import check_adata, check_int, check_key, get_matrix, str_array
 from gpuc.get._checks import tool_output
 from gpuc.nmf._consensus import SUGGEST_MIN_GAIN, SUGGEST_TOL, suggest_k
 
@@ -32,7 +32,7 @@ def _factorised(adata: AnnData, key: str, u: Any) -> np.ndarray:
     weight stand in, since genes left out of the fit have zero weight in every programme.
     """
     if isinstance(u, Mapping) and "genes" in u:
-        names = np.asarray(u["genes"]).astype(str)
+        names = str_array(u["genes"])  # zarr gives numpy StringDType, which .astype(str) refuses
         idx = pd.Index(adata.var_names).get_indexer(names)
         if (idx < 0).any():
             missing = list(names[idx < 0][:5])

@@ -111,8 +111,9 @@ def deseq(
         Layer with the counts; ``None`` uses ``X``.
     size_factors
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
-        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series or
-        dict labelled by ``obs_names`` (matched by name).
+        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series,
+        dict or one-column DataFrame labelled by ``obs_names`` (matched by name). ``params`` stores given factors as
+        that DataFrame, so a replay after the samples were reordered gives each sample its own factor.
     fit_type
         Dispersion trend: ``"parametric"`` (falls back to a local fit as R when it fails), ``"local"``, ``"mean"``.
     test
@@ -252,6 +253,8 @@ def deseq(
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     params["contrast"] = _replayable_contrast(contrast, plan.first)
+    if not isinstance(params["size_factors"], str):  # stored with their labels, so a replay matches them by name
+        params["size_factors"] = pd.DataFrame({"size_factors": params["size_factors"]}, index=adata.obs_names.copy())
     inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names)
     with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
         _write_deseq(adata, fitted, plan, params, key_added, backend.name)
@@ -344,6 +347,8 @@ def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
     """Given size factors as one positive float per sample: a Series or dict matched by obs name, an array by
     position.
     """
+    if isinstance(size_factors, pd.DataFrame) and size_factors.shape[1] == 1:
+        size_factors = size_factors.iloc[:, 0]  # as params stores them: one column labelled by obs_names
     sf = align_to_obs(size_factors, adata, "size_factors")
     try:
         sfv = np.asarray(sf, dtype=np.float64)

@@ -311,7 +311,17 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
         msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
         raise TypeError(msg)
     check_finite(f"adata.obsm[{use_rep!r}]", x)
-    return scaled_to_range(x)
+    scaled = scaled_to_range(x)
+    if scaled is not x:  # exact (a power of two) and harmless to the result, but such values point to a problem
+        top = float(abs(x).max())
+        warnings.warn(
+            f"adata.obsm[{use_rep!r}] has values of magnitude up to {top:.3g}, far from those of an embedding (PCA "
+            "of log-normalised data is of order 1-100); it was rescaled by a power of two, which leaves the "
+            "metacells unchanged, but check how it was computed.",
+            GpucWarning,
+            stacklevel=3,
+        )
+    return scaled
 
 
 def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:

@@ -42,6 +42,7 @@ from gpuc._validate import (
     check_key,
     check_key_added,
     get_matrix,
+    str_array,
 )
 from gpuc.nmf._consensus import (
     ConsensusError,
@@ -72,6 +73,8 @@ def _gene_mask(adata: AnnData, mask_var: str | np.ndarray | None) -> np.ndarray:
     if mask_var is None:
         return np.ones(adata.n_vars, dtype=bool)
     # a boolean Series (or dict) is matched to var_names by label, never by position
+    if isinstance(mask_var, pd.DataFrame) and mask_var.shape[1] == 1:
+        mask_var = mask_var.iloc[:, 0]  # as params stores a mask: one column labelled by var_names
     mask_var = align_to_var(mask_var, adata, "mask_var")
     if isinstance(mask_var, pd.Series):
         if not pd.api.types.is_bool_dtype(mask_var.dtype):
@@ -184,11 +187,16 @@ def _suggested_k(table: pd.DataFrame) -> int | None:
     return suggest_k(table["k"], table["stability"], table["median_error"])
 
 
-def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
+def _stored_mask(mask_var: Any, mask: np.ndarray, var_names: Any = None) -> Any:
     """``params["mask_var"]``: a column name or None as given; any other form (an array, a labelled Series) as the
-    boolean array over ``var_names`` it selected, so a replay selects the same genes.
+    boolean mask it selected, labelled by ``var_names`` (a one-column DataFrame), so a replay selects the same genes
+    by name even after the genes were reordered.
     """
-    return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
+    if mask_var is None or isinstance(mask_var, str):
+        return mask_var
+    if var_names is None:
+        return np.asarray(mask.copy())
+    return pd.DataFrame({"mask_var": np.asarray(mask, dtype=bool)}, index=pd.Index(var_names).copy())
 
 
 # what each fitting tool writes under its (checked) key_added, and the marker of its result
@@ -348,7 +356,10 @@ def nmf_k_sweep(
     with atomic_writes(adata):
         adata.uns[key_added] = {
             "params": _call_params(
-                nmf_k_sweep, locals(), k_range=np.asarray(ks, dtype=np.int64), mask_var=_stored_mask(mask_var, mask)
+                nmf_k_sweep,
+                locals(),
+                k_range=np.asarray(ks, dtype=np.int64),
+                mask_var=_stored_mask(mask_var, mask, adata.var_names),
             ),
             "device": be.name,
             "dtype": str(op.dtype),
@@ -473,7 +484,7 @@ def consensus_nmf(
     start, t0 = _log_start(f"consensus NMF: k={k}, {n_runs} runs", op, be, dask_client)
     with interruptible("consensus_nmf"), _hals_bar(hals, [k], dask_client) as bar:
         fits = run_k(be, op, k, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs)
-    params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask))
+    params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask, adata.var_names))
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
     runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
     res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
@@ -674,7 +685,7 @@ def _check_same_input(adata: AnnData, old: Any, key: str, mask: np.ndarray, bloc
     """
     redo = f"Rerun gpuc.tl.consensus_nmf(adata, k, ..., key_added={key!r}) on the AnnData as it is now."
     genes = np.asarray(adata.var_names[mask]).astype(str)
-    stored = np.asarray(old.get("genes", genes)).astype(str)
+    stored = str_array(old.get("genes", genes))
     if not np.array_equal(genes, stored):
         same_set = genes.size == stored.size and set(genes) == set(stored)
         what = "in another order (adata[:, perm] after the fit?)" if same_set else "not the ones it factorised"
