@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 # numeric transforms a design may apply to a variable (formulaic evaluates these names in its own namespace)
 TRANSFORMS = (
-    "log", "log2", "log10", "exp", "center", "scale",
+    "log", "log2", "log10", "exp",
     "np.log", "np.log2", "np.log10", "np.log1p", "np.exp", "np.sqrt",
 )  # fmt: skip
 
