@@ -17,36 +17,35 @@ import numpy as np
 
 def names_digest(names: Any) -> str:
     """A short digest of ``names`` in order (SHA-256 of the names joined by a unit separator, 16 hex digits)."""
-    h = hashlib.sha256()
-    from gpuc._validate import str_array
-
-    for name in str_array(names):
-        h.update(name.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1f")
-    return h.hexdigest()[:16]
+    joined = "\x1f".join(str(n) for n in np.asarray(names, dtype=object).ravel())
+    return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def matrix_fingerprint(x: Any) -> np.ndarray:
-    """Four float64 sums of a dense or sparse matrix (numpy/scipy or cupy/cupyx), one pass over its values.
+    """Four float64 sums of a dense or sparse matrix (numpy/scipy or cupy/cupyx): a few passes over its values.
 
     ``[sum, sum of squares, sum_i a_i * rowsum_i, sum_j b_j * colsum_j]`` with fixed weights ``a_i = cos(i)`` and
     ``b_j = cos(j)``: a change of any value (a log transform in place), of the order of the cells or of the genes
-    changes them. Cheap (the cost of two sums), not a cryptographic hash: it detects accidents, not forgeries.
+    changes them. Cheap (two matrix-vector products and two dot products), not a cryptographic hash: it detects
+    accidents, not forgeries.
     """
     from gpuc._backend import backend_of, is_sparse
 
-    data = x.data if is_sparse(x) else x
-    xp = backend_of(data).xp
-    vals = xp.asarray(data).astype(xp.float64)
-    total = float(vals.sum())
-    squares = float((vals * vals).sum())
-    rows = x.sum(axis=1)
-    cols = x.sum(axis=0)
-    rows = xp.asarray(rows, dtype=xp.float64).ravel()
-    cols = xp.asarray(cols, dtype=xp.float64).ravel()
-    a = xp.cos(xp.arange(rows.shape[0], dtype=xp.float64))
-    b = xp.cos(xp.arange(cols.shape[0], dtype=xp.float64))
-    return np.array([total, squares, float(a @ rows), float(b @ cols)], dtype=np.float64)
+    xp = backend_of(x.data if is_sparse(x) else x).xp
+    n, m = x.shape
+    a = xp.cos(xp.arange(n, dtype=xp.float64))
+    b = xp.cos(xp.arange(m, dtype=xp.float64))
+    if is_sparse(x):
+        vals = xp.asarray(x.data, dtype=xp.float64)
+        sums = [vals.sum(), vals @ vals, a @ (x @ xp.ones(m, dtype=xp.float64)), (x @ b).sum()]
+        return np.array([float(v) for v in sums], dtype=np.float64)
+    out = np.zeros(4, dtype=np.float64)
+    step = max(1, (1 << 22) // max(m, 1))  # blocks of rows of ~32 MB in float64: no copy of the whole matrix
+    for start in range(0, n, step):
+        block = xp.asarray(x[start : start + step], dtype=xp.float64)
+        part = [block.sum(), (block * block).sum(), a[start : start + step] @ block.sum(axis=1), (block @ b).sum()]
+        out += np.array([float(v) for v in part], dtype=np.float64)
+    return out
 
 
 def record(*, obs_names: Any = None, var_names: Any = None, matrix: Any = None) -> dict[str, Any]:

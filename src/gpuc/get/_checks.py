@@ -221,19 +221,25 @@ def _orphaned_outputs(adata: AnnData, key: str, tool: str) -> list[str]:
 _MAPPING = (Mapping,)
 _TABLE = (pd.DataFrame,)
 _ARRAY = (np.ndarray, list, tuple)
-_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "metacells": {"params": _MAPPING, "metacells": _TABLE},
-    "consensus_nmf": {"params": _MAPPING, "components": _TABLE, "genes": _ARRAY},
-    "nmf_k_sweep": {"params": _MAPPING, "table": _TABLE},
-    "deseq": {"params": _MAPPING},
+# {tool: {field: (types, required)}}: a required field must be there; any of them, when there, must have its type
+_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "metacells": {"params": (_MAPPING, False), "metacells": (_TABLE, True)},
+    "consensus_nmf": {"params": (_MAPPING, False), "components": (_TABLE, False), "genes": (_ARRAY, False)},
+    "nmf_k_sweep": {"params": (_MAPPING, False), "table": (_TABLE, True)},
+    "deseq": {"params": (_MAPPING, False)},
 }
-_DESEQ_ANALYSIS: dict[str, tuple[type, ...]] = {"results": _MAPPING, "contrasts": _MAPPING}
+_DESEQ_ANALYSIS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "results": (_MAPPING, True),
+    "contrasts": (_MAPPING, False),
+}
 
 
-def _field_problem(entry: Mapping, fields: dict[str, tuple[type, ...]]) -> str | None:
-    for name, types in fields.items():
+def _field_problem(entry: Mapping, fields: dict[str, tuple[tuple[type, ...], bool]]) -> str | None:
+    for name, (types, required) in fields.items():
         if name not in entry:
-            return f"the field {name!r} is missing"
+            if required:
+                return f"the field {name!r} is missing"
+            continue
         value = entry[name]
         if not isinstance(value, types):
             want = " or ".join("mapping" if t is Mapping else t.__name__ for t in types)

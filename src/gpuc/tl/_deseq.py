@@ -193,7 +193,8 @@ def deseq(
         ``log2FoldChange_shrunk``/``lfcSE_shrunk`` with ``lfc_shrink``); ``filtering`` (name -> independent
         filtering threshold and theta); ``messages``. With ``groupby`` the fit and results sit under
         ``uns[key]["groups"][group]``. Contrast names in ``contrasts``/``results``/``filtering`` are
-        percent-encoded the same way.
+        percent-encoded the same way. ``inputs``: the number and a digest of the sample and gene names, by which the
+        getters align a gene subset by name and refuse objects joined after the fit.
 
     Every output of an earlier run under the same ``key_added`` is removed first, so nothing from that fit remains
     (e.g. the per-gene ``var`` columns after a rerun with ``groupby``).

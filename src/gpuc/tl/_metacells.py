@@ -169,7 +169,8 @@ def metacells(
         ``metacells``: a table with one row per column of the weights (label, group, ``center`` = the obs name
         with the largest weight in B, ``initial_archetype``, ``size`` = number of cells labelled). With
         ``groupby``, ``groups`` is keyed by the group names percent-encoded (``"T/NK"`` as ``"T%2FNK"``, so they
-        survive ``write_h5ad``), each entry holding its original name under ``group``.
+        survive ``write_h5ad``), each entry holding its original name under ``group``. ``inputs``: the number and
+        a digest of the cell names, by which readers refuse objects joined by ``anndata.concat`` after the fit.
 
     Outputs of an earlier run under the same ``key_added`` are removed first, including the quality table
     ``uns[key_added + "_quality"]`` that :func:`metacell_quality` derived from it.

@@ -457,7 +457,9 @@ def consensus_nmf(
         (pooled-component distance matrix under ``metric``, float32, for the clustergram; only when there are at
         most 2,000 pooled components); ``pool`` (the pooled components of the restarts, ``n_runs * k`` rows in the
         working precision, spectra over the factorised genes or usages over the cells per ``target``), from which
-        :func:`nmf_refine` redoes the consensus with another density threshold without refitting.
+        :func:`nmf_refine` redoes the consensus with another density threshold without refitting; ``inputs`` (the
+        number and a digest of the cell and factorised gene names in order, and a fingerprint of the factorised
+        matrix), by which :func:`nmf_refine` refuses a reordered or changed matrix.
 
     Outputs of an earlier run under the same ``key_added`` are replaced.
 
@@ -690,8 +692,9 @@ def _check_same_input(adata: AnnData, old: Any, key: str, mask: np.ndarray, bloc
         same_set = genes.size == stored.size and set(genes) == set(stored)
         what = "in another order (adata[:, perm] after the fit?)" if same_set else "not the ones it factorised"
         msg = (
-            f"nmf_refine: the genes of adata.uns[{key!r}] are {what}: the pooled components of its restarts are "
-            f"over the genes in the fit's order, so a new consensus would mix genes up. {redo}"
+            f"nmf_refine: the genes changed since consensus_nmf ran under {key!r}: they are {what}. The pooled "
+            f"components of its restarts are over the genes in the fit's order, so a new consensus would mix genes "
+            f"up. {redo}"
         )
         raise ValueError(msg)
     inputs = old.get("inputs")
