@@ -83,7 +83,7 @@ def interruptible(tool: str) -> Iterator[None]:
         raise
     except Exception as err:
         inner = user_exception(err)
-        if inner is not None:
+        if inner is not None and not isinstance(inner, KeyboardInterrupt):
             raise inner from None
         if _interrupted(err):
             raise KeyboardInterrupt(f"{tool} was interrupted; the AnnData is unchanged.") from err

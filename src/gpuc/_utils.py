@@ -559,7 +559,7 @@ def _user_exceptions() -> Iterator[None]:
         yield
     except SystemError as err:
         inner = user_exception(err)
-        if inner is None:
+        if inner is None or isinstance(inner, KeyboardInterrupt):  # Ctrl-C: the tool's interruptible() says so
             raise
         raise inner from None
 
