@@ -36,8 +36,19 @@ def matrix_fingerprint(x: Any) -> np.ndarray:
     a = xp.cos(xp.arange(n, dtype=xp.float64))
     b = xp.cos(xp.arange(m, dtype=xp.float64))
     if is_sparse(x):
-        vals = xp.asarray(x.data, dtype=xp.float64)
-        sums = [vals.sum(), vals @ vals, a @ (x @ xp.ones(m, dtype=xp.float64)), (x @ b).sum()]
+        fmt = getattr(x, "format", "csr")
+        if xp is np and fmt in ("csr", "csc"):
+            # per stored value: its row's and column's weights (repeat along the compressed axis, gather along the
+            # other), so nothing of the size of the matrix is converted to float64 but its values
+            vals = np.asarray(x.data, dtype=np.float64)
+            major, minor = (a, b) if fmt == "csr" else (b, a)
+            w_major = np.repeat(major, np.diff(x.indptr))
+            w_minor = minor[x.indices]
+            w_row, w_col = (w_major, w_minor) if fmt == "csr" else (w_minor, w_major)
+            sums = [vals.sum(), vals @ vals, vals @ w_row, vals @ w_col]
+        else:
+            vals = xp.asarray(x.data, dtype=xp.float64)
+            sums = [vals.sum(), vals @ vals, a @ (x @ xp.ones(m, dtype=xp.float64)), (x @ b).sum()]
         return np.array([float(v) for v in sums], dtype=np.float64)
     out = np.zeros(4, dtype=np.float64)
     step = max(1, (1 << 22) // max(m, 1))  # blocks of rows of ~32 MB in float64: no copy of the whole matrix
