@@ -152,3 +152,18 @@ def test_hand_edited_nmf_entry_names_the_field(nmf_fit):
     a.uns["nmf"]["components"] = "x"
     with pytest.raises(ValueError, match="'components' is a str"):
         gpuc.pl.nmf_density(a, show=False)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda u: u["params"].__setitem__("k", "three"), r"params\['k'\] = 'three' is not a int"),
+        (lambda u: u["params"].pop("metric"), r"params\['metric'\] is missing"),
+        (lambda u: u.__setitem__("params", [1]), "'params' is a list"),
+    ],
+)
+def test_hand_edited_nmf_params_are_named_before_refine(nmf_fit, edit, match, unchanged):
+    a = nmf_fit.copy()
+    edit(a.uns["nmf"])
+    with unchanged(a), pytest.raises(ValueError, match=match):
+        gpuc.tl.nmf_refine(a, 0.3)

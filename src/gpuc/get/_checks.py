@@ -247,6 +247,47 @@ def _field_problem(entry: Mapping, fields: dict[str, tuple[tuple[type, ...], boo
     return None
 
 
+def _is_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if kind == "any":
+        return True
+    if kind == "int":
+        return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    if kind == "number":
+        return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "str or None":
+        return value is None or isinstance(value, str)
+    raise ValueError(kind)  # pragma: no cover
+
+
+def check_params(entry: Mapping, kinds: dict[str, str], tool: str, key: str) -> None:
+    """Raise a :class:`ValueError` naming the first recorded argument of ``entry['params']`` that a tool replaying
+    the call needs (``kinds``: ``{name: "int" | "number" | "str" | "str or None" | "any"}``) and that is missing or
+    of another kind (a hand-edited file), saying how to refit.
+    """
+    params = entry.get("params")
+    problem = None
+    if not isinstance(params, Mapping):
+        problem = "'params' is missing" if params is None else f"'params' is a {type(params).__name__}"
+    else:
+        for name, kind in kinds.items():
+            if name not in params:
+                problem = f"params[{name!r}] is missing"
+            elif not _is_kind(params[name], kind):
+                problem = f"params[{name!r}] = {params[name]!r} is not a {kind}"
+            if problem:
+                break
+    if problem is not None:
+        msg = (
+            f"adata.uns[{key!r}] is not a complete gpuc.tl.{tool} result: {problem} (the entry was edited). "
+            f"Refit: {_call(tool, key)}."
+        )
+        raise ValueError(msg)
+
+
 def check_fields(entry: Any, tool: str, key: str) -> None:
     """Raise a :class:`ValueError` naming the first field of ``adata.uns[key]`` that ``gpuc.tl.<tool>`` writes and
     the readers need, when it is missing or of another type (an entry edited by hand, or joined by

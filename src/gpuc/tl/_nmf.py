@@ -632,7 +632,10 @@ def nmf_refine(
     """
     check_adata(adata)
     check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
-    old = adata.uns[key]
+    from gpuc.get._checks import check_params, tool_output
+
+    old = tool_output(adata, key, "consensus_nmf")  # a foreign, edited or joined entry: refused, saying why
+    check_params(old, _REFINE_PARAMS, "consensus_nmf", key)
     if "pool" not in old:
         msg = (
             f"adata.uns[{key!r}] holds no 'pool' (written by an older gpuc); rerun gpuc.tl.consensus_nmf with the "
@@ -678,6 +681,15 @@ def nmf_refine(
         )
         (adata if out is None else out).uns[key_added]["inputs"] = inputs
     return out
+
+
+# what nmf_refine reads of the recorded call, and the kinds the values must be
+_REFINE_PARAMS = {
+    "k": "int", "n_runs": "int", "max_iter": "int", "kmeans_n_init": "int", "random_state": "int",
+    "tol": "number", "density_threshold": "number", "neighborhood": "number",
+    "target": "str", "metric": "str", "normalization": "str", "preprocessing": "str",
+    "layer": "str or None", "device": "str or None", "dtype": "str or None", "mask_var": "any",
+}  # fmt: skip
 
 
 def _check_same_input(adata: AnnData, old: Any, key: str, mask: np.ndarray, block: Any) -> None:
