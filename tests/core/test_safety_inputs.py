@@ -167,3 +167,19 @@ def test_hand_edited_nmf_params_are_named_before_refine(nmf_fit, edit, match, un
     edit(a.uns["nmf"])
     with unchanged(a), pytest.raises(ValueError, match=match):
         gpuc.tl.nmf_refine(a, 0.3)
+
+
+def test_hand_edited_trend_is_named_before_vst(deseq_fit, unchanged):
+    a = deseq_fit.copy()
+    gpuc.tl.vst(a, blind=False)  # the stored trend as written works
+    del a.uns["deseq"]["trend"]["mean"]
+    with unchanged(a), pytest.raises(ValueError, match="'trend'"):
+        gpuc.tl.vst(a, blind=False)
+
+
+def test_hand_edited_metacell_params_are_named():
+    a = _metacell_fit(0)
+    a.uns["metacell"]["params"]["use_rep"] = 3
+    with pytest.raises(ValueError, match="pass use_rep="):
+        gpuc.tl.metacell_quality(a)
+    gpuc.tl.metacell_quality(a, use_rep="X_pca")

@@ -344,6 +344,28 @@ def _write_deseq(
     adata.uns[key] = uns
 
 
+def _stored_trend(adata: AnnData, key: str) -> dict:
+    """``uns[key]["trend"]`` of a :func:`deseq` fit, after checking the entry and the trend's fields (a file edited
+    by hand gives a message naming the field, not an internal error).
+    """
+    from gpuc.get._checks import tool_output
+
+    entry = tool_output(adata, key, "deseq")
+    trend = entry.get("trend")
+    need = {
+        "parametric": ("asymptDisp", "extraPois"), "mean": ("mean",), "local": ("grid_logmean", "grid_logdisp"),
+    }  # fmt: skip
+    kind = trend.get("type") if isinstance(trend, dict) else None
+    missing = [f for f in need.get(kind, ()) if f not in trend] if kind in need else ["type"]
+    if missing:
+        msg = (
+            f"adata.uns[{key!r}]['trend'] is not a dispersion trend gpuc.tl.deseq wrote (missing or altered: "
+            f"{missing}); refit with gpuc.tl.deseq(adata, ..., key_added={key!r}) or use blind=True."
+        )
+        raise ValueError(msg)
+    return trend
+
+
 def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
     """Given size factors as one positive float per sample: a Series or dict matched by obs name, an array by
     position.
@@ -632,7 +654,7 @@ def vst(
             msg = "blind=False is not available after a groupby DESeq2 run."
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
-        plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=adata.uns[key]["trend"])
+        plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=_stored_trend(adata, key))
     backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     check_memory(
         backend,

@@ -536,7 +536,11 @@ def metacell_quality(
     """
     # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
-    use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
+    stored = info.get("params", {}).get("use_rep") if isinstance(info.get("params"), Mapping) else None
+    if use_rep is None and not isinstance(stored, str):
+        msg = f"adata.uns[{key!r}]['params'] does not name the embedding the metacells were built on; pass use_rep=."
+        raise ValueError(msg)
+    use_rep = use_rep if use_rep is not None else stored
     x = _embedding(adata, use_rep)
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
     if celltype_key is not None:
