@@ -82,6 +82,17 @@ def test_deseq_and_vst(inject_faults):
     inject_faults(make, lambda a: gpuc.tl.vst(a, fit_type="mean"), n=6, tail=8)
 
 
+def test_tools_that_return_a_new_anndata_leave_theirs_unchanged(inject_faults):
+    def make():
+        a = _cells()
+        a.obs["sample"] = np.repeat(["s1", "s2", "s3"], 20)
+        gpuc.tl.metacells(a, 4, n_neighbors=8, n_waypoint_eigs=4, max_iter=5, min_iter=1)
+        return a
+
+    inject_faults(make, lambda a: gpuc.tl.pseudobulk(a, "sample", groupby="ct", min_cells=1), n=6, tail=6)
+    inject_faults(make, lambda a: gpuc.tl.aggregate_metacells(a, celltype_key="ct", soft=True), n=6, tail=6)
+
+
 # ---- the swap itself ---------------------------------------------------------------------------------------------------
 def test_a_failing_write_puts_every_slot_back(unchanged):
     a = _cells(20)
