@@ -26,7 +26,7 @@ import scipy.special
 from gpuc._device import DEVICES, Device
 from gpuc._errors import GpucWarning
 from gpuc._settings import settings
-from gpuc._utils import current_n_jobs, threadpool_controller
+from gpuc._utils import current_n_jobs
 
 GPU_EXTRA_HINT = (
     "pip install 'gpuc[gpu-cu12]' (or 'gpuc[gpu-cu13]' for CUDA 13; gpuc is not on PyPI yet, so from a gpuc "
@@ -434,17 +434,15 @@ def _flat_search_fixed_blocks(faiss: ModuleType, index: Any, xq: np.ndarray, k: 
     if len(starts) > 1 and nq - starts[-1] <= threshold:
         starts.pop()
     spans = list(zip(starts, [*starts[1:], nq], strict=True))
-    prev = faiss.omp_get_max_threads()
-    controller = threadpool_controller()
-    faiss.omp_set_num_threads(1)
-    try:
-        with (
-            controller.limit(limits=1) if controller is not None else _nothing(),
-            ThreadPoolExecutor(max_workers=max(1, min(current_n_jobs(), len(spans)))) as pool,
-        ):
-            parts = list(pool.map(lambda span: _search_one_thread(faiss, index, xq[span[0] : span[1]], k), spans))
-    finally:
-        faiss.omp_set_num_threads(prev)
+    from gpuc._utils import _FAISS_LIMITS, one_thread_pools
+
+    # through the shared limits: a limit saved and restored here would restore a concurrent call's limit
+    with (
+        _FAISS_LIMITS.hold(faiss=1),
+        one_thread_pools("blas", "openmp"),
+        ThreadPoolExecutor(max_workers=max(1, min(current_n_jobs(), len(spans)))) as pool,
+    ):
+        parts = list(pool.map(lambda span: _search_one_thread(faiss, index, xq[span[0] : span[1]], k), spans))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 

@@ -50,21 +50,41 @@ def _interrupted(err: BaseException) -> bool:
     return False
 
 
+def user_exception(err: BaseException) -> BaseException | None:
+    """The exception a compiled call wrapped, when ``err`` is CPython's report of one.
+
+    A signal handler (Ctrl-C, a timer's alarm) that raises while a compiled function (numba, a C extension) runs
+    leaves its exception pending until the function returns; CPython then raises ``SystemError: ... returned a
+    result with an exception set`` with the pending exception as its cause. Returns that cause (the user's
+    exception), or None when ``err`` is not such a report.
+    """
+    if not isinstance(err, SystemError) or type(err) is not SystemError:
+        return None
+    inner = err.__cause__ or err.__context__
+    if inner is None or isinstance(inner, SystemError):
+        return None
+    return inner
+
+
 @contextlib.contextmanager
 def interruptible(tool: str) -> Iterator[None]:
-    """Let Ctrl-C inside a compiled kernel reach the user as :class:`KeyboardInterrupt`.
+    """Let an exception raised inside a compiled kernel reach the user as the exception that was raised.
 
-    A SIGINT that arrives while a compiled function (numba, a C extension) runs is raised when it returns, and
-    CPython may report it as ``SystemError: ... returned a result with an exception set``. Tools compute everything
-    before they write, so an interrupted call leaves the AnnData as it was; around their computation this re-raises
-    such errors (any exception whose cause is a KeyboardInterrupt) as the KeyboardInterrupt the user pressed. A
-    context manager (not a decorator), so the tools' warnings keep pointing at the user's line.
+    A SIGINT (or a timer's signal whose handler raises) that arrives while a compiled function (numba, a C
+    extension) runs is raised when it returns, and CPython may report it as ``SystemError: ... returned a result
+    with an exception set``; such reports are replaced by the user's exception itself (:func:`user_exception`), and
+    any exception whose cause is a KeyboardInterrupt is re-raised as the KeyboardInterrupt the user pressed. Tools
+    compute everything before they write, so an interrupted call leaves the AnnData as it was. A context manager
+    (not a decorator), so the tools' warnings keep pointing at the user's line.
     """
     try:
         yield
     except KeyboardInterrupt:
         raise
     except Exception as err:
+        inner = user_exception(err)
+        if inner is not None and not isinstance(inner, KeyboardInterrupt):
+            raise inner from None
         if _interrupted(err):
             raise KeyboardInterrupt(f"{tool} was interrupted; the AnnData is unchanged.") from err
         raise

@@ -9,19 +9,32 @@ from __future__ import annotations
 from typing import Any
 
 # ---- names that come from the data ---------------------------------------------------------------------------------
-# Group names and contrast levels become keys of ``uns`` dicts. HDF5 and zarr read a "/" in a key as a nested group,
-# so such names are stored percent-encoded ("%" -> "%25" first, then "/" -> "%2F"): the encoding is reversible and
-# two different names never share a key ("T/NK" -> "T%2FNK", "T_NK" stays, a literal "T%2FNK" -> "T%252FNK").
+# Group names and contrast levels become keys of ``uns`` dicts, which HDF5 and zarr store as names of groups or
+# datasets. A "/" is read as a nested group, "." and ".." name the group itself or its parent, an empty name is
+# refused, a NUL byte ends the name in HDF5, zarr refuses "\\" and keeps its own metadata in ".zattrs"/".zarray"/
+# ".zgroup". So these characters are stored percent-encoded: "%" -> "%25" first, "/" -> "%2F", "\\" -> "%5C",
+# NUL -> "%00", and a leading "." -> "%2E"; the empty name is stored as "%" alone, which no encoding otherwise gives.
+# The encoding is reversible and two different names never share a key ("T/NK" -> "T%2FNK", "T_NK" stays, a literal
+# "T%2FNK" -> "T%252FNK"); keys written by earlier versions (which encoded only "%" and "/") decode unchanged.
+_ENCODE = {"%": "%25", "/": "%2F", "\\": "%5C", "\x00": "%00"}
 
 
 def encode_name(name: Any) -> str:
     """The ``uns`` key under which a data-derived name (group, contrast) is stored; reversed by :func:`decode_name`."""
-    return str(name).replace("%", "%25").replace("/", "%2F")
+    text = str(name)
+    if text == "":
+        return "%"
+    out = "".join(_ENCODE.get(c, c) for c in text)
+    return "%2E" + out[1:] if out.startswith(".") else out
 
 
 def decode_name(key: str) -> str:
     """The original name of a key written by :func:`encode_name`."""
-    return key.replace("%2F", "/").replace("%25", "%")
+    import re
+
+    if key == "%":
+        return ""
+    return re.sub(r"%(25|2F|5C|00|2E)", lambda m: chr(int(m.group(1), 16)), key)
 
 
 def drop_outputs(adata: Any, outputs: dict[str, list[str]]) -> None:

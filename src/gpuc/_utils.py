@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from gpuc._atomic import critical
+from gpuc._errors import user_exception
 from gpuc._settings import check_n_jobs, passive_numba_launch, settings
 
 
@@ -359,14 +361,16 @@ class _ThreadScope:
         """Numba's threads for this thread (numba keeps the count per calling thread), once; restored on exit."""
         if self._numba:
             return
-        self._numba = True
         numba = sys.modules.get("numba")
         if numba is None:
+            self._numba = True
             return
         _launch_numba_threads()
-        prev = numba.get_num_threads()
-        numba.set_num_threads(max(1, min(self.n, numba.config.NUMBA_NUM_THREADS)))
-        self._undo.append(lambda: numba.set_num_threads(prev))
+        with critical():  # the change and its undo together: an exception cannot land between them
+            self._numba = True
+            prev = numba.get_num_threads()
+            self._undo.append(lambda: numba.set_num_threads(prev))
+            numba.set_num_threads(max(1, min(self.n, numba.config.NUMBA_NUM_THREADS)))
 
     def limit_faiss(self, faiss: Any) -> None:
         """FAISS's OpenMP threads (process-wide, shared with concurrent calls: see :class:`_SharedLimits`), once;
@@ -374,14 +378,23 @@ class _ThreadScope:
         """
         if self._faiss or not hasattr(faiss, "omp_set_num_threads"):
             return
-        self._faiss = True
-        hold = _FAISS_LIMITS.hold(faiss=self.n)
-        hold.__enter__()
-        self._undo.append(lambda: hold.__exit__(None, None, None))
+        with critical():
+            self._faiss = True
+            hold = _FAISS_LIMITS.hold(faiss=self.n)
+            hold.__enter__()
+            self._undo.append(lambda: hold.__exit__(None, None, None))
 
     def close(self) -> None:
-        while self._undo:
-            self._undo.pop()()
+        """Undo every change, the last first; every undo runs even when one fails (the first error is raised)."""
+        error = None
+        with critical():
+            while self._undo:
+                try:
+                    self._undo.pop()()
+                except Exception as err:  # pragma: no cover - a library that cannot set its threads back
+                    error = error or err
+        if error is not None:  # pragma: no cover
+            raise error
 
 
 def _launch_numba_threads() -> None:
@@ -440,22 +453,28 @@ class _SharedLimits:
 
     @contextlib.contextmanager
     def hold(self, **limits: int) -> Iterator[None]:
-        """Limit the named pools inside the block (threads never raised above another holder's request)."""
-        with self._lock:
-            token = self._next
-            self._next += 1
-            self._requests[token] = limits
-            self._apply()
+        """Limit the named pools inside the block (threads never raised above another holder's request).
+
+        The request is registered and released in :func:`gpuc._atomic.critical` sections inside the ``try``, so an
+        exception (a Ctrl-C, a timer's) cannot leave a request behind, nor the limits applied after the last holder.
+        """
+        token = None
         try:
+            with critical(), self._lock:
+                token = self._next
+                self._next += 1
+                self._requests[token] = limits
+                self._apply()
             yield
         finally:
-            with self._lock:
-                del self._requests[token]
-                if self._requests:
-                    self._apply()
-                elif self._restore is not None:
-                    restore, self._restore = self._restore, None
-                    restore()
+            with critical(), self._lock:
+                if token is not None:
+                    del self._requests[token]
+                    if self._requests:
+                        self._apply()
+                    elif self._restore is not None:
+                        restore, self._restore = self._restore, None
+                        restore()
 
     def _apply(self) -> None:
         effective: dict[str, int] = {}
@@ -508,19 +527,41 @@ def cpu_threads(n_jobs: int | None = None) -> Iterator[int]:
     n = resolve_n_jobs(n_jobs)
     outer = _SCOPE.get()
     if outer is not None and outer.n == n:
-        yield n
+        with _user_exceptions():
+            yield n
         return
     scope = _ThreadScope(n)
-    token = _SCOPE.set(scope)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_POOL_LIMITS.hold(blas=n, openmp=n))
-        try:
-            if "numba" in sys.modules:
-                scope.limit_numba()
+    token = None
+    try:
+        # every change is made together with the registration of its undo (critical sections), inside the try
+        with critical():
+            token = _SCOPE.set(scope)
+            hold = _POOL_LIMITS.hold(blas=n, openmp=n)
+            hold.__enter__()
+            scope._undo.append(lambda: hold.__exit__(None, None, None))
+        if "numba" in sys.modules:
+            scope.limit_numba()
+        with _user_exceptions():
             yield n
-        finally:
+    finally:
+        with critical():
             scope.close()
-            _SCOPE.reset(token)
+            if token is not None:
+                _SCOPE.reset(token)
+
+
+@contextlib.contextmanager
+def _user_exceptions() -> Iterator[None]:
+    """Re-raise the user's exception that CPython reports as a ``SystemError`` after a compiled call (a timer's or
+    Ctrl-C's exception raised inside a numba kernel): see :func:`gpuc._errors.user_exception`.
+    """
+    try:
+        yield
+    except SystemError as err:
+        inner = user_exception(err)
+        if inner is None or isinstance(inner, KeyboardInterrupt):  # Ctrl-C: the tool's interruptible() says so
+            raise
+        raise inner from None
 
 
 # a BLAS product below this many floating-point operations (~0.05 s on one core) gains less from threads than the
@@ -543,6 +584,15 @@ def serial_blas(enabled: bool = True, *, force: bool = False) -> Iterator[None]:
         yield
         return
     with _POOL_LIMITS.hold(blas=1):
+        yield
+
+
+@contextlib.contextmanager
+def one_thread_pools(*pools: str) -> Iterator[None]:
+    """Run the enclosed code with the named threadpoolctl pools (``"blas"``, ``"openmp"``) on one thread, through the
+    process-wide shared limits (:class:`_SharedLimits`), so concurrent calls never restore each other's limits.
+    """
+    with _POOL_LIMITS.hold(**dict.fromkeys(pools, 1)):
         yield
 
 

@@ -32,7 +32,25 @@ def check_adata(adata: Any) -> AnnData:
                 "layers may stay lazy (dask)."
             )
             raise TypeError(msg)
+    for axis, what in (("obs", "Observation"), ("var", "Variable")):
+        names = getattr(adata, f"{axis}_names")
+        if not names.is_unique:  # every result is keyed by these names: refused before anything is read
+            dup = pd.unique(np.asarray(names[names.duplicated()]))
+            msg = (
+                f"{what} names are not unique ({_show(dup)} occur more than once), so gpuc's results could not be "
+                f"matched to them. To make them unique, call `.{axis}_names_make_unique` (adata.{axis}_names_make_unique())."
+            )
+            raise ValueError(msg)
     return adata
+
+
+def str_array(values: Any) -> np.ndarray:
+    """``values`` (an array of strings as h5ad, zarr or numpy 2's ``StringDType`` give them, a list, an Index) as a
+    numpy array of Python ``str`` (``<U``). ``np.asarray(x).astype(str)`` fails on a ``StringDType`` array that
+    ``read_zarr`` returns.
+    """
+    arr = np.asarray(values, dtype=object).ravel()
+    return np.array([str(v) for v in arr], dtype=str) if arr.size else np.zeros(0, dtype=str)
 
 
 def check_key_added(key_added: Any, name: str = "key_added") -> str:
@@ -44,10 +62,11 @@ def check_key_added(key_added: Any, name: str = "key_added") -> str:
     if not isinstance(key_added, str):
         msg = f"{name} must be a string, got {key_added!r}."
         raise TypeError(msg)
-    if not key_added or "/" in key_added:
+    if not key_added or "/" in key_added or "\\" in key_added or "\x00" in key_added or key_added.startswith("."):
         msg = (
-            f"{name}={key_added!r} cannot be used as an AnnData key: it must be non-empty and must not contain '/' "
-            "(write_h5ad would store it as a nested group). Use e.g. '_' instead."
+            f"{name}={key_added!r} cannot be used as an AnnData key: it must be non-empty, must not contain '/' "
+            "(write_h5ad would store it as a nested group), '\\' or a NUL character, and must not start with '.' "
+            "(names HDF5 and zarr reserve). Use e.g. '_' instead."
         )
         raise ValueError(msg)
     return key_added
@@ -75,6 +94,12 @@ def check_in_memory(x: Any, where: str, *, allow_dask: bool = False) -> Any:
         )
         raise TypeError(msg)
     dtype = getattr(x, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind not in "biuf":
+        msg = (
+            f"{where} holds {np.dtype(dtype)} values, not numbers (a matrix read from text, or of strings); convert "
+            "it first, e.g. adata.X = adata.X.astype(np.float32)."
+        )
+        raise TypeError(msg)
     if dtype is not None and np.dtype(dtype) == np.float16:
         msg = (
             f"{where} is float16, which keeps about 3 significant digits (counts above 2,048 are not exact) and "

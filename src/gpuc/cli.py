@@ -121,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--device", default="auto", choices=["auto", "cpu", "gpu"], help="where to compute (default: auto)"
     )
+    demo.add_argument(
+        "--overwrite", action="store_true", help="write into an output folder that holds files (default: refuse)"
+    )
     sub.add_parser(
         "info",
         help="print versions, the chosen device, the GPU libraries found and the CPU cores used",
@@ -133,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuc._demo import run_demo
 
     try:
-        run_demo(args.out, device=args.device)
-    except RuntimeError as err:
+        run_demo(args.out, device=args.device, overwrite=args.overwrite)
+    except (RuntimeError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

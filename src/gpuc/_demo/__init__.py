@@ -106,12 +106,27 @@ def summary_text(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[[str], None] = print) -> pd.DataFrame:
+def run_demo(
+    out: str | Path = "gpuc_demo",
+    device: str = "auto",
+    log: Callable[[str], None] = print,
+    *,
+    overwrite: bool = False,
+) -> pd.DataFrame:
     """Run every available step on the bundled data; write figures and ``summary.tsv`` to ``out``.
 
     Every message goes to ``log`` wrapped to 100 columns. Returns the summary table (one row per result: step, what,
-    value, device, seconds).
+    value, device, seconds). A folder ``out`` that exists and holds files is refused (:class:`FileExistsError`,
+    before anything is computed) unless ``overwrite``, so the demo never replaces a user's files.
     """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
+        what = "is a file" if not out.is_dir() else "exists and is not empty"
+        msg = (
+            f"the demo's output folder {str(out)!r} {what}; the demo writes its figures and summary.tsv there and "
+            "would replace files of the same names. Pass another folder (--out), or --overwrite to write into it."
+        )
+        raise FileExistsError(msg)
     log = fitted(log)
     import matplotlib
 
@@ -122,7 +137,6 @@ def run_demo(out: str | Path = "gpuc_demo", device: str = "auto", log: Callable[
     from gpuc._backend import resolve_device
 
     dev = resolve_device(device)  # raises before anything is written if device='gpu' is unusable
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"gpuc demo -> {out.resolve()} (device: {dev})")
     rows: list[dict[str, Any]] = []

@@ -8,6 +8,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpuc.deseq._formula import ParsedFormula, parse_formula
+
+# what formulaic and formulaic_contrasts raise for a design they cannot build (with formulaic's own FormulaicError,
+# see _design_error); anything else (a user's timer exception, a KeyboardInterrupt) is not a design error
+FORMULAIC_ERRORS = (ValueError, TypeError, LookupError, AttributeError, NameError, ArithmeticError, RuntimeError)
+
+
+def _design_error(err: BaseException) -> BaseException | None:
+    """The user's own exception when ``err`` (or what formulaic wrapped in it) is not a design error, else None."""
+    from formulaic.errors import FormulaicError
+
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if not isinstance(e, (*FORMULAIC_ERRORS, FormulaicError)):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
 
 @dataclass
 class Design:
@@ -37,7 +57,8 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
     if not isinstance(design, str) or not design.strip().startswith("~"):
         msg = f"design must be a formula string starting with '~' (e.g. '~condition') or a DataFrame, got {design!r}."
         raise ValueError(msg)
-    variables = _formula_variables(design, obs)
+    parsed = parse_formula(design)  # only the documented grammar reaches formulaic, which evaluates factors as code
+    variables = _formula_variables(parsed, design, obs)
     for v in variables:
         if obs[v].isna().any():
             msg = f"obs[{v!r}] has missing values; the design variables must be complete."
@@ -49,8 +70,11 @@ def build_design(obs: pd.DataFrame, design: str | pd.DataFrame) -> Design:
     from formulaic_contrasts import FormulaicContrasts  # here: loading formulaic takes ~0.2 s
 
     try:
-        fc = FormulaicContrasts(obs, design)
-    except Exception as err:  # formulaic raises many types
+        fc = FormulaicContrasts(obs, parsed.formula)
+    except Exception as err:
+        user = _design_error(err)  # a user's exception (a timer's), also one formulaic wrapped: passed on unchanged
+        if user is not None:
+            raise user from None
         msg = f"could not build the design matrix for {design!r}: {err}"
         raise ValueError(msg) from err
     dm = fc.design_matrix
@@ -114,7 +138,7 @@ def _variable_levels(fc: Any, col: pd.Series, name: str) -> list[Any] | None:
         meta = fc._get_factor_metadata_for_variable(name)
         kind = str(getattr(resolve_ambiguous(meta, "kind"), "value", ""))
         cats, base = resolve_ambiguous(meta, "categories"), resolve_ambiguous(meta, "base")
-    except Exception:  # metadata not recorded (another formulaic version): fall back on the column's dtype
+    except FORMULAIC_ERRORS:  # metadata not recorded (another formulaic version): fall back on the column's dtype
         kind, cats, base = "", None, None
     if isinstance(col.dtype, pd.CategoricalDtype):
         levels = [x for x in col.cat.categories if (col == x).any()]  # the Categorical's order, reference first
@@ -155,18 +179,12 @@ def _warn_case_order(obs: pd.DataFrame, levels: dict[str, list[Any]]) -> None:
             warnings.warn(msg, GpucWarning, stacklevel=5)
 
 
-def _formula_variables(formula: str, obs: pd.DataFrame) -> list[str]:
-    """The columns of ``obs`` that ``formula`` reads (formulaic's ``required_variables``), in ``obs`` order.
+def _formula_variables(parsed: ParsedFormula, formula: str, obs: pd.DataFrame) -> list[str]:
+    """The columns of ``obs`` that ``formula`` reads (the variables of its parsed terms), in ``obs`` order.
 
     Raises a :class:`ValueError` naming the variables that are not columns of ``obs``.
     """
-    from formulaic import Formula
-
-    try:
-        names = {str(v) for v in Formula(formula).required_variables}
-    except Exception as err:  # formulaic raises many types
-        msg = f"could not build the design matrix for {formula!r}: {err}"
-        raise ValueError(msg) from err
+    names = set(parsed.variables)
     unknown = sorted(names - {str(c) for c in obs.columns})
     if unknown:
         msg = f"design {formula!r} names {unknown} which are not columns of adata.obs (available: {list(obs.columns)})."
@@ -260,7 +278,7 @@ def _level_difference(design: Design, factor: str, num: Any, ref: Any) -> np.nda
         elif v in design.levels:
             try:
                 base = fc._get_default_value(v)
-            except Exception:
+            except FORMULAIC_ERRORS:
                 base = None
             values = [base if base is not None and base != "\0" else design.levels[v][0]] * 2
         else:
@@ -277,7 +295,7 @@ def _same_level(level: Any, given: Any) -> bool:
         return False
     try:
         return bool(level == given)
-    except Exception:
+    except (TypeError, ValueError):
         return False
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from anndata import AnnData
 
 from gpuc import _keys
+from gpuc._inputs import joined_after_fit
 from gpuc._validate import check_adata
 
 
@@ -168,13 +170,163 @@ def tool_output(adata: AnnData, key: str, tool: str) -> Any:
         msg = f"key must be a string (the key_added of a gpuc.tl.{tool} call), got {key!r}."
         raise TypeError(msg)
     if key not in adata.uns:
+        orphans = _orphaned_outputs(adata, key, tool)
+        if orphans:
+            msg = (
+                f"{', '.join(orphans)} {'is' if len(orphans) == 1 else 'are'} in this AnnData but adata.uns[{key!r}], "
+                f"the gpuc.tl.{tool} result {'it belongs' if len(orphans) == 1 else 'they belong'} to, is not: "
+                "anndata.concat drops uns entries (or keeps only what all objects share), so the entries of objects "
+                f"joined after their fits cannot be read as one fit. Refit on the joined object: {_call(tool, key)}."
+            )
+            raise KeyError(msg)
         msg = f"{key!r} not found in adata.uns. {_instead(adata, tool, key)}"
         raise KeyError(msg)
     entry = adata.uns[key]
     if not _is(entry, tool):
         msg = f"adata.uns[{key!r}] holds {_found(entry)}, not that of gpuc.tl.{tool}. {_instead(adata, tool, key)}"
         raise ValueError(msg)
+    check_fields(entry, tool, key)
+    why = joined_after_fit(adata, entry)
+    if why is not None:
+        msg = (
+            f"adata.uns[{key!r}] (gpuc.tl.{tool}) cannot be read as one fit of this AnnData: {why}. Refit on this "
+            f"AnnData: {_call(tool, key)}."
+        )
+        raise ValueError(msg)
     return entry
+
+
+def _call(tool: str, key: str) -> str:
+    return next(c for name, c, _ in _SIGNATURES if name == tool).format(key=key)
+
+
+def _orphaned_outputs(adata: AnnData, key: str, tool: str) -> list[str]:
+    """The per-cell or per-gene outputs of ``tool`` under ``key`` present without their ``uns`` entry."""
+    outputs = {
+        "metacells": _keys.metacell_outputs,
+        "consensus_nmf": _keys.nmf_outputs,
+        "deseq": _keys.deseq_outputs,
+    }.get(tool)
+    if outputs is None:
+        return []
+    found = []
+    for slot, names in outputs(key).items():
+        if slot == "uns":
+            continue
+        container = getattr(adata, slot)
+        for name in names:
+            if name in (container.columns if slot in ("obs", "var") else container):
+                found.append(f"adata.{slot}[{name!r}]")
+    return found
+
+
+# ---- the fields each reader relies on, and their types ----------------------------------------------------------------
+# A getter or plot checks these before reading, so an entry edited by hand (or half-merged by anndata.concat) gives a
+# message naming the field instead of an internal TypeError or IndexError deep in the reader.
+_MAPPING = (Mapping,)
+_TABLE = (pd.DataFrame,)
+_ARRAY = (np.ndarray, list, tuple)
+# {tool: {field: (types, required)}}: a required field must be there; any of them, when there, must have its type
+_FIELDS: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "metacells": {"params": (_MAPPING, False), "metacells": (_TABLE, True)},
+    "consensus_nmf": {"params": (_MAPPING, False), "components": (_TABLE, False), "genes": (_ARRAY, False)},
+    "nmf_k_sweep": {"params": (_MAPPING, False), "table": (_TABLE, True)},
+    "deseq": {"params": (_MAPPING, False)},
+}
+_DESEQ_ANALYSIS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "results": (_MAPPING, True),
+    "contrasts": (_MAPPING, False),
+}
+
+
+def _field_problem(entry: Mapping, fields: dict[str, tuple[tuple[type, ...], bool]]) -> str | None:
+    for name, (types, required) in fields.items():
+        if name not in entry:
+            if required:
+                return f"the field {name!r} is missing"
+            continue
+        value = entry[name]
+        if not isinstance(value, types):
+            want = " or ".join("mapping" if t is Mapping else t.__name__ for t in types)
+            return f"the field {name!r} is a {type(value).__name__}, not a {want}"
+    return None
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if kind == "any":
+        return True
+    if kind == "int":
+        return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+    if kind == "number":
+        return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "str or None":
+        return value is None or isinstance(value, str)
+    raise ValueError(kind)  # pragma: no cover
+
+
+def check_params(entry: Mapping, kinds: dict[str, str], tool: str, key: str) -> None:
+    """Raise a :class:`ValueError` naming the first recorded argument of ``entry['params']`` that a tool replaying
+    the call needs (``kinds``: ``{name: "int" | "number" | "str" | "str or None" | "any"}``) and that is missing or
+    of another kind (a hand-edited file), saying how to refit.
+    """
+    params = entry.get("params")
+    problem = None
+    if not isinstance(params, Mapping):
+        problem = "'params' is missing" if params is None else f"'params' is a {type(params).__name__}"
+    else:
+        for name, kind in kinds.items():
+            if name not in params:
+                problem = f"params[{name!r}] is missing"
+            elif not _is_kind(params[name], kind):
+                problem = f"params[{name!r}] = {params[name]!r} is not a {kind}"
+            if problem:
+                break
+    if problem is not None:
+        msg = (
+            f"adata.uns[{key!r}] is not a complete gpuc.tl.{tool} result: {problem} (the entry was edited). "
+            f"Refit: {_call(tool, key)}."
+        )
+        raise ValueError(msg)
+
+
+def check_fields(entry: Any, tool: str, key: str) -> None:
+    """Raise a :class:`ValueError` naming the first field of ``adata.uns[key]`` that ``gpuc.tl.<tool>`` writes and
+    the readers need, when it is missing or of another type (an entry edited by hand, or joined by
+    ``anndata.concat``), saying how to refit. Tables of results inside (DESeq2's ``results``) are checked too.
+    """
+    problem = _field_problem(entry, _FIELDS.get(tool, {}))
+    if problem is None and tool == "deseq":
+        groups = entry.get("groups")
+        if groups is not None:
+            if not isinstance(groups, Mapping):
+                problem = f"the field 'groups' is a {type(groups).__name__}, not a mapping"
+            else:
+                for g, sub in groups.items():
+                    where = _field_problem(sub, _DESEQ_ANALYSIS) if isinstance(sub, Mapping) else "it is not a mapping"
+                    if where is not None:
+                        problem = f"in groups[{g!r}], {where}"
+                        break
+        else:
+            problem = _field_problem(entry, _DESEQ_ANALYSIS)
+        tables = [entry.get("results", {})] if groups is None else [
+            sub.get("results", {}) for sub in (groups.values() if isinstance(groups, Mapping) else [])
+        ]  # fmt: skip
+        for results in tables if problem is None else []:
+            bad = [str(n) for n, t in results.items() if not isinstance(t, pd.DataFrame)]
+            if bad:
+                problem = f"the results {bad} are not tables"
+                break
+    if problem is not None:
+        msg = (
+            f"adata.uns[{key!r}] is not a complete gpuc.tl.{tool} result: {problem} (the entry was edited, or the "
+            f"AnnData was joined by anndata.concat, which keeps only what all objects share). Refit: "
+            f"{_call(tool, key)}."
+        )
+        raise ValueError(msg)
 
 
 def metacell_labels(adata: AnnData, key: str) -> pd.Series:
@@ -224,8 +376,41 @@ def deseq_entry(adata: AnnData, key: str, group: str | None) -> Mapping:
         if stored not in uns["groups"]:
             msg = f"group {group!r} not found in adata.uns[{key!r}]['groups'] (groups: {names})."
             raise KeyError(msg)
-        return uns["groups"][stored]
+        return _genes_of(adata, uns["groups"][stored], key)
     if group is not None:
         msg = f"uns[{key!r}] was computed without groupby; do not pass group=."
         raise ValueError(msg)
-    return uns
+    return _genes_of(adata, uns, key)
+
+
+def _genes_of(adata: AnnData, entry: Mapping, key: str) -> Mapping:
+    """``entry`` with its per-gene tables (``results``, ``genes``) aligned by name to ``adata.var_names``.
+
+    A gene subset (``adata[:, genes]``) or reordering of a fitted AnnData gets the rows of its genes, in its order;
+    genes the fit did not see are refused. The entry itself is not modified.
+    """
+    names = adata.var_names
+
+    def aligned(table: pd.DataFrame, where: str) -> pd.DataFrame:
+        if table.index.equals(names):
+            return table
+        if not table.index.is_unique:
+            return table  # written by hand: left as it is
+        missing = names[~names.isin(table.index)]
+        if len(missing):
+            msg = (
+                f"{len(missing)} gene(s) of adata.var_names are not in {where} (e.g. {list(missing[:5])}): the "
+                f"AnnData holds genes the DESeq2 fit under key={key!r} did not see (joined with other genes after "
+                "the fit?). Refit gpuc.tl.deseq on this AnnData."
+            )
+            raise ValueError(msg)
+        return table.loc[names]
+
+    out = dict(entry)
+    if "results" in out:
+        out["results"] = {
+            n: aligned(t, f"adata.uns[{key!r}] results {n!r}") for n, t in out["results"].items()
+        }  # fmt: skip
+    if isinstance(out.get("genes"), pd.DataFrame):
+        out["genes"] = aligned(out["genes"], f"adata.uns[{key!r}] genes")
+    return out

@@ -15,7 +15,7 @@ from anndata import AnnData
 from gpuc import _keys
 from gpuc._backend import to_host
 from gpuc._errors import GpucWarning
-from gpuc._validate import check_adata, check_bool, check_int, check_key, get_matrix
+from gpuc._validate import check_adata, check_bool, check_int, check_key, get_matrix, str_array
 from gpuc.get._checks import tool_output
 from gpuc.nmf._all_genes import TARGET_SUM, row_totals, score_spectra
 from gpuc.nmf._consensus import SUGGEST_MIN_GAIN, SUGGEST_TOL, suggest_k
@@ -33,7 +33,7 @@ def _factorised(adata: AnnData, key: str, u: Any) -> np.ndarray:
     weight stand in, since genes left out of the fit have zero weight in every programme.
     """
     if isinstance(u, Mapping) and "genes" in u:
-        names = np.asarray(u["genes"]).astype(str)
+        names = str_array(u["genes"])  # zarr gives numpy StringDType, which .astype(str) refuses
         idx = pd.Index(adata.var_names).get_indexer(names)
         if (idx < 0).any():
             missing = list(names[idx < 0][:5])

@@ -73,6 +73,8 @@ def max_min_sampling(backend: Backend, dc: Any, n_waypoints: int, *, seed: int =
     """
     xp = backend.xp
     n, n_cols = dc.shape
+    if n_cols == 0:  # too few cells for a diffusion component beyond the first: no waypoint, greedy picks them all
+        return np.zeros(0, dtype=np.int64)
     n_waypoints = max(n_waypoints, max(3, n_cols))
     per_col = int(n_waypoints / n_cols)
     rng = np.random.default_rng(seed)

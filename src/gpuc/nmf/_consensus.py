@@ -165,12 +165,10 @@ class ConsensusOptions:
 
 def _one_openmp_thread() -> Any:
     """scikit-learn's OpenMP loops on one thread (a no-op context without threadpoolctl)."""
-    import contextlib
+    from gpuc._utils import one_thread_pools
 
-    from gpuc._utils import threadpool_controller
-
-    controller = threadpool_controller()
-    return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="openmp")
+    # through the shared limits: a limit saved and restored here would restore a concurrent call's limit
+    return one_thread_pools("openmp")
 
 
 def n_neighbors_for(n_runs: int, fraction: float = 0.3) -> int:

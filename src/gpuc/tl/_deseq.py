@@ -11,10 +11,12 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Device, get_backend
 from gpuc._dask import is_dask_array, map_units, resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._validate import (
     SeedLike,
@@ -114,8 +116,9 @@ def deseq(
         Layer with the counts; ``None`` uses ``X``.
     size_factors
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
-        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series or
-        dict labelled by ``obs_names`` (matched by name).
+        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series,
+        dict or one-column DataFrame labelled by ``obs_names`` (matched by name). ``params`` stores given factors as
+        that DataFrame, so a replay after the samples were reordered gives each sample its own factor.
     control_genes
         Genes the size factors are estimated from (R ``estimateSizeFactors(dds, controlGenes=)``, e.g. spike-ins or
         housekeeping genes): gene names of ``var_names``, integer positions or a boolean mask over the genes. Every
@@ -208,7 +211,8 @@ def deseq(
         ``log2FoldChange_shrunk``/``lfcSE_shrunk`` with ``lfc_shrink``); ``filtering`` (name -> independent
         filtering threshold and theta); ``messages``. With ``groupby`` the fit and results sit under
         ``uns[key]["groups"][group]``. Contrast names in ``contrasts``/``results``/``filtering`` are
-        percent-encoded the same way.
+        percent-encoded the same way. ``inputs``: the number and a digest of the sample and gene names, by which the
+        getters align a gene subset by name and refuse objects joined after the fit.
 
     With ``groupby``, each group's entry also holds what a contrast asked later needs: ``samples`` (its
     ``obs_names``), ``coef`` and ``coef_cov`` (as the ``varm`` entries above) and ``cooks`` (samples x genes).
@@ -289,7 +293,12 @@ def deseq(
     # ---- everything computed and validated: write
     adata = adata.copy() if copy else adata
     params["contrast"] = _replayable_contrast(contrast, plan.first)
-    _write_deseq(adata, fitted, plan, params, key_added, backend.name)
+    if not isinstance(params["size_factors"], str):  # stored with their labels, so a replay matches them by name
+        params["size_factors"] = pd.DataFrame({"size_factors": params["size_factors"]}, index=adata.obs_names.copy())
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names)
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        _write_deseq(adata, fitted, plan, params, key_added, backend.name)
+        adata.uns[key_added]["inputs"] = inputs  # readers align genes by name and recognise joined objects
     return adata if copy else None
 
 
@@ -450,10 +459,34 @@ def _control_gene_names(genes: Any, adata: AnnData) -> np.ndarray:
     return np.asarray(names[mask], dtype=str)
 
 
+def _stored_trend(adata: AnnData, key: str) -> dict:
+    """``uns[key]["trend"]`` of a :func:`deseq` fit, after checking the entry and the trend's fields (a file edited
+    by hand gives a message naming the field, not an internal error).
+    """
+    from gpuc.get._checks import tool_output
+
+    entry = tool_output(adata, key, "deseq")
+    trend = entry.get("trend")
+    need = {
+        "parametric": ("asymptDisp", "extraPois"), "mean": ("mean",), "local": ("grid_logmean", "grid_logdisp"),
+    }  # fmt: skip
+    kind = trend.get("type") if isinstance(trend, dict) else None
+    missing = [f for f in need.get(kind, ()) if f not in trend] if kind in need else ["type"]
+    if missing:
+        msg = (
+            f"adata.uns[{key!r}]['trend'] is not a dispersion trend gpuc.tl.deseq wrote (missing or altered: "
+            f"{missing}); refit with gpuc.tl.deseq(adata, ..., key_added={key!r}) or use blind=True."
+        )
+        raise ValueError(msg)
+    return trend
+
+
 def _given_size_factors(size_factors: Any, adata: AnnData) -> np.ndarray:
     """Given size factors as one positive float per sample: a Series or dict matched by obs name, an array by
     position.
     """
+    if isinstance(size_factors, pd.DataFrame) and size_factors.shape[1] == 1:
+        size_factors = size_factors.iloc[:, 0]  # as params stores them: one column labelled by obs_names
     sf = align_to_obs(size_factors, adata, "size_factors")
     try:
         sfv = np.asarray(sf, dtype=np.float64)
@@ -799,7 +832,7 @@ def vst(
             msg = "blind=False is not available after a DESeq2 run with normalization_factors."
             raise ValueError(msg)
         sf = adata.obs[_keys.deseq_size_factors(key)].to_numpy(dtype=np.float64)
-        plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=adata.uns[key]["trend"])
+        plan = VstPlan(fit_type=fit_type, size_factors=sf, trend=_stored_trend(adata, key))
     backend = get_backend(device, counts, tool="deseq", work=float(counts.shape[0]) * float(counts.shape[1]))
     check_memory(
         backend,
@@ -816,8 +849,6 @@ def vst(
 
     # ---- write
     adata = adata.copy() if copy else adata
-    _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
-    adata.layers[key_added] = out
     params = {
         "layer": layer,
         "blind": bool(blind),
@@ -826,5 +857,8 @@ def vst(
         "device": device,
         "n_jobs": n_jobs,
     }
-    adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend}
+    with atomic_writes(adata):  # all or nothing
+        _keys.drop_outputs(adata, _keys.vst_outputs(key_added))
+        adata.layers[key_added] = out
+        adata.uns[key_added] = {"params": params, "device": backend.name, "trend": trend}
     return adata if copy else None

@@ -18,10 +18,12 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Device, get_backend, is_sparse
 from gpuc._dask import is_dask_array, resolve_client
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._units import split_groups
 from gpuc._validate import (
@@ -174,7 +176,8 @@ def metacells(
         ``metacells``: a table with one row per column of the weights (label, group, ``center`` = the obs name
         with the largest weight in B, ``initial_archetype``, ``size`` = number of cells labelled). With
         ``groupby``, ``groups`` is keyed by the group names percent-encoded (``"T/NK"`` as ``"T%2FNK"``, so they
-        survive ``write_h5ad``), each entry holding its original name under ``group``.
+        survive ``write_h5ad``), each entry holding its original name under ``group``. ``inputs``: the number and
+        a digest of the cell names, by which readers refuse objects joined by ``anndata.concat`` after the fit.
 
     Outputs of an earlier run under the same ``key_added`` are removed first, including the quality table
     ``uns[key_added + "_quality"]`` that :func:`metacell_quality` derived from it.
@@ -252,15 +255,17 @@ def metacells(
         "initial_archetypes": None if init_arch is None else np.asarray(adata.obs_names[init_arch], dtype=str),
     }  # fmt: skip
     uns = {"params": params, "device": backend.name, "metacells": res.table, "seconds": time.perf_counter() - t_all}
+    uns["inputs"] = record_inputs(obs_names=adata.obs_names)  # readers recognise objects joined after the fit
 
     # ---- write: everything computed and checked ----------------------------------------------------------------------
     adata = adata.copy() if copy else adata
-    _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
-    adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
-    adata.obsm[_keys.metacell_weights(key_added)] = res.weights
-    adata.obsm[_keys.metacell_archetypes(key_added)] = res.archetypes
-    adata.obsp[_keys.metacell_kernel(key_added)] = res.kernel
-    adata.uns[key_added] = {**uns, **res.diagnostics(grouped=groupby is not None)}
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        _keys.drop_outputs(adata, _keys.metacell_outputs(key_added))
+        adata.obs[key_added] = pd.Categorical(res.labels, categories=res.present)
+        adata.obsm[_keys.metacell_weights(key_added)] = res.weights
+        adata.obsm[_keys.metacell_archetypes(key_added)] = res.archetypes
+        adata.obsp[_keys.metacell_kernel(key_added)] = res.kernel
+        adata.uns[key_added] = {**uns, **res.diagnostics(grouped=groupby is not None)}
     logg.info(
         "    finished",
         time=start,
@@ -314,7 +319,17 @@ def _embedding(adata: AnnData, use_rep: str) -> Any:
         msg = f"adata.obsm[{use_rep!r}] must be numeric, got dtype {x.dtype}."
         raise TypeError(msg)
     check_finite(f"adata.obsm[{use_rep!r}]", x)
-    return scaled_to_range(x)
+    scaled = scaled_to_range(x)
+    if scaled is not x:  # exact (a power of two) and harmless to the result, but such values point to a problem
+        top = float(abs(x).max())
+        warnings.warn(
+            f"adata.obsm[{use_rep!r}] has values of magnitude up to {top:.3g}, far from those of an embedding (PCA "
+            "of log-normalised data is of order 1-100); it was rescaled by a power of two, which leaves the "
+            "metacells unchanged, but check how it was computed.",
+            GpucWarning,
+            stacklevel=3,
+        )
+    return scaled
 
 
 def _neighbors_graph(adata: AnnData, neighbors_key: str | None, use_rep: str, groupby: str | None) -> Any:
@@ -361,10 +376,16 @@ key
 
 def _check_metacells(adata: AnnData, key: str) -> dict[str, Any]:
     check_adata(adata)
+    if key in adata.obs and key not in adata.uns:
+        from gpuc.get._checks import tool_output
+
+        tool_output(adata, key, "metacells")  # labels without their fit (anndata.concat drops uns): says so
     if key not in adata.obs or key not in adata.uns or _keys.metacell_weights(key) not in adata.obsm:
         msg = f"No metacells under key {key!r}: run gpuc.tl.metacells(adata, key_added={key!r}) first."
         raise KeyError(msg)
-    return adata.uns[key]
+    from gpuc.get._checks import tool_output
+
+    return tool_output(adata, key, "metacells")  # its fields checked; objects joined after their fits refused
 
 
 @doc_params(metacells_run=_METACELLS_RUN)
@@ -581,7 +602,11 @@ def metacell_quality(
     """
     # ---- validate ----------------------------------------------------------------------------------------------------
     info = _check_metacells(adata, key)
-    use_rep = use_rep if use_rep is not None else info["params"]["use_rep"]
+    stored = info.get("params", {}).get("use_rep") if isinstance(info.get("params"), Mapping) else None
+    if use_rep is None and not isinstance(stored, str):
+        msg = f"adata.uns[{key!r}]['params'] does not name the embedding the metacells were built on; pass use_rep=."
+        raise ValueError(msg)
+    use_rep = use_rep if use_rep is not None else stored
     x = _embedding(adata, use_rep)
     nth_neighbor = check_int("nth_neighbor", nth_neighbor, minimum=1)
     if celltype_key is not None:
@@ -628,7 +653,8 @@ def metacell_quality(
     if not inplace:
         return df
     adata = adata.copy() if copy else adata
-    adata.uns[key_added] = df
+    with atomic_writes(adata):
+        adata.uns[key_added] = df
     return adata if copy else None
 
 

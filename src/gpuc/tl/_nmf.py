@@ -14,7 +14,7 @@ import inspect
 import numbers
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -23,10 +23,13 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc import _log as logg
+from gpuc._atomic import atomic_writes
 from gpuc._backend import Backend, Device, to_host
 from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import ConvergenceWarning, GpucWarning, interruptible
+from gpuc._inputs import matrix_fingerprint, names_digest, same_fingerprint
+from gpuc._inputs import record as record_inputs
 from gpuc._lazy import load
 from gpuc._utils import iteration_progress
 from gpuc._validate import (
@@ -39,6 +42,7 @@ from gpuc._validate import (
     check_key,
     check_key_added,
     get_matrix,
+    str_array,
 )
 from gpuc.nmf._all_genes import GeneSpectra, gene_spectra
 from gpuc.nmf._consensus import (
@@ -70,6 +74,8 @@ def _gene_mask(adata: AnnData, mask_var: str | np.ndarray | None) -> np.ndarray:
     if mask_var is None:
         return np.ones(adata.n_vars, dtype=bool)
     # a boolean Series (or dict) is matched to var_names by label, never by position
+    if isinstance(mask_var, pd.DataFrame) and mask_var.shape[1] == 1:
+        mask_var = mask_var.iloc[:, 0]  # as params stores a mask: one column labelled by var_names
     mask_var = align_to_var(mask_var, adata, "mask_var")
     if isinstance(mask_var, pd.Series):
         if not pd.api.types.is_bool_dtype(mask_var.dtype):
@@ -182,11 +188,16 @@ def _suggested_k(table: pd.DataFrame) -> int | None:
     return suggest_k(table["k"], table["stability"], table["median_error"])
 
 
-def _stored_mask(mask_var: Any, mask: np.ndarray) -> Any:
+def _stored_mask(mask_var: Any, mask: np.ndarray, var_names: Any = None) -> Any:
     """``params["mask_var"]``: a column name or None as given; any other form (an array, a labelled Series) as the
-    boolean array over ``var_names`` it selected, so a replay selects the same genes.
+    boolean mask it selected, labelled by ``var_names`` (a one-column DataFrame), so a replay selects the same genes
+    by name even after the genes were reordered.
     """
-    return mask_var if mask_var is None or isinstance(mask_var, str) else np.asarray(mask.copy())
+    if mask_var is None or isinstance(mask_var, str):
+        return mask_var
+    if var_names is None:
+        return np.asarray(mask.copy())
+    return pd.DataFrame({"mask_var": np.asarray(mask, dtype=bool)}, index=pd.Index(var_names).copy())
 
 
 def _all_gene_source(
@@ -386,16 +397,20 @@ def nmf_k_sweep(
     _warn_sweep(table, n_runs, hals)
 
     adata = adata.copy() if copy else adata
-    adata.uns[key_added] = {
-        "params": _call_params(
-            nmf_k_sweep, locals(), k_range=np.asarray(ks, dtype=np.int64), mask_var=_stored_mask(mask_var, mask)
-        ),
-        "device": be.name,
-        "dtype": str(op.dtype),
-        "table": table,
-        "suggested_k": _suggested_k(table),
-        "seconds": time.perf_counter() - t0,
-    }
+    with atomic_writes(adata):
+        adata.uns[key_added] = {
+            "params": _call_params(
+                nmf_k_sweep,
+                locals(),
+                k_range=np.asarray(ks, dtype=np.int64),
+                mask_var=_stored_mask(mask_var, mask, adata.var_names),
+            ),
+            "device": be.name,
+            "dtype": str(op.dtype),
+            "table": table,
+            "suggested_k": _suggested_k(table),
+            "seconds": time.perf_counter() - t0,
+        }
     suggested = adata.uns[key_added]["suggested_k"]
     logg.info(
         "    finished", time=start, deep=f"added\n    'uns[{key_added!r}]' (params, table, suggested_k={suggested})"
@@ -515,7 +530,9 @@ def consensus_nmf(
         (pooled-component distance matrix under ``metric``, float32, for the clustergram; only when there are at
         most 2,000 pooled components); ``pool`` (the pooled components of the restarts, ``n_runs * k`` rows in the
         working precision, spectra over the factorised genes or usages over the cells per ``target``), from which
-        :func:`nmf_refine` redoes the consensus with another density threshold without refitting.
+        :func:`nmf_refine` redoes the consensus with another density threshold without refitting; ``inputs`` (the
+        number and a digest of the cell and factorised gene names in order, and a fingerprint of the factorised
+        matrix), by which :func:`nmf_refine` refuses a reordered or changed matrix.
 
     Outputs of an earlier run under the same ``key_added`` are replaced. The arrays are host numpy whatever the
     device, so :meth:`anndata.AnnData.write_h5ad` stores them.
@@ -546,14 +563,18 @@ def consensus_nmf(
     start, t0 = _log_start(f"consensus NMF: k={k}, {n_runs} runs", op, be, dask_client)
     with interruptible("consensus_nmf"), _hals_bar(hals, [k], dask_client) as bar:
         fits = run_k(be, op, k, n_runs, random_state, hals, client=dask_client, progress=bar, n_jobs=n_jobs)
-    params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask))
+    params = _call_params(consensus_nmf, locals(), mask_var=_stored_mask(mask_var, mask, adata.var_names))
     _warn_not_converged({k: int((~fits.converged).sum())}, n_runs, max_iter, hals.tol)
     runs = {"pool": stored_pool(be, fits, target), **_run_diagnostics(fits)}
     res = _consensus(be, op, runs["pool"], n_runs, k, rule, n_jobs)
     genes = _all_gene_outputs(adata, params, mask, res.usages)
-    return _write_consensus(
-        adata, be, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
-    )
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names[mask], matrix=block)
+    with atomic_writes(adata):  # all or nothing: the old outputs or the new ones
+        out = _write_consensus(
+            adata, be, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
+        )
+        (adata if out is None else out).uns[key_added]["inputs"] = inputs  # what nmf_refine recognises
+    return out
 
 
 def _run_diagnostics(fits: HalsResult) -> dict[str, Any]:
@@ -704,7 +725,10 @@ def nmf_refine(
     """
     check_adata(adata)
     check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.consensus_nmf(adata, k, key_added={key!r}) first.")
-    old = adata.uns[key]
+    from gpuc.get._checks import check_params, tool_output
+
+    old = tool_output(adata, key, "consensus_nmf")  # a foreign, edited or joined entry: refused, saying why
+    check_params(old, _REFINE_PARAMS, "consensus_nmf", key)
     if "pool" not in old:
         msg = (
             f"adata.uns[{key!r}] holds no 'pool' (written by an older gpuc); rerun gpuc.tl.consensus_nmf with the "
@@ -725,6 +749,7 @@ def nmf_refine(
         _keys.check_not_foreign(adata, _keys.nmf_outputs(key_added), key_added, "gpuc.tl.nmf_refine", _keys.NMF_MARKER)
     params["density_threshold"], params["neighborhood"] = rule.density_threshold, rule.neighborhood
     block, mask = _prepare_block(adata, params["layer"], params["mask_var"], params["preprocessing"])
+    _check_same_input(adata, old, key, mask, block)
     pool = np.array(old["pool"])
     n_runs, k = int(params["n_runs"]), int(params["k"])
     d_expected = block.shape[1] if rule.target == "spectra" else block.shape[0]
@@ -745,9 +770,53 @@ def nmf_refine(
     params.setdefault("counts_layer", None)  # a result of an older gpuc: its all-gene outputs are made now
     params.setdefault("all_genes", True)
     genes = _all_gene_outputs(adata, params, mask, res.usages)
-    return _write_consensus(
-        adata, backend, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
-    )
+    inputs = record_inputs(obs_names=adata.obs_names, var_names=adata.var_names[mask], matrix=block)
+    with atomic_writes(adata):  # all or nothing: the old outputs and pool, or the new ones
+        out = _write_consensus(
+            adata, backend, op, mask, params, runs, res, genes, key_added=key_added, copy=copy, start=start, t0=t0
+        )
+        (adata if out is None else out).uns[key_added]["inputs"] = inputs
+    return out
+
+
+# what nmf_refine reads of the recorded call, and the kinds the values must be
+_REFINE_PARAMS = {
+    "k": "int", "n_runs": "int", "max_iter": "int", "kmeans_n_init": "int", "random_state": "int",
+    "tol": "number", "density_threshold": "number", "neighborhood": "number",
+    "target": "str", "metric": "str", "normalization": "str", "preprocessing": "str",
+    "layer": "str or None", "device": "str or None", "dtype": "str or None", "mask_var": "any",
+}  # fmt: skip
+
+
+def _check_same_input(adata: AnnData, old: Any, key: str, mask: np.ndarray, block: Any) -> None:
+    """Refuse to refine when the factorised matrix is not the one :func:`consensus_nmf` read: other genes or the
+    same genes in another order (the pooled components are over the genes in the fit's order), other cells, or other
+    values (a matrix transformed in place after the fit).
+    """
+    redo = f"Rerun gpuc.tl.consensus_nmf(adata, k, ..., key_added={key!r}) on the AnnData as it is now."
+    genes = np.asarray(adata.var_names[mask]).astype(str)
+    stored = str_array(old.get("genes", genes))
+    if not np.array_equal(genes, stored):
+        same_set = genes.size == stored.size and set(genes) == set(stored)
+        what = "in another order (adata[:, perm] after the fit?)" if same_set else "not the ones it factorised"
+        msg = (
+            f"nmf_refine: the genes changed since consensus_nmf ran under {key!r}: they are {what}. The pooled "
+            f"components of its restarts are over the genes in the fit's order, so a new consensus would mix genes "
+            f"up. {redo}"
+        )
+        raise ValueError(msg)
+    inputs = old.get("inputs")
+    if not isinstance(inputs, Mapping):
+        return  # written before inputs were recorded: the shape checks below are all there is
+    if "obs_digest" in inputs and inputs["obs_digest"] != names_digest(adata.obs_names):
+        msg = f"nmf_refine: the cells of this AnnData are not those consensus_nmf factorised under {key!r}. {redo}"
+        raise ValueError(msg)
+    if "fingerprint" in inputs and not same_fingerprint(inputs["fingerprint"], matrix_fingerprint(block)):
+        msg = (
+            f"nmf_refine: the matrix consensus_nmf factorised under {key!r} has changed since the fit (transformed "
+            f"in place, e.g. sc.pp.log1p, or another layer). {redo}"
+        )
+        raise ValueError(msg)
 
 
 def _stored_rule(params: dict[str, Any]) -> ConsensusOptions:
