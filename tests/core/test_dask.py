@@ -98,7 +98,7 @@ def test_deseq_groups_identical_in_process_and_on_workers(clients, same):
 
     out = _three_ways(call, clients, same)
     table = gpuc.get.deseq_results(out, group="T/NK")
-    assert (table["padj"].to_numpy()[:20] < 0.05).mean() > 0.5  # the planted effect is found
+    assert (table["padj"].to_numpy()[:20] < 0.1).mean() > 0.5  # the planted effect is found (at R's alpha)
 
 
 def test_deseq_one_design_as_gene_blocks_on_workers(clients, same):

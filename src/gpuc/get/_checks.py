@@ -246,6 +246,8 @@ def _field_problem(entry: Mapping, fields: dict[str, tuple[tuple[type, ...], boo
                 return f"the field {name!r} is missing"
             continue
         value = entry[name]
+        if pd.DataFrame in types and hasattr(value, "to_memory"):
+            continue  # a table read lazily (anndata.experimental.read_lazy's Dataset2D): the readers load it
         if not isinstance(value, types):
             want = " or ".join("mapping" if t is Mapping else t.__name__ for t in types)
             return f"the field {name!r} is a {type(value).__name__}, not a {want}"

@@ -181,7 +181,8 @@ def nmf_gene_spectra(
     A :class:`~pandas.DataFrame` indexed by gene (every gene of ``var_names``; the factorised ones for
     ``"consensus"``), one column per programme (``P1`` ...).
     """
-    u = _nmf_fit(adata, key, need_uns=False)
+    # the all-gene spectra belong to one fit's uns entry: without it (dropped, or an anndata.concat) they are refused
+    u = _nmf_fit(adata, key, need_uns=kind in ("score", "tpm"))
     if kind == "score":
         return nmf_gene_scores(adata, key=key)
     if kind == "tpm":
