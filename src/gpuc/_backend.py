@@ -24,6 +24,7 @@ import scipy.sparse.linalg
 import scipy.special
 
 from gpuc._device import DEVICES, Device
+from gpuc._numpy_compat import restore_row_stack, row_stack_shimmed
 from gpuc._errors import GpucWarning
 from gpuc._settings import settings
 from gpuc._utils import current_n_jobs, threadpool_controller
@@ -92,9 +93,13 @@ def _probe_cuda_compiler() -> str | None:
     """``None`` when numba-cuda can compile a kernel in this process, else why not.
 
     Importing ``numba.cuda`` is not enough: numba-cuda loads its compiler's modules on the first compilation, and
-    those can fail against a newer numpy (numba-cuda 0.30 with numpy 2.5: ``np.row_stack`` is gone) or without the
-    CUDA compiler libraries (libNVVM). Under the CUDA simulator nothing is compiled.
+    those can fail against a newer numpy (numba-cuda 0.30 with numpy 2.5: ``np.row_stack`` is gone, which
+    :mod:`gpuc._numpy_compat` restores) or without the CUDA compiler libraries (libNVVM). With a CUDA device the probe
+    compiles for that device (the compiler of the kernels' first launch); without one, PTX for sm_80, so that
+    ``gpuc info`` on a machine without a GPU still says whether the installed toolchain can build the kernels. Under
+    the CUDA simulator nothing is compiled.
     """
+    restore_row_stack()  # before numba-cuda's compiler modules are first imported
     try:
         import numba
         from numba import cuda
@@ -102,10 +107,16 @@ def _probe_cuda_compiler() -> str | None:
         return f"numba-cuda could not be imported ({type(err).__name__}: {err})"
     if numba.config.ENABLE_CUDASIM:
         return None
-    # for the device the kernels will run on (the same compiler as their first launch)
-    compile_ptx = getattr(cuda, "compile_ptx_for_current_device", None) or cuda.compile_ptx
     try:
-        compile_ptx(_probe_kernel, (numba.types.float64[::1],))
+        on_device = bool(cuda.is_available())
+    except Exception:
+        on_device = False
+    current = getattr(cuda, "compile_ptx_for_current_device", None)
+    try:
+        if on_device and current is not None:
+            current(_probe_kernel, (numba.types.float64[::1],))
+        else:
+            cuda.compile_ptx(_probe_kernel, (numba.types.float64[::1],), cc=(8, 0))
     except Exception as err:
         return f"numba-cuda cannot compile a kernel ({type(err).__name__}: {str(err).strip()})"
     return None
@@ -128,20 +139,27 @@ def fused_kernels_status() -> tuple[bool, str]:
     """Whether gpuc's fused GPU kernels (numba-cuda) can be built in this process, and why not.
 
     Probed once per process (a tiny kernel is compiled; nothing runs) and cached. When they cannot, a
-    :class:`FusedKernelsWarning` names the versions and what to install, once; the engines (metacells, NMF, DESeq2)
-    then run their CuPy array code, which gives the same results with more launches. The engines ask
-    :func:`fused_kernels_usable` before they choose the kernels.
+    :class:`FusedKernelsWarning` names the cause, the versions and what to install, once; the engines (metacells,
+    NMF, DESeq2) then run their CuPy array code, which gives the same results with many more launches. The engines
+    ask :func:`fused_kernels_usable` before they choose the kernels; ``gpuc info`` prints this status and
+    ``gpuc info --require-fused`` fails when it is off (the GPU check script stops there).
     """
     reason = _probe_cuda_compiler()
     if reason is None:
-        return True, "numba-cuda compiles kernels"
+        shim = " (numpy lacks np.row_stack: gpuc restored it for numba-cuda, see gpuc._numpy_compat)"
+        return True, f"numba-cuda compiles kernels [{_versions()}]{shim if row_stack_shimmed() else ''}"
     if "has no attribute" in reason and "numpy" in reason:
         fix = (
-            "install a numba-cuda release that supports this numpy (pip install -U numba-cuda) or a numpy that "
-            "this numba-cuda supports (for numba-cuda 0.30: pip install 'numpy<2.5')"
+            "install a numpy that this numba-cuda supports (pip install 'numpy<2.5') or a numba-cuda release that "
+            "supports this numpy (pip install -U numba-cuda)"
         )
+    elif "could not be imported" in reason:
+        fix = f"install numba-cuda with the GPU extra of your CUDA version: {GPU_EXTRA_HINT}"
     else:
-        fix = f"install numba-cuda with the CUDA compiler libraries (libNVVM, NVRTC) of your CUDA version: {GPU_EXTRA_HINT}"
+        fix = (
+            "install numba-cuda with the CUDA compiler libraries (libNVVM, NVRTC) of your CUDA version, which the "
+            f"GPU extras bring as NVIDIA's wheels: {GPU_EXTRA_HINT}; check with: gpuc info"
+        )
     msg = (
         f"gpuc's fused GPU kernels are off in this process: {reason} [{_versions()}]. The GPU path runs its CuPy "
         f"array code instead (same results, slower: many more kernel launches). To use the kernels, {fix}."
