@@ -24,8 +24,8 @@ import scipy.sparse.linalg
 import scipy.special
 
 from gpuc._device import DEVICES, Device
-from gpuc._numpy_compat import restore_row_stack, row_stack_shimmed
 from gpuc._errors import GpucWarning
+from gpuc._numpy_compat import restore_row_stack, row_stack_shimmed
 from gpuc._settings import settings
 from gpuc._utils import current_n_jobs, threadpool_controller
 
