@@ -285,23 +285,35 @@ class LaunchStats:
     views: int = 0
 
 
-@dataclass
 class LaunchCount:
-    """Launches and views counted inside one :func:`launch_stats` block (filled in when the block ends)."""
+    """Launches and views counted since a :func:`launch_stats` block began (read inside the block or after it)."""
 
-    launches: int = 0
-    views: int = 0
+    def __init__(self) -> None:
+        self._start = (LaunchStats.launches, LaunchStats.views)
+        self._end: tuple[int, int] | None = None
+
+    def _now(self) -> tuple[int, int]:
+        return self._end if self._end is not None else (LaunchStats.launches, LaunchStats.views)
+
+    @property
+    def launches(self) -> int:
+        """Python-level kernel launches."""
+        return self._now()[0] - self._start[0]
+
+    @property
+    def views(self) -> int:
+        """Device views made for kernel arguments."""
+        return self._now()[1] - self._start[1]
 
 
 @contextlib.contextmanager
 def launch_stats() -> Any:
     """Count :meth:`Backend.launch` calls and the device views they make inside the block (a :class:`LaunchCount`)."""
     out = LaunchCount()
-    l0, v0 = LaunchStats.launches, LaunchStats.views
     try:
         yield out
     finally:
-        out.launches, out.views = LaunchStats.launches - l0, LaunchStats.views - v0
+        out._end = (LaunchStats.launches, LaunchStats.views)
 
 
 def _make_view(make_view: Any, a: Any, *, owner: bool = True) -> Any:

@@ -464,7 +464,7 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
 class DeviceSparse(_SparseBase):
     """A scipy sparse matrix on the stand-in device (cupyx's sparse matrices: CSR, CSC, COO, DIA)."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "_arrays")
     __array_ufunc__ = None  # numpy defers binary operators to this class (cupyx sparse's __array_priority__)
     __hash__ = None  # type: ignore[assignment]
 
@@ -474,13 +474,14 @@ class DeviceSparse(_SparseBase):
                 a.format, sp.csr_matrix
             )(a)
         self._a = a
+        self._arrays = {}  # the device arrays handed out for data / indices / indptr..., one object per array
         if Memory.active:
             for name in ("data", "indices", "indptr", "row", "col"):
                 Memory.track(getattr(a, name, None))
 
     def __setattr__(self, name: str, value: Any) -> None:
         # cupyx lets code assign a matrix's data / indices / indptr (e.g. ``m.data *= x`` writes back): pass it through
-        if name == "_a":
+        if name in ("_a", "_arrays"):
             object.__setattr__(self, name, value)
         else:
             setattr(self._a, name, _unwrap(value, f"sparse.{name} ="))
@@ -541,8 +542,15 @@ class DeviceSparse(_SparseBase):
         if name.startswith("_"):
             raise AttributeError(name)
         attr = getattr(self._a, name)
+        if isinstance(attr, np.ndarray):
+            # data / indices / indptr / row / col: device views of the same memory, the same object at every access
+            # as cupyx's attributes are (a kernel session makes one kernel view per array object)
+            held = self._arrays.get(name)
+            if held is None or held._a is not attr:
+                held = self._arrays[name] = DeviceArray(attr)
+            return held
         if not callable(attr):
-            return _wrap(attr)  # data / indices / indptr / row / col: device views of the same memory
+            return _wrap(attr)
 
         @functools.wraps(attr)
         def method(*args: Any, **kwargs: Any) -> Any:
