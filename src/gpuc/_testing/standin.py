@@ -745,6 +745,7 @@ class LaunchRecord:
     """
 
     name: str
+    kernel_id: str  # module.name of the kernel's Python function
     blocks: Any
     threads: Any
     shared_bytes: int
@@ -801,12 +802,14 @@ def _launch(kernel: Any, blocks: Any, threads: Any, shared_bytes: int, args: tup
     if not ok:
         msg = f"stand-in GPU: cannot launch a custom kernel: {reason}."
         raise RuntimeError(msg)
-    name = getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
+    func = getattr(kernel, "py_func", kernel)
+    name = getattr(func, "__name__", "kernel")
     Counts.op(f"kernel.{name}")
     if Launches.active:
         import numba
 
-        rec = LaunchRecord(name, blocks, threads, shared_bytes, tuple(numba.typeof(a) for a in args))
+        kernel_id = f"{getattr(func, '__module__', '?')}.{name}"
+        rec = LaunchRecord(name, kernel_id, blocks, threads, shared_bytes, tuple(numba.typeof(a) for a in args))
         for out in Launches.active:
             out.append(rec)
     kernel[blocks, threads, 0, shared_bytes](*args)
