@@ -8,11 +8,12 @@ Two steps, in two processes (numba's CUDA simulator is chosen when numba is firs
    numba's types for the same call on a GPU (arrays by dtype, dimensions and layout; Python ints int64, floats
    float64, bools boolean), so the set is what the engines make numba compile on a device;
 2. :func:`compile_report` (simulator off): ``numba.cuda.compile_ptx`` of each kernel and signature for each target,
-   then NVIDIA's ``ptxas -v`` on the PTX (registers, stack frame = local memory, spill stores and loads).
+   then the PTX assembled to machine code by nvJitLink with ``-verbose`` (ptxas's report: registers, stack frame =
+   local memory, spill stores and loads), or by a ``ptxas -v`` found on the machine.
 
-Needs numba-cuda with libNVVM and ptxas: the GPU extras bring both as NVIDIA's wheels (``nvidia-cuda-nvcc-cu12``;
-for CUDA 13 the ``nvidia-cuda-nvcc`` wheel of ``cuda-toolkit[nvcc]``), or a CUDA toolkit on ``PATH`` /
-``CUDA_HOME``. :func:`toolchain_status` says what is missing. Run it as
+Needs numba-cuda with libNVVM and nvJitLink: both GPU extras bring them as NVIDIA's wheels (``gpu-cu12``:
+``nvidia-cuda-nvcc-cu12``, ``nvidia-nvjitlink-cu12``; ``gpu-cu13``: ``nvidia-nvvm``, ``nvidia-nvjitlink``; the
+CUDA 13 set has no ptxas binary, nvJitLink assembles instead). :func:`toolchain_status` says what is missing. Run it as
 ``python -m gpuc._testing.kernel_report --out report.json --markdown report.md`` (``benchmarks/gpu_compile_report.py``
 also rewrites its block of ``docs/benchmarks.md``); ``tests/core/test_kernel_report.py`` holds :data:`BOUNDS`.
 """
@@ -127,7 +128,18 @@ def _deseq_cases(bk: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_deseq(bk, bk.asarray(y), x)
-        run_deseq(bk, bk.asarray(y), x, fit_type="local")
+    # R's fitDispGrid, which the pipeline runs only for genes whose Newton fit fails: with and without a prior
+    import math
+
+    from gpuc.deseq._dispersion import _grid_search
+    from gpuc.deseq._glm import outer_rows
+
+    x3 = np.column_stack([x, rng.normal(size=n)])
+    mu3 = np.maximum(mu.T[:24], 0.5)
+    for prior in (None, bk.asarray(rng.normal(-2, 1, 24))):
+        kw = {"lo": math.log(1e-8), "hi": math.log(10.0), "cr": True, "prior_var": None if prior is None else 0.6}
+        xx = bk.asarray(outer_rows(x3))
+        _grid_search(bk, bk.asarray(y.T[:24]), bk.asarray(mu3), xx, 3, prior_mean=prior, **kw)
 
 
 CASES = {"nmf": _nmf_cases, "metacells": _metacells_cases, "deseq": _deseq_cases}
@@ -215,10 +227,10 @@ def toolchain_status() -> tuple[bool, str]:
     why = _probe_cuda_compiler()
     if why is not None:
         return False, f"{why}; the GPU extras bring libNVVM and NVRTC: pip install '.[gpu-cu12]' or '.[gpu-cu13]'"
-    ptxas = find_ptxas()
-    if ptxas is None:
-        return False, "ptxas not found (the GPU extras' nvidia-cuda-nvcc wheel, a CUDA toolkit on PATH or CUDA_HOME)"
-    return True, f"numba-cuda compiles; ptxas at {ptxas}"
+    how = assembler()
+    if how is None:
+        return False, "neither nvJitLink (cuda-bindings with the CUDA wheels) nor ptxas (a CUDA toolkit) is available"
+    return True, f"numba-cuda compiles; PTX assembled by {how}"
 
 
 _PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+)'")
@@ -226,27 +238,62 @@ _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 
 
-def ptxas_resources(ptx: str, cc: tuple[int, int], ptxas: str) -> dict[str, int]:
-    """Registers, local memory (stack frame) and spills per thread of the one entry function in ``ptx``."""
+def _nvjitlink_log(ptx: str, arch: str) -> str:
+    """PTX -> cubin with nvJitLink (``-verbose``: its info log carries ptxas's resource lines)."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        buf = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, buf)
+    finally:
+        nvjitlink.destroy(handle)
+    return buf.decode(errors="replace")
+
+
+def _ptxas_log(ptx: str, arch: str, ptxas: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as fh:
             fh.write(ptx)
-        arch = f"sm_{cc[0]}{cc[1]}"
         out = subprocess.run(
             [ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(tmp, "k.cubin")],
             capture_output=True,
             text=True,
             check=False,
         )
-    log = out.stdout + out.stderr
     if out.returncode != 0:
-        msg = f"ptxas failed for {arch}:\n{log[-3000:]}"
+        msg = f"ptxas failed for {arch}:\n{(out.stdout + out.stderr)[-3000:]}"
         raise RuntimeError(msg)
+    return out.stdout + out.stderr
+
+
+def assembler() -> str | None:
+    """What turns PTX into machine code here: ``"nvjitlink"`` (the CUDA wheels' nvJitLink, through cuda-bindings,
+    which numba-cuda depends on), else the path of a ``ptxas`` (:func:`find_ptxas`), else ``None``.
+    """
+    try:
+        from cuda.bindings import nvjitlink
+
+        nvjitlink.version()
+        return "nvjitlink"
+    except Exception:
+        return find_ptxas()
+
+
+def ptxas_resources(ptx: str, cc: tuple[int, int], how: str) -> dict[str, int]:
+    """Registers, local memory (stack frame) and spills per thread of the one entry function in ``ptx``, from
+    ptxas's verbose report (through nvJitLink when ``how`` is ``"nvjitlink"``, else the ``ptxas`` at path ``how``).
+    """
+    arch = f"sm_{cc[0]}{cc[1]}"
+    log = _nvjitlink_log(ptx, arch) if how == "nvjitlink" else _ptxas_log(ptx, arch, how)
     frame = _PTXAS_FRAME.search(log)
     regs = _PTXAS_REGS.search(log)
     if frame is None or regs is None:
-        msg = f"ptxas -v printed no resource usage:\n{log[-2000:]}"
+        msg = f"the assembler printed no resource usage:\n{log[-2000:]}"
         raise RuntimeError(msg)
     return {
         "registers": int(regs.group(1)),
@@ -299,8 +346,8 @@ def compile_report(records: list[dict[str, Any]], targets: tuple[tuple[int, int]
 
     from numba import cuda
 
-    ptxas = find_ptxas()
-    assert ptxas is not None
+    how = assembler()
+    assert how is not None
     rows = []
     for rec in records:
         types = pickle.loads(base64.b64decode(rec["types"]))  # written by record_signatures (trusted)
@@ -316,20 +363,27 @@ def compile_report(records: list[dict[str, Any]], targets: tuple[tuple[int, int]
                     "signature": rec["signature"],
                     "target": f"sm_{cc[0]}{cc[1]}",
                     "compile_s": round(secs, 2),
-                    **ptxas_resources(ptx, cc, ptxas),
+                    **ptxas_resources(ptx, cc, how),
                 }
             )
     versions = {}
-    for dist in ("numba-cuda", "numba", "numpy", "cuda-bindings", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc"):
+    dists = ("numba-cuda", "numba", "numpy", "cuda-bindings", "nvidia-nvjitlink-cu12", "nvidia-nvjitlink")
+    for dist in (*dists, "nvidia-cuda-nvcc-cu12", "nvidia-nvvm"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    ptxas_version = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=False).stdout
+    if how == "nvjitlink":
+        from cuda.bindings import nvjitlink
+
+        tool = "nvJitLink {}.{}".format(*nvjitlink.version())
+    else:
+        out = subprocess.run([how, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+        tool = out.splitlines()[-1] if out else how
     return {
         "python": sys.version.split()[0],
         "versions": versions,
-        "ptxas": ptxas_version.strip().splitlines()[-1] if ptxas_version.strip() else "?",
+        "ptxas": tool,
         "rows": rows,
         "missing": sorted(set(all_kernels()) - {r["kernel"] for r in records}),
     }
