@@ -827,13 +827,14 @@ class _GpuBatch:
     g_new: Any
     g_hat: Any
     g_scratch: Any
-    quad: Any  # (R, kmax) rows of <W^T W, H H^T>
+    quad: Any  # (R, kmax, kmax) the entries' terms of <W^T W, H H^T> (upper triangle)
     rise: Any  # (R,) int32
     at: Any  # (n, C) V^T W_hat and ...
     c: Any  # ... (m, C) V H_hat^T, written in place each iteration, so that their kernel views are made once a batch
     none4: Any  # empty stand-ins for the arguments a kernel call does not use (never the same array twice in one
     none3: Any  # launch: the CUDA simulator copies each argument back after the kernel, and a second copy of an
-    none2: Any  # array would overwrite what the kernel wrote into the first)
+    none3b: Any  # array would overwrite what the kernel wrote into the first)
+    none2: Any
 
     @classmethod
     def of(
@@ -854,11 +855,12 @@ class _GpuBatch:
             xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r, kmax, kmax), dtype=dt),
-            xp.empty((r, kmax), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r,), dtype=np.int32),
             xp.empty((shape[1], cols), dtype=dt),
             xp.empty((shape[0], cols), dtype=dt),
             xp.empty((0, r, kmax, kmax), dtype=f8),
+            xp.empty((0, kmax, kmax), dtype=f8),
             xp.empty((0, kmax, kmax), dtype=f8),
             xp.empty((0, r), dtype=f8),
         )
@@ -999,20 +1001,19 @@ def _gpu_iteration(
     b, th = kern.grid(nch_h * ra)
     launch(kern.half_step, b, th, at, s.g_what_dt, s.h_hat, s.ht, s.beta, int(not (check or plain)), 0, eps, bt.rk,
            bt.roff, s.state, inner, nch_h, bt.none4, bt.ph, bt.none2)  # fmt: skip
-    b, th = kern.grid(ra * kmax)
+    b, th = ra * kmax * kmax, kern.reduce_threads()  # a block per Gram entry
     launch(kern.gram_finish, b, th, bt.ph, bt.none4, bt.rk, s.state, nch_h, bt.d64, bt.d_dt, bt.none3, bt.none3,
-           bt.none2)  # fmt: skip
+           bt.none3b)  # fmt: skip
     # usages: w = sweep(w_hat; V h_hat^T, H H^T), extrapolated unless plain; Grams of w and w_hat, cross term
     c = _product(xp, op.dot, s.h_hat, layout, op.sparse, out=bt.c)
     b, th = kern.grid(nch_w * ra)
     launch(kern.half_step, b, th, c, bt.d_dt, s.w_hat, s.w, s.beta, int(not plain), 1, eps, bt.rk, bt.roff, s.state,
            inner, nch_w, bt.pw_new, bt.pw_hat, bt.pw_cross)  # fmt: skip
-    b, th = kern.grid(ra * kmax)
+    b, th = ra * kmax * kmax, kern.reduce_threads()
     launch(kern.gram_finish, b, th, bt.pw_new, bt.pw_hat, bt.rk, s.state, nch_w, bt.g_new, bt.g_scratch,
            bt.g_hat, bt.d64, bt.quad)  # fmt: skip
     # loss, step rule, next Gram of w_hat and (on checks) the stopping rule, per run on the device
-    b, th = kern.grid(ra)
-    launch(kern.step, b, th, bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
+    launch(kern.step, ra, kern.reduce_threads(), bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
            sched.max_iter, float(sched.tol), s.consts, s.beta, s.beta_bar, s.e_prev, s.hist, s.state, bt.rise,
            bt.g_new, bt.g_hat, s.g_what, s.g_what_dt)  # fmt: skip
     if not plain:  # runs whose error rose drop their extrapolation
