@@ -49,6 +49,7 @@ CHUNKS_GPU = 512  # row chunks per half-iteration on a GPU: with R runs, 512 R t
 CHUNKS_SIMULATOR = 2  # under the CUDA simulator each thread is a Python thread: few, long ones
 RED_THREADS_GPU = 128  # threads per block summing chunk partials (gram_finish, step): 512 chunks -> 4 terms each
 RED_THREADS_SIMULATOR = 2
+RED_SHARED = 2 * RED_THREADS_GPU  # doubles of shared memory per reduction block (a compile-time constant: 2 KB)
 
 
 def n_chunks(rows: int) -> int:
@@ -163,7 +164,7 @@ def gram_finish(part, part2, rk, state, nch, g64, gdt, g2, other, quad):
     if r >= rk.shape[0] or state[r, 0] == 0 or c < a or c >= rk[r]:
         return  # the whole block: the condition does not depend on the thread
     both = part2.shape[0] > 0
-    buf = cuda.shared.array(2 * RED_THREADS_GPU, float64)
+    buf = cuda.shared.array(RED_SHARED, float64)
     s = 0.0
     s2 = 0.0
     for ch in range(tid, nch, nt):
@@ -227,7 +228,7 @@ def step(
         if tid == 0:
             rise[r] = 0
         return
-    buf = cuda.shared.array(2 * RED_THREADS_GPU, float64)
+    buf = cuda.shared.array(RED_SHARED, float64)
     cs = 0.0
     for ch in range(tid, nch, nt):
         cs += pcross[ch, r]
