@@ -175,12 +175,12 @@ import gpuc.nmf._kernels_gpu as kg
 f8, i8 = T.float64, T.int64
 out = {}
 for dt in (T.float32, T.float64):
-    x2, q2, x3 = dt[:, ::1], dt[::1, :], dt[:, :, ::1]  # CuPy's sparse products come back in Fortran order
+    x2, x3 = dt[:, ::1], dt[:, :, ::1]  # the products are copied into C-ordered per-batch buffers
     d2, d3, d4, iv = f8[:, ::1], f8[:, :, ::1], f8[:, :, :, ::1], i8[::1]
     sigs = {
-        "half_step": (q2, x3, x2, x2, dt[::1], i8, i8, f8, iv, iv, d2, i8, i8, d4, d4, d2),
-        "gram_finish": (d4, d4, iv, d2, i8, d3, x3, d3, d3, d2),
-        "step": (d2, d2, iv, i8, f8, i8, i8, i8, i8, f8, dt[::1], dt[::1], dt[::1], f8[::1], d2, d2, T.int32[::1],
+        "half_step": (x2, x3, x2, x2, dt[::1], i8, i8, f8, iv, iv, d2, i8, i8, d4, d4, d2),
+        "gram_finish": (d4, d4, iv, d2, i8, d3, x3, d3, d3, d3),
+        "step": (d2, d3, iv, i8, f8, i8, i8, i8, i8, f8, dt[::1], dt[::1], dt[::1], f8[::1], d2, d2, T.int32[::1],
                  d3, d3, d3, x3),
         "restore": (x2, x2, x2, x2, iv, iv, T.int32[::1], i8, i8),
     }
