@@ -472,11 +472,13 @@ class Backend:
         if self.launcher is not None:
             self.launcher(kernel, blocks, threads, shared_bytes, views)
             return
-        configured = None if session is None else session.configs.get((kernel, blocks, threads, shared_bytes))
+        ptr = self.xp.cuda.get_current_stream().ptr  # CuPy's current stream (a session may see it change)
+        key = (kernel, blocks, threads, shared_bytes, ptr)
+        configured = None if session is None else session.configs.get(key)
         if configured is None:
-            configured = kernel[blocks, threads, self._numba_stream(session), shared_bytes]
+            configured = kernel[blocks, threads, self._numba_stream(session, ptr), shared_bytes]
             if session is not None:
-                session.configs[(kernel, blocks, threads, shared_bytes)] = configured
+                session.configs[key] = configured
         configured(*views)
 
     def _view_maker(self) -> Any:
@@ -496,10 +498,9 @@ class Backend:
 
         return view_of
 
-    def _numba_stream(self, session: _KernelSession | None) -> Any:
+    def _numba_stream(self, session: _KernelSession | None, ptr: int) -> Any:
         from numba import cuda
 
-        ptr = self.xp.cuda.get_current_stream().ptr
         if session is not None and ptr in session.streams:
             return session.streams[ptr]
         stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
