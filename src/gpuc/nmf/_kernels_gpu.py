@@ -6,7 +6,7 @@ the batch at once, as
 1. ``A^T = V^T W_hat``: one cuSPARSE (or cuBLAS) product through CuPy;
 2. :func:`half_step` on the spectra: the Gauss-Seidel sweep of every run's rows against ``A^T`` and the Gram of
    ``W_hat``, the extrapolation, and per-chunk partial Grams of the new ``H_hat``;
-3. :func:`gram_finish`: the chunk partials added in chunk order (Gram of ``H_hat`` in float64 and in the working
+3. :func:`gram_finish`: the chunk partials added in a fixed block-wide tree, one block per Gram entry (Gram of ``H_hat`` in float64 and in the working
    precision for the next sweep);
 4. ``C = V H_hat^T``, :func:`half_step` on the usages (also the partials of ``W_new``'s Gram and of the loss cross
    term ``<W_new, C>``) and :func:`gram_finish`;
@@ -30,7 +30,8 @@ path; on a GPU they take CuPy arrays directly (``__cuda_array_interface__``) and
 
 Layout: factors are flat ``(rows, C)`` arrays; run ``r`` owns columns ``roff[r]:roff[r] + rk[r]``. Rows are cut into
 ``n_chunks`` contiguous chunks (the number depends on the row count only); a thread owns one (chunk, run) pair, so
-every sum is per run, in a fixed order (rows in order within a chunk, then chunks in order), and a run's iterates do
+every sum is per run, in a fixed order (rows in order within a chunk, then the chunks in a fixed tree whose shape
+depends on the chunk count and the block size only), and a run's iterates do
 not depend on which other runs share the batch. Rows within a chunk are independent for the sweep (each thread
 writes only its run's columns of its rows); the ``k`` components of a row are updated in order (Gauss-Seidel). A
 row's values sit in a thread-local array of ``KMAX`` (ranks above it use the array code).
