@@ -6,8 +6,8 @@ the batch at once, as
 1. ``A^T = V^T W_hat``: one cuSPARSE (or cuBLAS) product through CuPy;
 2. :func:`half_step` on the spectra: the Gauss-Seidel sweep of every run's rows against ``A^T`` and the Gram of
    ``W_hat``, the extrapolation, and per-chunk partial Grams of the new ``H_hat``;
-3. :func:`gram_finish`: the chunk partials added in a fixed block-wide tree, one block per Gram entry (Gram of ``H_hat`` in float64 and in the working
-   precision for the next sweep);
+3. :func:`gram_finish`: the chunk partials added in a fixed block-wide tree, one block per Gram entry (Gram of
+   ``H_hat`` in float64 and in the working precision for the next sweep);
 4. ``C = V H_hat^T``, :func:`half_step` on the usages (also the partials of ``W_new``'s Gram and of the loss cross
    term ``<W_new, C>``) and :func:`gram_finish`;
 5. :func:`step`: each run's loss ``||V||^2 - 2 <W, V H^T> + <W^T W, H H^T>``, the Ang & Gillis step rule (rise, beta,
