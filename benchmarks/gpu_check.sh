@@ -80,6 +80,19 @@ else
   echo "no usable GPU (cupy does not import or sees no device): GPU stages skipped" | tee -a "$status_file"
 fi
 
+# the fused kernels (numba-cuda) must be on: a GPU run that silently times the CuPy array code instead measures the
+# wrong thing (issue 40: numba-cuda 0.30 under numpy 2.5 before gpuc._numpy_compat). `gpuc info --require-fused`
+# prints the status line and exits 3 when they are off; on a GPU that stops the run here. Smoke mode runs on a machine
+# whose numba-cuda may lack the CUDA compiler libraries (the stand-in runs the kernels under the simulator): it only
+# reports the line.
+fused_line="$(grep -m1 '^fused GPU kernels' "$OUT/gpu.txt" || echo 'fused GPU kernels: status line missing')"
+echo "$fused_line" | tee -a "$status_file"
+if [ "$have_gpu" = 1 ] && [ "$smoke" != 1 ] && ! "$PY" -m gpuc.cli info --require-fused >/dev/null 2>"$OUT/fused.err"; then
+  echo "ERROR: gpuc's fused GPU kernels are off on this GPU machine; stopping (see gpu.txt; GPUC_CHECK_ALLOW_UNFUSED=1 runs anyway)" \
+    | tee -a "$status_file"
+  [ "${GPUC_CHECK_ALLOW_UNFUSED:-0}" = 1 ] || exit 3
+fi
+
 # stage NAME MAX_SECONDS COMMAND...: run under min(MAX, time left before the deadline), with GPUC_STAGE_SECONDS set to
 # that limit (scripts with an internal time budget size it from it); log to $OUT/NAME.log
 stage() {
@@ -112,6 +125,9 @@ cpu_stage() {
 }
 
 gpu_stage warmup 130 "$PY" benchmarks/_harness.py cold
+# the fused kernels one by one: CUDA-event times of one HALS iteration, a metacells B-step, a DESeq2 Newton pass, host
+# µs per launch (new views vs a kernel session), SpMM vs GEMM at 6,881 x 2,000, each beside the CPU path (issue 40)
+gpu_stage kernels 80 "$PY" benchmarks/gpu_kernels.py
 gpu_stage deseq 60 "$PY" benchmarks/gpu_deseq.py
 gpu_stage nmf 75 "$PY" benchmarks/gpu_nmf.py
 gpu_stage metacells 100 "$PY" benchmarks/gpu_metacells.py

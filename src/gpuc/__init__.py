@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from gpuc import datasets, get, pl, tl
+# _numpy_compat first: numba-cuda 0.30 needs np.row_stack, which numpy 2.5 removed (see the module)
+from gpuc import _numpy_compat, datasets, get, pl, tl  # noqa: F401
 from gpuc._errors import ConvergenceWarning, DaskTaskError, GpucWarning, InsufficientMemoryError
 from gpuc._settings import settings
 

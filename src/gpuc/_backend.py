@@ -10,10 +10,12 @@ Nothing here imports cupy, cupyx or faiss at module import time: ``import gpuc``
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
@@ -25,6 +27,7 @@ import scipy.special
 
 from gpuc._device import DEVICES, Device
 from gpuc._errors import GpucWarning
+from gpuc._numpy_compat import restore_row_stack, row_stack_shimmed
 from gpuc._settings import settings
 from gpuc._utils import current_n_jobs
 
@@ -92,9 +95,13 @@ def _probe_cuda_compiler() -> str | None:
     """``None`` when numba-cuda can compile a kernel in this process, else why not.
 
     Importing ``numba.cuda`` is not enough: numba-cuda loads its compiler's modules on the first compilation, and
-    those can fail against a newer numpy (numba-cuda 0.30 with numpy 2.5: ``np.row_stack`` is gone) or without the
-    CUDA compiler libraries (libNVVM). Under the CUDA simulator nothing is compiled.
+    those can fail against a newer numpy (numba-cuda 0.30 with numpy 2.5: ``np.row_stack`` is gone, which
+    :mod:`gpuc._numpy_compat` restores) or without the CUDA compiler libraries (libNVVM). With a CUDA device the probe
+    compiles for that device (the compiler of the kernels' first launch); without one, PTX for sm_80, so that
+    ``gpuc info`` on a machine without a GPU still says whether the installed toolchain can build the kernels. Under
+    the CUDA simulator nothing is compiled.
     """
+    restore_row_stack()  # before numba-cuda's compiler modules are first imported
     try:
         import numba
         from numba import cuda
@@ -102,10 +109,16 @@ def _probe_cuda_compiler() -> str | None:
         return f"numba-cuda could not be imported ({type(err).__name__}: {err})"
     if numba.config.ENABLE_CUDASIM:
         return None
-    # for the device the kernels will run on (the same compiler as their first launch)
-    compile_ptx = getattr(cuda, "compile_ptx_for_current_device", None) or cuda.compile_ptx
     try:
-        compile_ptx(_probe_kernel, (numba.types.float64[::1],))
+        on_device = bool(cuda.is_available())
+    except Exception:
+        on_device = False
+    current = getattr(cuda, "compile_ptx_for_current_device", None)
+    try:
+        if on_device and current is not None:
+            current(_probe_kernel, (numba.types.float64[::1],))
+        else:
+            cuda.compile_ptx(_probe_kernel, (numba.types.float64[::1],), cc=(8, 0))
     except Exception as err:
         return f"numba-cuda cannot compile a kernel ({type(err).__name__}: {str(err).strip()})"
     return None
@@ -128,20 +141,27 @@ def fused_kernels_status() -> tuple[bool, str]:
     """Whether gpuc's fused GPU kernels (numba-cuda) can be built in this process, and why not.
 
     Probed once per process (a tiny kernel is compiled; nothing runs) and cached. When they cannot, a
-    :class:`FusedKernelsWarning` names the versions and what to install, once; the engines (metacells, NMF, DESeq2)
-    then run their CuPy array code, which gives the same results with more launches. The engines ask
-    :func:`fused_kernels_usable` before they choose the kernels.
+    :class:`FusedKernelsWarning` names the cause, the versions and what to install, once; the engines (metacells,
+    NMF, DESeq2) then run their CuPy array code, which gives the same results with many more launches. The engines
+    ask :func:`fused_kernels_usable` before they choose the kernels; ``gpuc info`` prints this status and
+    ``gpuc info --require-fused`` fails when it is off (the GPU check script stops there).
     """
     reason = _probe_cuda_compiler()
     if reason is None:
-        return True, "numba-cuda compiles kernels"
+        shim = " (numpy lacks np.row_stack: gpuc restored it for numba-cuda, see gpuc._numpy_compat)"
+        return True, f"numba-cuda compiles kernels [{_versions()}]{shim if row_stack_shimmed() else ''}"
     if "has no attribute" in reason and "numpy" in reason:
         fix = (
-            "install a numba-cuda release that supports this numpy (pip install -U numba-cuda) or a numpy that "
-            "this numba-cuda supports (for numba-cuda 0.30: pip install 'numpy<2.5')"
+            "install a numpy that this numba-cuda supports (pip install 'numpy<2.5') or a numba-cuda release that "
+            "supports this numpy (pip install -U numba-cuda)"
         )
+    elif "could not be imported" in reason:
+        fix = f"install numba-cuda with the GPU extra of your CUDA version: {GPU_EXTRA_HINT}"
     else:
-        fix = f"install numba-cuda with the CUDA compiler libraries (libNVVM, NVRTC) of your CUDA version: {GPU_EXTRA_HINT}"
+        fix = (
+            "install numba-cuda with the CUDA compiler libraries (libNVVM, NVRTC) of your CUDA version, which the "
+            f"GPU extras bring as NVIDIA's wheels: {GPU_EXTRA_HINT}; check with: gpuc info"
+        )
     msg = (
         f"gpuc's fused GPU kernels are off in this process: {reason} [{_versions()}]. The GPU path runs its CuPy "
         f"array code instead (same results, slower: many more kernel launches). To use the kernels, {fix}."
@@ -253,6 +273,107 @@ def _backend_for(name: str) -> Backend:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# kernel launches: device views made once per session, and counters for the stand-in's launch budgets
+# --------------------------------------------------------------------------------------------------------------------
+class LaunchStats:
+    """Host-side work of :meth:`Backend.launch` in this process: Python-level kernel launches and device views made
+    (one ``numba.cuda.as_cuda_array`` object per array argument outside a :meth:`Backend.kernel_session`, one per
+    distinct array inside one). Tests read differences around a block of work (:func:`launch_stats`).
+    """
+
+    launches: int = 0
+    views: int = 0
+
+
+class LaunchCount:
+    """Launches and views counted since a :func:`launch_stats` block began (read inside the block or after it)."""
+
+    def __init__(self) -> None:
+        self._start = (LaunchStats.launches, LaunchStats.views)
+        self._end: tuple[int, int] | None = None
+
+    def _now(self) -> tuple[int, int]:
+        return self._end if self._end is not None else (LaunchStats.launches, LaunchStats.views)
+
+    @property
+    def launches(self) -> int:
+        """Python-level kernel launches."""
+        return self._now()[0] - self._start[0]
+
+    @property
+    def views(self) -> int:
+        """Device views made for kernel arguments."""
+        return self._now()[1] - self._start[1]
+
+
+@contextlib.contextmanager
+def launch_stats() -> Any:
+    """Count :meth:`Backend.launch` calls and the device views they make inside the block (a :class:`LaunchCount`)."""
+    out = LaunchCount()
+    try:
+        yield out
+    finally:
+        out._end = (LaunchStats.launches, LaunchStats.views)
+
+
+def _make_view(make_view: Any, a: Any, *, owner: bool = True) -> Any:
+    """The kernel argument for ``a``: a device view of a device array (counted), a scalar as it is; a host array is
+    refused by the view maker (numba would copy it to the device and back at every launch, unseen). ``owner``: whether
+    the view keeps ``a`` alive (outside a session; a session guards its views' arrays itself).
+    """
+    if make_view is None:
+        return a
+    if hasattr(a, "__cuda_array_interface__") or _is_device_object(a):
+        LaunchStats.views += 1
+        return make_view(a, owner=owner)
+    if isinstance(a, np.ndarray) and a.ndim > 0:
+        return make_view(a)  # raises: not a device array
+    return a
+
+
+def _is_device_object(a: Any) -> bool:
+    """Arrays of a registered device namespace (the stand-in's), which have no ``__cuda_array_interface__``."""
+    dense, sparse = _EXTRA_DEVICE_TYPES
+    return bool(dense or sparse) and isinstance(a, dense + sparse)
+
+
+@dataclass
+class _KernelSession:
+    """Device views (by array identity, each entry dropped when its array is garbage-collected), numba stream objects
+    (by stream pointer) and configured kernels of one :meth:`Backend.kernel_session` block.
+
+    A view in the session does not hold its array (numba's own ``as_cuda_array`` would, and the session would keep
+    every array of a long fit alive): the entry holds a weak reference to the array and goes when the array does, so
+    a view is only ever used for the live array it was made from.
+    """
+
+    views: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    streams: dict[int, Any] = field(default_factory=dict)
+    configs: dict[tuple, Any] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        """Drop the views; streams and launch configurations stay."""
+        self.views.clear()
+
+    def view(self, make_view: Any, a: Any) -> Any:
+        key = id(a)
+        hit = self.views.get(key)
+        if hit is not None and hit[0]() is a:
+            return hit[1]
+        v = _make_view(make_view, a, owner=False)
+        if v is not a:
+            try:
+                ref = weakref.ref(a, lambda _, views=self.views, key=key: views.pop(key, None))
+            except TypeError:  # an array type without weak references: not cached
+                return _make_view(make_view, a)
+            self.views[key] = (ref, v)
+        return v
+
+
+_SESSION: contextvars.ContextVar[_KernelSession | None] = contextvars.ContextVar("gpuc_kernel_session", default=None)
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # the backend
 # --------------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -332,21 +453,80 @@ class Backend:
         nothing waits for the device. ``shared_bytes`` sizes the kernel's dynamic shared memory. On the stand-in
         device the kernel runs under the CUDA simulator instead. Custom kernels are a GPU feature: the CPU path
         calls its numba CPU kernels directly.
+
+        Each device-array argument is handed to numba as a device view (``numba.cuda.as_cuda_array``: a new Python
+        object per array, tens of microseconds of host time). Inside :meth:`kernel_session` a view is made once per
+        array and reused by every later launch in the block, as are the stream object and the launch configuration;
+        :class:`LaunchStats` counts launches and views made.
         """
-        if self.launcher is not None:
-            self.launcher(kernel, blocks, threads, shared_bytes, args)
-            return
         if not self.is_gpu:
             msg = "Backend.launch runs GPU kernels; the CPU path calls its compiled CPU kernels directly."
             raise RuntimeError(msg)
+        session = _SESSION.get()
+        make_view = self._view_maker()
+        if session is None:
+            views = tuple(_make_view(make_view, a) for a in args)
+        else:
+            views = tuple(session.view(make_view, a) for a in args)
+        LaunchStats.launches += 1
+        if self.launcher is not None:
+            self.launcher(kernel, blocks, threads, shared_bytes, views)
+            return
+        ptr = self.xp.cuda.get_current_stream().ptr  # CuPy's current stream (a session may see it change)
+        key = (kernel, blocks, threads, shared_bytes, ptr)
+        configured = None if session is None else session.configs.get(key)
+        if configured is None:
+            configured = kernel[blocks, threads, self._numba_stream(session, ptr), shared_bytes]
+            if session is not None:
+                session.configs[key] = configured
+        configured(*views)
+
+    def _view_maker(self) -> Any:
+        """How a device array becomes a kernel argument: the launcher's ``view`` (the stand-in's: its host array) or
+        numba's ``as_cuda_array`` (CuPy arrays, without numba's per-argument synchronisation on the stream each array
+        exports: the launch is on that same stream, so ordering already holds).
+        """
+        if self.launcher is not None:
+            view = getattr(self.launcher, "view", None)
+            return None if view is None else lambda a, owner=True: view(a)
         from numba import cuda
 
-        ptr = self.xp.cuda.get_current_stream().ptr
+        def view_of(a: Any, owner: bool = True) -> Any:
+            if not hasattr(a, "__cuda_array_interface__"):
+                return cuda.as_cuda_array(a)  # raises: not a device array
+            return cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=a if owner else None, sync=False)
+
+        return view_of
+
+    def _numba_stream(self, session: _KernelSession | None, ptr: int) -> Any:
+        from numba import cuda
+
+        if session is not None and ptr in session.streams:
+            return session.streams[ptr]
         stream = cuda.external_stream(ptr) if ptr else cuda.default_stream()
-        # CuPy arrays as numba device arrays without numba's per-argument synchronisation on the stream each array
-        # exports (a host wait per argument; the launch is on that same stream, so ordering already holds)
-        args = tuple(cuda.as_cuda_array(a, sync=False) if hasattr(a, "__cuda_array_interface__") else a for a in args)
-        kernel[blocks, threads, stream, shared_bytes](*args)
+        if session is not None:
+            session.streams[ptr] = stream
+        return stream
+
+    @contextlib.contextmanager
+    def kernel_session(self) -> Any:
+        """Within the block, :meth:`launch` makes each array's device view once and reuses it (and the stream object
+        and launch configuration) in every later launch: an engine opens one session per fit or batch, so that its
+        iterations make no new views (:class:`LaunchStats` counts them; the stand-in device's tests hold the engines
+        to it). The session holds the arrays it has seen until the block ends or its ``clear()`` (an engine whose
+        arrays are replaced, e.g. when runs leave a batch, clears it then). Nested blocks share the outer session.
+        Yields the session.
+        """
+        outer = _SESSION.get()
+        if outer is not None:
+            yield outer
+            return
+        session = _KernelSession()
+        token = _SESSION.set(session)
+        try:
+            yield session
+        finally:
+            _SESSION.reset(token)
 
     # ---- linear algebra --------------------------------------------------------------------------------------------
     def solve_batched(self, a: Any, b: Any) -> Any:

@@ -13,8 +13,8 @@ from gpuc._utils import MAX_COLUMNS
 
 
 def info() -> str:
-    """Versions of gpuc and its dependencies, the device ``auto`` resolves to, the GPU libraries found and the CPU
-    cores gpuc uses (:func:`cores_lines`).
+    """Versions of gpuc and its dependencies, the device ``auto`` resolves to, the GPU libraries found, whether gpuc's
+    fused GPU kernels can be built here (:func:`fused_line`) and the CPU cores gpuc uses (:func:`cores_lines`).
     """
     from gpuc._backend import gpu_status, resolve_device
     from gpuc._settings import settings
@@ -31,6 +31,7 @@ def info() -> str:
         "formulaic",
         "matplotlib",
         "numba",
+        "numba-cuda",
     ):
         lines.append(f"  {pkg:<14} {_version(pkg)}")
     ok, reason = gpu_status()
@@ -53,12 +54,29 @@ def info() -> str:
         )
     except ImportError:
         lines.append("faiss: not importable")
+    lines.append(fused_line())
     lines.append(f"settings.device = {settings.device!r} -> device used: {resolve_device(settings.device)}")
     lines += cores_lines()
     # a long reason (e.g. CuPy's import error) or platform string continues on indented lines
     return "\n".join(
         textwrap.fill(line, MAX_COLUMNS, subsequent_indent="    ", break_on_hyphens=False) for line in lines
     )
+
+
+def fused_line() -> str:
+    """``gpuc info``'s line on the fused GPU kernels (numba-cuda): ``on`` or ``OFF`` and why
+    (:func:`gpuc._backend.fused_kernels_status`; probed without a device too: PTX for sm_80).
+    """
+    import warnings
+
+    from gpuc._backend import FusedKernelsWarning, fused_kernels_status
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FusedKernelsWarning)  # the line says it all
+        ok, why = fused_kernels_status()
+    if ok:
+        return f"fused GPU kernels: on ({why})"
+    return f"fused GPU kernels: OFF, the GPU path runs its slower CuPy array code ({why})"
 
 
 def cores_lines(report: dict | None = None) -> list[str]:
@@ -124,14 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--overwrite", action="store_true", help="write into an output folder that holds files (default: refuse)"
     )
-    sub.add_parser(
+    info_cmd = sub.add_parser(
         "info",
-        help="print versions, the chosen device, the GPU libraries found and the CPU cores used",
+        help="print versions, the chosen device, the GPU libraries found, the fused GPU kernels' status and the CPU "
+        "cores used",
         formatter_class=_formatter,
+    )
+    info_cmd.add_argument(
+        "--require-fused",
+        action="store_true",
+        help="exit with status 3 when the fused GPU kernels (numba-cuda) cannot be built here",
     )
     args = parser.parse_args(argv)
     if args.command == "info":
         print(info())
+        if args.require_fused:
+            from gpuc._backend import fused_kernels_usable
+
+            if not fused_kernels_usable():
+                print("error: the fused GPU kernels are off (see the line above)", file=sys.stderr)
+                return 3
         return 0
     from gpuc._demo import run_demo
 

@@ -153,3 +153,21 @@ def test_deseq_runs_the_array_code_and_gives_the_same_fit(fused_then_plain):
     )
     for f in ("beta", "deviance", "mu"):
         np.testing.assert_allclose(getattr(plain, f).get(), getattr(fused, f).get(), rtol=1e-6, atol=1e-9, err_msg=f)
+
+
+def test_gpuc_info_says_whether_the_fused_kernels_are_on_and_require_fused_fails_when_off(broken_compiler, capsys):
+    from gpuc.cli import info, main
+
+    text = info()
+    assert "fused GPU kernels: OFF" in text and "row_stack" in text and "numpy<2.5" in text
+    assert main(["info", "--require-fused"]) == 3
+    assert "fused GPU kernels are off" in capsys.readouterr().err
+
+
+def test_gpuc_info_reports_the_fused_kernels_on(monkeypatch):
+    from gpuc.cli import info, main
+
+    monkeypatch.setattr(_backend, "_probe_cuda_compiler", lambda: None)
+    fused_kernels_status.cache_clear()
+    assert "fused GPU kernels: on (numba-cuda compiles kernels" in info()
+    assert main(["info", "--require-fused"]) == 0

@@ -116,3 +116,22 @@ def test_report_renders_gpu_blocks(run, tmp_path):
     # each block is what the script wrote beside its JSON (the same render)
     for n in names:
         assert (run / f"{n}.md").read_text().rstrip("\n") in new, n
+
+
+def test_kernels_script_smoke(tmp_path):
+    """benchmarks/gpu_kernels.py (issue 40) end to end on the stand-in: the fused status, the launch step, the
+    products, one HALS iteration per dtype beside the CPU path, the metacells and DESeq2 steps (kernel times only
+    where the simulator runs the kernels; here the array code runs)."""
+    env = {**os.environ, "OUT": str(tmp_path), "GPUC_SMOKE": "1", "MPLBACKEND": "Agg"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_kernels.py"), "--smoke"], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = _load(tmp_path, "kernels_gpu")
+    assert res["smoke"] is True and res["errors"] == []
+    assert set(res["fused"]) == {"on", "why"}
+    assert [r["dtype"] for r in res["hals"]] == ["float32", "float64"]
+    assert all(r["cpu_ms_per_iteration"] > 0 for r in res["hals"])
+    assert {"spmm_vt_w_ms", "gemm_vt_w_ms", "spmm_v_h_ms", "gemm_v_h_ms"} <= set(res["products"])
+    assert res["metacells"]["cpu_wall_s"] > 0 and res["deseq"]["cpu_wall_s"] > 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from gpuc._backend import get_backend
+from gpuc._backend import get_backend, launch_stats
 from gpuc._testing.standin import counting, simulator_status, standin_backend
 from gpuc.metacells import _solver, build_kernel, compute_knn, fit, initial_archetypes, update_a, update_b
 
@@ -281,3 +281,23 @@ def test_kernels_compile_for_a_device_without_fused_multiply_adds(compile_outsid
         "compact_columns",
     }
     assert not any(fmas.values()), fmas
+
+
+def test_kernel_views_are_made_once_per_fit_not_per_step(gpu, pcs):
+    """Host-side work of the fused loop: the kernels' device views of the fit's arrays are made once (one kernel
+    session per fit); an outer iteration adds views only for the arrays its new products bring (K B's three arrays,
+    B^T K B, A A^T, the RSS terms, B's compacted arrays: at most 9), and a Frank-Wolfe step adds none. Python-level
+    launches: two per B-step plus a fixed number per outer iteration."""
+    mmat, _, arche = _problem(pcs, 60, 3)
+    got = {}
+    for n_iter, fw_iters in ((1, 4), (2, 4), (1, 7)):
+        with launch_stats() as s:
+            fit(gpu, gpu.asarray(mmat), arche, max_iter=n_iter, min_iter=n_iter, fw_iters=fw_iters)
+        got[n_iter, fw_iters] = s
+    per_iter = got[2, 4].views - got[1, 4].views
+    assert per_iter <= 9, per_iter
+    assert got[1, 7].views == got[1, 4].views  # no view per Frank-Wolfe step
+    # launches: two per added B-step (a one-iteration fit makes one B-update)
+    per_step = (got[1, 7].launches - got[1, 4].launches) / 3
+    assert per_step == 2, per_step
+    assert got[2, 4].launches - got[1, 4].launches <= 12 + 2 * 4, got[2, 4].launches - got[1, 4].launches

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from gpuc._backend import get_backend
+from gpuc._backend import get_backend, launch_stats
 from gpuc._testing.standin import counting, simulator_status
 from gpuc._utils import derive_seed
 from gpuc.nmf import _kernels_gpu
@@ -87,9 +87,10 @@ def test_fused_gpu_run_does_not_depend_on_its_batch(standin_gpu):
 def _count(standin_gpu, v, ks, n_runs: int, n_iter: int):
     op = Operator.build(standin_gpu, standin_gpu.asarray(v), dtype=np.float64)
     groups = _groups(ks, n_runs)
-    with counting() as c:
+    with counting() as c, launch_stats() as launches:
         res = fit_hals_groups(standin_gpu, op, groups, max_iter=n_iter, tol=0.0)
     assert all((r.n_iter == n_iter).all() for r in res)  # tol=0: no run stops early
+    c.launches, c.views = launches.launches, launches.views  # type: ignore[attr-defined]
     return c
 
 
@@ -113,6 +114,11 @@ def test_launch_budget_per_iteration(standin_gpu, m, n, ks, n_runs, sparse):
     # the whole iteration: two products, two sweeps, two Gram reductions, the step, the restore of risen runs
     assert long.by_name["kernel.half_step"] - short.by_name["kernel.half_step"] == 2 * 20
     assert long.by_name["kernel.step"] - short.by_name["kernel.step"] == 20
+    # host side: Python-level launches per iteration (5 on the warm-up's plain iterations, 6 after), and no new
+    # kernel views after set-up (the products go into per-batch buffers; one kernel session per fit)
+    assert 5 * 20 <= long.launches - short.launches <= 6 * 20, (long.launches, short.launches)
+    assert long.views == short.views, (long.views, short.views)
+    assert short.views <= 40, short.views  # set-up: a view per distinct array of the batch, made once
 
 
 @pytest.mark.gpu
@@ -169,12 +175,12 @@ import gpuc.nmf._kernels_gpu as kg
 f8, i8 = T.float64, T.int64
 out = {}
 for dt in (T.float32, T.float64):
-    x2, q2, x3 = dt[:, ::1], dt[::1, :], dt[:, :, ::1]  # CuPy's sparse products come back in Fortran order
+    x2, x3 = dt[:, ::1], dt[:, :, ::1]  # the products are copied into C-ordered per-batch buffers
     d2, d3, d4, iv = f8[:, ::1], f8[:, :, ::1], f8[:, :, :, ::1], i8[::1]
     sigs = {
-        "half_step": (q2, x3, x2, x2, dt[::1], i8, i8, f8, iv, iv, d2, i8, i8, d4, d4, d2),
-        "gram_finish": (d4, d4, iv, d2, i8, d3, x3, d3, d3, d2),
-        "step": (d2, d2, iv, i8, f8, i8, i8, i8, i8, f8, dt[::1], dt[::1], dt[::1], f8[::1], d2, d2, T.int32[::1],
+        "half_step": (x2, x3, x2, x2, dt[::1], i8, i8, f8, iv, iv, d2, i8, i8, d4, d4, d2),
+        "gram_finish": (d4, d4, iv, d2, i8, d3, x3, d3, d3, d3),
+        "step": (d2, d3, iv, i8, f8, i8, i8, i8, i8, f8, dt[::1], dt[::1], dt[::1], f8[::1], d2, d2, T.int32[::1],
                  d3, d3, d3, x3),
         "restore": (x2, x2, x2, x2, iv, iv, T.int32[::1], i8, i8),
     }

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 import types
 import weakref
 from collections.abc import Iterator
@@ -463,7 +464,7 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
 class DeviceSparse(_SparseBase):
     """A scipy sparse matrix on the stand-in device (cupyx's sparse matrices: CSR, CSC, COO, DIA)."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "_arrays")
     __array_ufunc__ = None  # numpy defers binary operators to this class (cupyx sparse's __array_priority__)
     __hash__ = None  # type: ignore[assignment]
 
@@ -473,13 +474,14 @@ class DeviceSparse(_SparseBase):
                 a.format, sp.csr_matrix
             )(a)
         self._a = a
+        self._arrays = {}  # the device arrays handed out for data / indices / indptr..., one object per array
         if Memory.active:
             for name in ("data", "indices", "indptr", "row", "col"):
                 Memory.track(getattr(a, name, None))
 
     def __setattr__(self, name: str, value: Any) -> None:
         # cupyx lets code assign a matrix's data / indices / indptr (e.g. ``m.data *= x`` writes back): pass it through
-        if name == "_a":
+        if name in ("_a", "_arrays"):
             object.__setattr__(self, name, value)
         else:
             setattr(self._a, name, _unwrap(value, f"sparse.{name} ="))
@@ -540,8 +542,15 @@ class DeviceSparse(_SparseBase):
         if name.startswith("_"):
             raise AttributeError(name)
         attr = getattr(self._a, name)
+        if isinstance(attr, np.ndarray):
+            # data / indices / indptr / row / col: device views of the same memory, the same object at every access
+            # as cupyx's attributes are (a kernel session makes one kernel view per array object)
+            held = self._arrays.get(name)
+            if held is None or held._a is not attr:
+                held = self._arrays[name] = DeviceArray(attr)
+            return held
         if not callable(attr):
-            return _wrap(attr)  # data / indices / indptr / row / col: device views of the same memory
+            return _wrap(attr)
 
         @functools.wraps(attr)
         def method(*args: Any, **kwargs: Any) -> Any:
@@ -728,24 +737,85 @@ def simulator_status() -> tuple[bool, str]:
     return True, "numba-cuda CUDA simulator"
 
 
+@dataclass
+class LaunchRecord:
+    """One kernel launch on the stand-in device: the kernel's name, its grid, and the numba types of its arguments
+    (the signature numba compiles on a GPU for the same call: arrays by dtype, dimensions and layout, Python ints as
+    int64, floats as float64, bools as boolean).
+    """
+
+    name: str
+    kernel_id: str  # module.name of the kernel's Python function
+    blocks: Any
+    threads: Any
+    shared_bytes: int
+    signature: tuple
+
+    @property
+    def n_threads(self) -> int:
+        """Threads launched: blocks x threads per block (over every grid dimension)."""
+        return _volume(self.blocks) * _volume(self.threads)
+
+
+def _volume(dims: Any) -> int:
+    return math.prod(dims) if isinstance(dims, tuple | list) else int(dims)
+
+
+class Launches:
+    """Every kernel launch on the stand-in device while :func:`recording` is active (a list of
+    :class:`LaunchRecord`), for tests of grid sizes and for the compile report's signatures
+    (:mod:`gpuc._testing.kernel_report`).
+    """
+
+    active: ClassVar[list[list[LaunchRecord]]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[LaunchRecord]]:
+    """Record the stand-in's kernel launches inside the block (nested blocks each get every launch)."""
+    out: list[LaunchRecord] = []
+    Launches.active.append(out)
+    try:
+        yield out
+    finally:
+        Launches.active.remove(out)
+
+
+def _view(a: Any) -> np.ndarray:
+    """The stand-in's device view of a kernel argument (:meth:`gpuc._backend.Backend.launch` counts them): the host
+    array behind a :class:`DeviceArray`, which the CUDA simulator runs on. Sparse matrices and host arrays are refused.
+    """
+    if isinstance(a, DeviceSparse):
+        msg = "stand-in GPU: a kernel was given a sparse matrix; pass its data / indices / indptr arrays."
+        raise TypeError(msg)
+    if isinstance(a, np.ndarray):
+        msg = f"stand-in GPU: a kernel was given a host array {a.shape}; upload it with xp.asarray."
+        raise HostArrayError(msg)
+    return a._a
+
+
 def _launch(kernel: Any, blocks: Any, threads: Any, shared_bytes: int, args: tuple) -> None:
-    """Run a numba-cuda kernel on stand-in device arrays under the CUDA simulator (counted as one operation)."""
+    """Run a numba-cuda kernel on stand-in device arrays (their views, :func:`_view`) under the CUDA simulator
+    (counted as one operation; recorded while :func:`recording`).
+    """
     ok, reason = simulator_status()
     if not ok:
         msg = f"stand-in GPU: cannot launch a custom kernel: {reason}."
         raise RuntimeError(msg)
-    name = getattr(getattr(kernel, "py_func", kernel), "__name__", "kernel")
+    func = getattr(kernel, "py_func", kernel)
+    name = getattr(func, "__name__", "kernel")
     Counts.op(f"kernel.{name}")
-    host_args = []
-    for a in args:
-        if isinstance(a, DeviceSparse):
-            msg = f"stand-in GPU: kernel {name} was given a sparse matrix; pass its data / indices / indptr arrays."
-            raise TypeError(msg)
-        if isinstance(a, np.ndarray) and a.ndim > 0:
-            msg = f"stand-in GPU: kernel {name} was given a host array {a.shape}; upload it with xp.asarray."
-            raise HostArrayError(msg)
-        host_args.append(a._a if isinstance(a, DeviceArray) else a)
-    kernel[blocks, threads, 0, shared_bytes](*host_args)
+    if Launches.active:
+        import numba
+
+        kernel_id = f"{getattr(func, '__module__', '?')}.{name}"
+        rec = LaunchRecord(name, kernel_id, blocks, threads, shared_bytes, tuple(numba.typeof(a) for a in args))
+        for out in Launches.active:
+            out.append(rec)
+    kernel[blocks, threads, 0, shared_bytes](*args)
+
+
+_launch.view = _view  # type: ignore[attr-defined]
 
 
 @functools.cache

@@ -244,9 +244,10 @@ def update_a(
         q = kernel_gram(backend, b, kb)
     gk = _gpu_kernels(backend, n * k * n_steps)
     if gk is not None:  # all steps of all cells in one launch
-        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
-        dev.update_a(q, kb, a_prev)
-        return dev.a_result()
+        with backend.kernel_session():
+            dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+            dev.update_a(q, kb, a_prev)
+            return dev.a_result()
     picks = xp.empty((n_steps, n), dtype=xp.int64)
     a_sparse_t = None
     if not isinstance(a_prev, str) and sparse.issparse(a_prev):
@@ -403,13 +404,14 @@ def update_b(
         return _update_b_restricted(backend, fused, kmat, b_prev, n_steps, r, s_csr, kb)
     gk = _gpu_kernels(backend, n * k * n_steps)
     if gk is not None:  # two launches per step, no read
-        dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
-        if r is None or s_mat is None:
-            r = dev.set_a(a)
-        else:
-            dev.w2[...] = s_mat.T
-        dev.update_b(kernel_times(backend, kmat, b_prev) if kb is None else kb, r)
-        return dev.b_result()
+        with backend.kernel_session():  # each array's kernel view made once, not once per step
+            dev = _DeviceFit(backend, gk, sparse.csr_matrix(kmat), 0.0, k, n_steps)
+            if r is None or s_mat is None:
+                r = dev.set_a(a)
+            else:
+                dev.w2[...] = s_mat.T
+            dev.update_b(kernel_times(backend, kmat, b_prev) if kb is None else kb, r)
+            return dev.b_result()
     if r is None or s_mat is None:
         r, s_mat = gram_and_s(backend, kmat, a)  # A A^T (k, k) and K A^T (n, k)
     if kb is None:
@@ -544,6 +546,8 @@ class _DeviceFit:
         self.slot_cnt = xp.zeros(n, dtype=xp.int32)
         self._kt: Any = None
         self.no_dense = xp.empty((1, 1))
+        self.no_start = self.no_dense[0]  # the A-update's unused uniform start (one array object: one kernel view)
+        self._at = self.w1.reshape(n, k)
 
     def _launch(self, kernel: Any, n_threads: int, *args: Any) -> None:
         self.backend.launch(kernel, self.kern.blocks_for(n_threads), self.kern.THREADS, *args)
@@ -559,7 +563,7 @@ class _DeviceFit:
     @property
     def at(self) -> Any:
         """Dense ``A^T`` (n, k): the first work array, written by :meth:`update_a`, valid until :meth:`gram`."""
-        return self.w1.reshape(self.n, self.k)
+        return self._at
 
     def update_a(self, q: Any, kb: Any, start: Any) -> None:
         """All T steps of the A-update (``start``: ``"uniform"``, a dense (k, n) A0, a sparse (k, n) A0, or None for
@@ -567,7 +571,7 @@ class _DeviceFit:
         """
         xp, sparse, kern = self.backend.xp, self.backend.sparse, self.kern
         qa, p = self.w1, self.w2
-        mode, qa0 = 2, self.no_dense[0]
+        mode, qa0 = 2, self.no_start
         if isinstance(start, str):  # uniform: Q A0 is the same for every cell
             mode, qa0 = 1, q.sum(axis=1) / self.k
         elif start is not None:
@@ -717,7 +721,9 @@ def fit(
         msg = f"max_iter={max_iter} is lower than min_iter={min_iter}."
         raise ValueError(msg)
     # the BLAS products of the loop are k x k and n x k: one BLAS thread, the cores go to the compiled kernels
-    with contextlib.nullcontext() if backend.is_gpu else serial_blas():
+    # on a GPU, one kernel session for the fit: the kernels' views of the fit's arrays are made once (those of each
+    # outer iteration's new products, K B, B^T K B, A A^T, once per iteration), none per Frank-Wolfe step
+    with backend.kernel_session() if backend.is_gpu else serial_blas():
         if kmat is None:
             kmat = kernel_times(backend, mmat, mmat.T)
         m_sq = float((mmat.data * mmat.data).sum())

@@ -17,6 +17,7 @@ Hand-written rather than scikit-learn's ``NMF``, which fits one restart at a tim
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -826,15 +827,21 @@ class _GpuBatch:
     g_new: Any
     g_hat: Any
     g_scratch: Any
-    quad: Any  # (R, kmax) rows of <W^T W, H H^T>
+    quad: Any  # (R, kmax, kmax) the entries' terms of <W^T W, H H^T> (upper triangle)
     rise: Any  # (R,) int32
+    at: Any  # (n, C) V^T W_hat and ...
+    c: Any  # ... (m, C) V H_hat^T, written in place each iteration, so that their kernel views are made once a batch
     none4: Any  # empty stand-ins for the arguments a kernel call does not use (never the same array twice in one
     none3: Any  # launch: the CUDA simulator copies each argument back after the kernel, and a second copy of an
-    none2: Any  # array would overwrite what the kernel wrote into the first)
+    none3b: Any  # array would overwrite what the kernel wrote into the first)
+    none2: Any
 
     @classmethod
-    def of(cls, xp: Any, layout: _Layout, kmax: int, nch_w: int, nch_h: int, dt: Any) -> _GpuBatch:
+    def of(
+        cls, xp: Any, layout: _Layout, kmax: int, nch_w: int, nch_h: int, dt: Any, shape: tuple[int, int]
+    ) -> _GpuBatch:
         r = len(layout.ks)
+        cols = int(layout.ks.sum())
         f8 = np.float64
         return cls(
             xp.asarray(layout.ks.astype(np.int64)),
@@ -848,9 +855,12 @@ class _GpuBatch:
             xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r, kmax, kmax), dtype=dt),
-            xp.empty((r, kmax), dtype=f8),
+            xp.empty((r, kmax, kmax), dtype=f8),
             xp.empty((r,), dtype=np.int32),
+            xp.empty((shape[1], cols), dtype=dt),
+            xp.empty((shape[0], cols), dtype=dt),
             xp.empty((0, r, kmax, kmax), dtype=f8),
+            xp.empty((0, kmax, kmax), dtype=f8),
             xp.empty((0, kmax, kmax), dtype=f8),
             xp.empty((0, r), dtype=f8),
         )
@@ -883,27 +893,31 @@ def _fit_groups_gpu(
     dev = _GpuState.start(xp, kern, op, layout, w, ht, runs, sched)
     active = np.arange(n_runs)
     last = np.full(n_runs, np.nan)  # each run's loss at the previous read
-    for it in range(1, sched.max_iter + 1):
-        _gpu_iteration(backend, kern, op, layout, dev, it, sched)
-        if not (it % read_every == 0 or it == sched.max_iter):
+    with backend.kernel_session() as session:  # kernel views made once per batch layout (cleared when it changes)
+        for it in range(1, sched.max_iter + 1):
+            _gpu_iteration(backend, kern, op, layout, dev, it, sched)
+            if not (it % read_every == 0 or it == sched.max_iter):
+                report.iteration()
+                continue
+            s = np.asarray(backend.to_host(dev.state))  # the one read of the window
+            runs.losses[active] = s[:, 3]
+            runs.n_iter[active] = s[:, 2].astype(np.int64)
+            runs.converged[active] = s[:, 1] != 0
+            change = np.abs(s[:, 3] - last[active]) / max(op.norm2, 1.0)
+            report.change(float(np.nanmax(change)) if np.isfinite(change).any() else None)
             report.iteration()
-            continue
-        s = np.asarray(backend.to_host(dev.state))  # the one read of the window
-        runs.losses[active] = s[:, 3]
-        runs.n_iter[active] = s[:, 2].astype(np.int64)
-        runs.converged[active] = s[:, 1] != 0
-        change = np.abs(s[:, 3] - last[active]) / max(op.norm2, 1.0)
-        report.change(float(np.nanmax(change)) if np.isfinite(change).any() else None)
-        report.iteration()
-        last[active] = s[:, 3]
-        done = s[:, 0] == 0
-        keep_pos = _retire_finished(xp, layout, done, it == sched.max_iter, active, runs, dev.w, dev.ht, out_w, out_h)
-        if keep_pos is None:
-            continue
-        active = active[keep_pos]
-        if len(active) == 0:
-            break
-        layout = dev.keep(xp, kern, op, layout, keep_pos, runs.ks[active], runs.gid[active])
+            last[active] = s[:, 3]
+            done = s[:, 0] == 0
+            keep_pos = _retire_finished(
+                xp, layout, done, it == sched.max_iter, active, runs, dev.w, dev.ht, out_w, out_h
+            )
+            if keep_pos is None:
+                continue
+            active = active[keep_pos]
+            if len(active) == 0:
+                break
+            layout = dev.keep(xp, kern, op, layout, keep_pos, runs.ks[active], runs.gid[active])
+            session.clear()  # the batch's arrays were replaced: their views go with them
 
 
 @dataclass
@@ -952,7 +966,7 @@ class _GpuState:
             xp.asarray(np.tile(np.array([1.0, 0.0, 0.0, np.nan]), (n_runs, 1))),
             g_what,
             g_what.astype(dt),
-            _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt),
+            _GpuBatch.of(xp, layout, kmax, nch_w, nch_h, dt, op.shape),
             kern.step_constants(xp, dt),
             kmax,
             nch_w,
@@ -969,7 +983,7 @@ class _GpuState:
         )
         self.beta, self.beta_bar, self.e_prev, self.hist, self.state, self.g_what, self.g_what_dt = per_run
         layout = _Layout.of(ks, gids)
-        self.bt = _GpuBatch.of(xp, layout, self.kmax, self.nch_w, self.nch_h, op.dtype)
+        self.bt = _GpuBatch.of(xp, layout, self.kmax, self.nch_w, self.nch_h, op.dtype, op.shape)
         return layout
 
 
@@ -983,24 +997,23 @@ def _gpu_iteration(
     plain = it <= sched.n_plain
     eps, inner = sched.eps, sched.inner_sweeps
     # spectra: h = sweep(h_hat; V^T w_hat, W^T W), extrapolated unless plain or a check; Gram of the new h_hat
-    at = _product(xp, op.tdot, s.w_hat, layout, op.sparse)
+    at = _product(xp, op.tdot, s.w_hat, layout, op.sparse, out=bt.at)
     b, th = kern.grid(nch_h * ra)
     launch(kern.half_step, b, th, at, s.g_what_dt, s.h_hat, s.ht, s.beta, int(not (check or plain)), 0, eps, bt.rk,
            bt.roff, s.state, inner, nch_h, bt.none4, bt.ph, bt.none2)  # fmt: skip
-    b, th = kern.grid(ra * kmax)
+    b, th = ra * kmax * kmax, kern.reduce_threads()  # a block per Gram entry
     launch(kern.gram_finish, b, th, bt.ph, bt.none4, bt.rk, s.state, nch_h, bt.d64, bt.d_dt, bt.none3, bt.none3,
-           bt.none2)  # fmt: skip
+           bt.none3b)  # fmt: skip
     # usages: w = sweep(w_hat; V h_hat^T, H H^T), extrapolated unless plain; Grams of w and w_hat, cross term
-    c = _product(xp, op.dot, s.h_hat, layout, op.sparse)
+    c = _product(xp, op.dot, s.h_hat, layout, op.sparse, out=bt.c)
     b, th = kern.grid(nch_w * ra)
     launch(kern.half_step, b, th, c, bt.d_dt, s.w_hat, s.w, s.beta, int(not plain), 1, eps, bt.rk, bt.roff, s.state,
            inner, nch_w, bt.pw_new, bt.pw_hat, bt.pw_cross)  # fmt: skip
-    b, th = kern.grid(ra * kmax)
+    b, th = ra * kmax * kmax, kern.reduce_threads()
     launch(kern.gram_finish, b, th, bt.pw_new, bt.pw_hat, bt.rk, s.state, nch_w, bt.g_new, bt.g_scratch,
            bt.g_hat, bt.d64, bt.quad)  # fmt: skip
     # loss, step rule, next Gram of w_hat and (on checks) the stopping rule, per run on the device
-    b, th = kern.grid(ra)
-    launch(kern.step, b, th, bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
+    launch(kern.step, ra, kern.reduce_threads(), bt.pw_cross, bt.quad, bt.rk, nch_w, float(op.norm2), int(plain), int(check), it,
            sched.max_iter, float(sched.tol), s.consts, s.beta, s.beta_bar, s.e_prev, s.hist, s.state, bt.rise,
            bt.g_new, bt.g_hat, s.g_what, s.g_what_dt)  # fmt: skip
     if not plain:  # runs whose error rose drop their extrapolation
@@ -1008,14 +1021,23 @@ def _gpu_iteration(
         launch(kern.restore, b, th, s.w, s.w_hat, s.ht, s.h_hat, bt.rk, bt.roff, bt.rise, nch_w, nch_h)
 
 
-def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool) -> Any:
+def _product(xp: Any, dot: Any, x: Any, layout: _Layout, sparse: bool, out: Any = None) -> Any:
     """``dot(x)`` for the flat factor ``x``: one product for sparse ``V`` (each output column is accumulated in the
     same order whatever the width), one per block for dense ``V`` (BLAS may round a column differently depending on
-    the matrix width, and a run's iterates must not depend on the other ranks in the batch).
+    the matrix width, and a run's iterates must not depend on the other ranks in the batch). With ``out``, the result
+    is written there (one device copy, or the concatenation's own output) and ``out`` returned: the fused loop keeps
+    one buffer per product, so that the kernels' views of it are made once per batch.
     """
     if sparse or (len(layout.blocks) == 1 and x.flags.c_contiguous):
-        return dot(x)
-    return xp.concatenate([dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k])) for k, _, nr, c0 in layout.blocks], axis=1)
+        if out is None:
+            return dot(x)
+        out[...] = dot(x)
+        return out
+    parts = [dot(xp.ascontiguousarray(x[:, c0 : c0 + nr * k])) for k, _, nr, c0 in layout.blocks]
+    if out is None:
+        return xp.concatenate(parts, axis=1)
+    xp.concatenate(parts, axis=1, out=out)
+    return out
 
 
 def _quad_terms(g_new: np.ndarray, d64: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -1056,9 +1078,17 @@ def _one_run_sweep(backend: Backend, op: Operator, rows: int, k: int) -> Any:
     part = xp.empty((nch, 1, k, k), dtype=np.float64)  # its partial Grams (unused here)
     none4, none2 = xp.empty((0, 1, k, k), dtype=np.float64), xp.empty((0, 1), dtype=np.float64)
 
+    flat: dict[int, tuple[Any, Any]] = {}  # (rows, k) views of the caller's arrays, made once (their kernel views too)
+
+    def rows_by_k(a: Any) -> Any:
+        hit = flat.get(id(a))
+        if hit is None or hit[0] is not a:
+            hit = flat[id(a)] = (a, a.reshape(rows, k))
+        return hit[1]
+
     def run(x: Any, q: Any, g: Any, eps: float) -> None:
-        backend.launch(kern.half_step, blocks, threads, q.reshape(rows, k), g, x.reshape(rows, k), x_new, beta, 0, 0,
-                       float(eps), rk, roff, state, 1, nch, none4, part, none2)  # fmt: skip
+        backend.launch(kern.half_step, blocks, threads, rows_by_k(q), g, rows_by_k(x), x_new, beta, 0, 0, float(eps),
+                       rk, roff, state, 1, nch, none4, part, none2)  # fmt: skip
 
     return run
 
@@ -1099,11 +1129,12 @@ def nnls_refit(
     prev = None
     loss = op.norm2
     one_sweep = _one_run_sweep(backend, op, m, k)
-    for it in range(1, max_iter + 1):
-        one_sweep(w, c, d, eps)
-        if it % check_every == 0 or it == max_iter:
-            loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
-            if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:
-                break
-            prev = loss
+    with backend.kernel_session() if backend.is_gpu else contextlib.nullcontext():  # kernel views made once
+        for it in range(1, max_iter + 1):
+            one_sweep(w, c, d, eps)
+            if it % check_every == 0 or it == max_iter:
+                loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
+                if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:
+                    break
+                prev = loss
     return w[:, 0, :], loss

@@ -6,8 +6,8 @@ the batch at once, as
 1. ``A^T = V^T W_hat``: one cuSPARSE (or cuBLAS) product through CuPy;
 2. :func:`half_step` on the spectra: the Gauss-Seidel sweep of every run's rows against ``A^T`` and the Gram of
    ``W_hat``, the extrapolation, and per-chunk partial Grams of the new ``H_hat``;
-3. :func:`gram_finish`: the chunk partials added in chunk order (Gram of ``H_hat`` in float64 and in the working
-   precision for the next sweep);
+3. :func:`gram_finish`: the chunk partials added in a fixed block-wide tree, one block per Gram entry (Gram of
+   ``H_hat`` in float64 and in the working precision for the next sweep);
 4. ``C = V H_hat^T``, :func:`half_step` on the usages (also the partials of ``W_new``'s Gram and of the loss cross
    term ``<W_new, C>``) and :func:`gram_finish`;
 5. :func:`step`: each run's loss ``||V||^2 - 2 <W, V H^T> + <W^T W, H H^T>``, the Ang & Gillis step rule (rise, beta,
@@ -30,7 +30,8 @@ path; on a GPU they take CuPy arrays directly (``__cuda_array_interface__``) and
 
 Layout: factors are flat ``(rows, C)`` arrays; run ``r`` owns columns ``roff[r]:roff[r] + rk[r]``. Rows are cut into
 ``n_chunks`` contiguous chunks (the number depends on the row count only); a thread owns one (chunk, run) pair, so
-every sum is per run, in a fixed order (rows in order within a chunk, then chunks in order), and a run's iterates do
+every sum is per run, in a fixed order (rows in order within a chunk, then the chunks in a fixed tree whose shape
+depends on the chunk count and the block size only), and a run's iterates do
 not depend on which other runs share the batch. Rows within a chunk are independent for the sweep (each thread
 writes only its run's columns of its rows); the ``k`` components of a row are updated in order (Gauss-Seidel). A
 row's values sit in a thread-local array of ``KMAX`` (ranks above it use the array code).
@@ -47,6 +48,9 @@ KMAX = 128  # largest rank the fused kernels take (the thread-local row array: 1
 THREADS = 128  # threads per block on a GPU
 CHUNKS_GPU = 512  # row chunks per half-iteration on a GPU: with R runs, 512 R threads
 CHUNKS_SIMULATOR = 2  # under the CUDA simulator each thread is a Python thread: few, long ones
+RED_THREADS_GPU = 128  # threads per block summing chunk partials (gram_finish, step): 512 chunks -> 4 terms each
+RED_THREADS_SIMULATOR = 2
+RED_SHARED = 2 * RED_THREADS_GPU  # doubles of shared memory per reduction block (a compile-time constant: 2 KB)
 
 
 def n_chunks(rows: int) -> int:
@@ -56,6 +60,13 @@ def n_chunks(rows: int) -> int:
     import numba
 
     return max(1, min(rows, CHUNKS_SIMULATOR if numba.config.ENABLE_CUDASIM else CHUNKS_GPU))
+
+
+def reduce_threads() -> int:
+    """Threads per block of the reductions (:func:`gram_finish`, :func:`step`): a power of two."""
+    import numba
+
+    return RED_THREADS_SIMULATOR if numba.config.ENABLE_CUDASIM else RED_THREADS_GPU
 
 
 def grid(n_threads: int) -> tuple[int, int]:
@@ -132,40 +143,65 @@ def half_step(q, g, xhat, xold, beta, extrap, full, eps, rk, roff, state, n_inne
 
 @cuda.jit(cache=True)
 def gram_finish(part, part2, rk, state, nch, g64, gdt, g2, other, quad):
-    """Chunk partials ``part (nch, R, kmax, kmax)`` (upper triangles) added in chunk order into the symmetric Grams
-    ``g64`` (float64) and ``gdt`` (working precision); thread = (run, Gram row ``a``). When ``part2`` has chunks,
-    also ``g2`` from ``part2`` (float64) and ``quad[r, a] = sum_b g64[r, a, b] other[r, a, b]`` (a row of the loss's
-    ``<W^T W, H H^T>``, ``other`` the other factor's Gram).
+    """Chunk partials ``part (nch, R, kmax, kmax)`` (upper triangles) summed into the symmetric Grams ``g64``
+    (float64) and ``gdt`` (working precision); one block per Gram entry ``(r, a, c)``, ``c >= a`` (blocks of other
+    entries return at once). When ``part2`` has chunks, also ``g2`` from ``part2`` and ``quad[r, a, c]``, entry
+    ``(a, c)``'s term of the loss's ``<W^T W, H H^T>`` (``other`` the other factor's Gram; doubled off the diagonal),
+    which :func:`step` adds up.
+
+    The sum over chunks is a fixed tree: thread ``t`` of the block adds chunks ``t, t + T, t + 2T...`` in order (4
+    terms at 512 chunks and 128 threads), then the block halves the ``T`` partial sums pairwise in shared memory
+    (:func:`_tree`). The order depends on the chunk count and the block size only, both functions of the row count,
+    so a run's Gram is the same whatever the batch.
     """
-    t = cuda.grid(1)
-    n_runs = rk.shape[0]
+    blk = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
     kmax = g64.shape[1]
-    if t >= n_runs * kmax:
-        return
-    r = t // kmax
-    a = t - r * kmax
-    k = rk[r]
-    if state[r, 0] == 0 or a >= k:
-        return
+    r = blk // (kmax * kmax)
+    e = blk - r * (kmax * kmax)
+    a = e // kmax
+    c = e - a * kmax
+    if r >= rk.shape[0] or state[r, 0] == 0 or c < a or c >= rk[r]:
+        return  # the whole block: the condition does not depend on the thread
     both = part2.shape[0] > 0
-    qa = 0.0
-    for c in range(a, k):
-        s = 0.0
-        for ch in range(nch):
-            s += part[ch, r, a, c]
+    buf = cuda.shared.array(RED_SHARED, float64)
+    s = 0.0
+    s2 = 0.0
+    for ch in range(tid, nch, nt):
+        s += part[ch, r, a, c]
+        if both:
+            s2 += part2[ch, r, a, c]
+    buf[tid] = s
+    buf[nt + tid] = s2
+    _tree(buf, tid, nt, both)
+    if tid == 0:
+        s = buf[0]
         g64[r, a, c] = s
         g64[r, c, a] = s
         gdt[r, a, c] = s
         gdt[r, c, a] = s
         if both:
-            qa += s * other[r, a, c] if c == a else 2.0 * (s * other[r, a, c])
-            s2 = 0.0
-            for ch in range(nch):
-                s2 += part2[ch, r, a, c]
+            quad[r, a, c] = s * other[r, a, c] if c == a else 2.0 * (s * other[r, a, c])
+            s2 = buf[nt]
             g2[r, a, c] = s2
             g2[r, c, a] = s2
-    if both:
-        quad[r, a] = qa
+
+
+@cuda.jit(device=True, inline="always")
+def _tree(buf, tid, nt, both):
+    """Pairwise sums of ``buf[:nt]`` (and, with ``both``, ``buf[nt:2 nt]``) into ``buf[0]`` (``buf[nt]``): ``nt`` a
+    power of two, halved each round with a barrier between rounds; every thread of the block calls it.
+    """
+    cuda.syncthreads()
+    w = nt // 2
+    while w > 0:
+        if tid < w:
+            buf[tid] += buf[tid + w]
+            if both:
+                buf[nt + tid] += buf[nt + tid + w]
+        cuda.syncthreads()
+        w //= 2
 
 
 @cuda.jit(cache=True)
@@ -173,28 +209,42 @@ def step(
     pcross, quad, rk, nch, norm2, plain, check, it, max_iter, tol, consts, beta, beta_bar, e_prev, hist, state, rise,
     g_new, g_hat, g_what, g_what_dt,
 ):  # fmt: skip
-    """Per run (thread = run): the loss ``e = ||V||^2 - 2 cross + quad``, the Ang & Gillis step rule and the Gram of
-    the next ``W_hat`` (``g_new`` after a rise, else ``g_hat``), and on check iterations the stopping rule.
+    """Per run (one block per run): the loss ``e = ||V||^2 - 2 cross + quad``, the Ang & Gillis step rule and the Gram
+    of the next ``W_hat`` (``g_new`` after a rise, else ``g_hat``), and on check iterations the stopping rule.
 
+    The cross term's chunk partials are summed by the block in the fixed tree of :func:`gram_finish`; the rest runs on
+    the block's first thread. ``quad[r, a, c]`` is summed over ``c`` for each row ``a``, then over the rows, in order.
     Step rule (``plain`` 0): on a rise (``e > e_prev``) ``beta /= 1.5``, ``beta_bar = old beta``, ``e_prev`` kept;
     else ``beta = min(beta_bar, 1.05 beta)``, ``beta_bar = min(1, 1.01 beta_bar)``, ``e_prev = e``; ``consts`` holds
     1.5, 1.05, 1.01, 1 in the working precision. Stopping rule: ``hist[r]`` holds the losses of the last checks,
     oldest first; a run stops when ``|hist[r, 0] - e| / max(||V||^2, 1) < tol`` (``converged``) or at ``max_iter``.
     ``state[r]`` = (live, converged, iterations, loss at the last check).
     """
-    r = cuda.grid(1)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
     if r >= rk.shape[0]:
         return
-    rise[r] = 0
     if state[r, 0] == 0:
+        if tid == 0:
+            rise[r] = 0
         return
+    buf = cuda.shared.array(RED_SHARED, float64)
+    cs = 0.0
+    for ch in range(tid, nch, nt):
+        cs += pcross[ch, r]
+    buf[tid] = cs
+    _tree(buf, tid, nt, False)
+    if tid != 0:
+        return
+    cross = buf[0]
     k = rk[r]
-    cross = 0.0
-    for ch in range(nch):
-        cross += pcross[ch, r]
     qd = 0.0
     for a in range(k):
-        qd += quad[r, a]
+        qa = 0.0
+        for c in range(a, k):
+            qa += quad[r, a, c]
+        qd += qa
     e = norm2 - 2.0 * cross + qd
     up = 0
     if plain:
