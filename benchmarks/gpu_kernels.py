@@ -9,8 +9,8 @@ launch and the sparse-vs-dense product choice, each beside gpuc's CPU path in th
    Target (issue 29, H200): one iteration <= 0.5 ms in float64.
 3. ``metacells``: two outer iterations of the fit at 6,881 cells, k=90, T=50 (``_metacells_data.jittered_pcs``):
    each kernel's median time, one B-step (``fw_b_rows`` + ``fw_b_cols``), per outer iteration; CPU beside it.
-4. ``deseq``: ``run_deseq`` on 100 samples x 10,000 genes (``_deseq_sim``): each kernel's time (one Newton pass of
-   the dispersion fit is one ``newton_log_alpha`` launch); CPU beside it.
+4. ``deseq``: ``run_deseq`` on 100 samples x 10,000 genes (``_deseq_sim``): each kernel's time (R's dispersion line
+   search is one ``fit_disp`` launch per pass); CPU beside it.
 5. ``launch``: host microseconds per launch of a trivial kernel, with a new device view per argument (gpuc before
    issue 40) and inside a kernel session (views made once).
 6. ``products``: cuSPARSE SpMM ``V^T W`` and ``V H^T`` at 6,881 x 2,000 against dense GEMM on the same matrix.

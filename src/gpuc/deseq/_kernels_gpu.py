@@ -35,6 +35,8 @@ from gpuc.deseq._fitdisp import TABLE, fit_disp_gene, fit_disp_grid_gene
 
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
+# the line search's scratch (p x p normal matrix + the lgamma table); a module constant, as local arrays need one
+LINE_SEARCH_WORK = MAXPP + TABLE
 K = 64  # integer counts below this use the recurrences (per-gene tables), as the CPU kernels
 LOG_FACT = np.array([math.lgamma(k + 1.0) for k in range(K)])  # lgamma(y + 1) of the small integer counts
 THREADS = 128  # threads per block
@@ -255,7 +257,7 @@ def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, m
     if i >= G:
         return
     n = y.shape[0] // G
-    b = cuda.local.array(MAXPP + TABLE, float64)
+    b = cuda.local.array(LINE_SEARCH_WORK, float64)
     db = cuda.local.array(MAXPP, float64)
     res = cuda.local.array(4, float64)
     m = pm[i] if use_prior else 0.0
@@ -277,6 +279,6 @@ def fit_disp_grid(y, mu, x, p, pm, pv, use_prior, use_cr, lo, hi, ngrid, out):  
     if i >= G:
         return
     n = y.shape[0] // G
-    b = cuda.local.array(MAXPP + TABLE, float64)
+    b = cuda.local.array(LINE_SEARCH_WORK, float64)
     m = pm[i] if use_prior else 0.0
     out[i] = fit_disp_grid_gene(y, mu, i, G, n, x, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)
