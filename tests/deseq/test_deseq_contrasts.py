@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 import scipy.special
 import scipy.stats
+from test_deseq_pasilla import _gates as pasilla_gates  # tests/deseq is on sys.path (pytest's rootdir-less import)
 
 import gpuc
 from gpuc._backend import get_backend
@@ -173,19 +174,7 @@ def test_summary_equals_r(r_fit, capsys):
 def _gates(res: pd.DataFrame, ref: pd.DataFrame, *, pvalues: bool = True, jaccard: float = 0.97) -> None:
     """The gates of tests/deseq/test_deseq_pasilla.py (gpuc's fit against R's); ``jaccard``: of the genes with
     padj < 0.1."""
-    a, b = res["log2FoldChange"].to_numpy(), ref["log2FoldChange"].to_numpy()
-    ok = np.isfinite(a) & np.isfinite(b)
-    assert np.corrcoef(a[ok], b[ok])[0, 1] >= 0.9999
-    big = ok & (ref["baseMean"].to_numpy() >= 10)
-    assert np.max(np.abs(a[big] - b[big])) <= 0.02
-    if not pvalues:
-        return
-    pa, pb = res["pvalue"].to_numpy(), ref["pvalue"].to_numpy()
-    np.testing.assert_array_equal(np.isnan(pa), np.isnan(pb))
-    both = ~np.isnan(pa) & ~np.isnan(pb)
-    assert scipy.stats.spearmanr(pa[both], pb[both])[0] >= 0.999
-    sa, sb = set(np.nonzero(res["padj"].to_numpy() < 0.1)[0]), set(np.nonzero(ref["padj"].to_numpy() < 0.1)[0])
-    assert len(sa & sb) / max(len(sa | sb), 1) >= jaccard
+    pasilla_gates(res, ref, padj=pvalues, jaccard=jaccard)
 
 
 @pytest.fixture(scope="module")
