@@ -750,6 +750,25 @@ def _profile_names(keys: Any) -> list[str]:
     return [repr(tuple(p)) for p in parts]  # every separator occurs in the labels: a tuple's repr is one-to-one
 
 
+# ---- shared by the transforms (vst here, rlog and normalized_counts in tl/_transforms.py) ----------------------------
+def _check_layer_kept(layer: str | None, key_added: str, tool: str, default: str) -> None:
+    if layer is not None and key_added == layer:
+        msg = (
+            f"{tool}(layer={layer!r}, key_added={key_added!r}) would replace the counts it transforms; pass another "
+            f"key_added (default {default!r}) to keep adata.layers[{layer!r}]."
+        )
+        raise ValueError(msg)
+
+
+def _fitted(adata: AnnData, key: str) -> None:
+    """Refuse ``blind=False`` without a single (not ``groupby``) :func:`gpuc.tl.deseq` run under ``key``."""
+    check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first, or use blind=True.")
+    if "groups" in adata.uns[key]:
+        msg = "blind=False is not available after a groupby DESeq2 run; subset one group first."
+        raise ValueError(msg)
+    check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # vst
 # --------------------------------------------------------------------------------------------------------------------
@@ -809,12 +828,7 @@ def vst(
     check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
     check_bool("blind", blind)
     check_bool("copy", copy)
-    if layer is not None and key_added == layer:
-        msg = (
-            f"vst(layer={layer!r}, key_added={key_added!r}) would replace the counts it transforms; pass another "
-            f"key_added (default 'vst') to keep adata.layers[{layer!r}]."
-        )
-        raise ValueError(msg)
+    _check_layer_kept(layer, key_added, "vst", "vst")
     _keys.check_not_foreign(adata, _keys.vst_outputs(key_added), key_added, "gpuc.tl.vst", _keys.VST_MARKER)
     where = f"adata.layers[{layer!r}]" if layer else "adata.X"
     counts = load(get_matrix(adata, layer=layer), where)  # dask: all samples of a gene at once
@@ -823,11 +837,7 @@ def vst(
     # ---- plan: a blind fit, or the size factors and trend of an earlier deseq run
     plan = VstPlan(fit_type=fit_type)
     if not blind:
-        check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first or use blind=True.")
-        check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
-        if "groups" in adata.uns[key]:
-            msg = "blind=False is not available after a groupby DESeq2 run."
-            raise ValueError(msg)
+        _fitted(adata, key)
         if adata.uns[key]["params"].get("normalization_factors") is not None:
             msg = "blind=False is not available after a DESeq2 run with normalization_factors."
             raise ValueError(msg)

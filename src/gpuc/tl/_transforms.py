@@ -25,24 +25,7 @@ from gpuc._validate import (
     get_matrix,
 )
 from gpuc.deseq._run import check_counts
-
-
-def _check_layer_kept(layer: str | None, key_added: str, tool: str, default: str) -> None:
-    if layer is not None and key_added == layer:
-        msg = (
-            f"{tool}(layer={layer!r}, key_added={key_added!r}) would replace the counts it transforms; pass another "
-            f"key_added (default {default!r}) to keep adata.layers[{layer!r}]."
-        )
-        raise ValueError(msg)
-
-
-def _fitted(adata: AnnData, key: str, what: str) -> None:
-    """Refuse ``blind=False`` / stored size factors without a single (not ``groupby``) :func:`gpuc.tl.deseq` run."""
-    check_key(adata.uns, key, "adata.uns", f"Run gpuc.tl.deseq first, or use {what}.")
-    if "groups" in adata.uns[key]:
-        msg = f"{what.split(' or ')[0]} is not available after a groupby DESeq2 run; subset one group first."
-        raise ValueError(msg)
-    check_key(adata.obs, _keys.deseq_size_factors(key), "adata.obs")
+from gpuc.tl._deseq import _check_layer_kept, _fitted
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -137,7 +120,7 @@ def rlog(
     check_counts(counts, where)
     fitted: dict[str, Any] = {}
     if not blind:
-        _fitted(adata, key, "blind=True")
+        _fitted(adata, key)
         for field in ("baseMean", "dispFit"):
             check_key(adata.var, _keys.deseq_var(key, field), "adata.var", "Rerun gpuc.tl.deseq.")
         fitted = {
