@@ -113,7 +113,7 @@ def test_decoupler_plots_run_on_gpuc_pseudobulk():
 
 
 def test_pseudobulk_qc_fields_lazy_and_device_equal_in_memory(on_device):
-    import dask.array as da
+    da = pytest.importorskip("dask.array", reason="the lazy case needs the dask extra: pip install '.[dask]'")
 
     cells = _cells(n=500, g=40)
     want = gpuc.tl.pseudobulk(cells, "donor", groupby="cell_type", min_cells=3)
