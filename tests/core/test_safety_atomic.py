@@ -30,6 +30,39 @@ def _bulk(seed=0):
     return a
 
 
+def _fake_gpuc_module(source):
+    """Functions compiled as if they were in a gpuc module (the injector only counts gpuc's frames)."""
+    namespace = {"__name__": "gpuc._injector_selftest"}
+    exec(compile(source, "<gpuc._injector_selftest>", "exec"), namespace)  # a fixed snippet
+    return namespace
+
+
+def test_the_injector_reports_a_swallowed_exception_and_skips_generator_finalizers(steps_of):
+    ns = _fake_gpuc_module(
+        "def swallow():\n"
+        "    try:\n"
+        "        inner()\n"
+        "    except Exception:\n"
+        "        return 0\n"
+        "def inner():\n"
+        "    return 1\n"
+        "def early_exit(values):\n"
+        "    return any(v == 1 for v in values)\n"
+    )
+    total, err = steps_of(ns["swallow"], None)
+    assert (total, err) == (2, None)
+    _, err = steps_of(ns["swallow"], 2)  # raised in inner(), caught by swallow(): reported
+    assert isinstance(err, AssertionError)
+    assert "swallowed" in str(err)
+    # any() stops at the first value; the suspended generator is closed when freed, which resumes it (step 3): an
+    # exception there goes to sys.unraisablehook in any Python code, so the step counts as not reached
+    total, err = steps_of(lambda: ns["early_exit"]([1, 2, 3]), None)
+    assert (total, err) == (3, None)
+    assert steps_of(lambda: ns["early_exit"]([1, 2, 3]), 3) == (0, None)
+    _, err = steps_of(lambda: ns["early_exit"]([1, 2, 3]), 2)  # the generator's first step: raised to the caller
+    assert type(err).__name__ == "Injected"
+
+
 # ---- fault injection: every tool that writes into the AnnData --------------------------------------------------------
 @pytest.mark.slow
 def test_consensus_nmf_and_its_rerun(inject_faults, planted_programs):

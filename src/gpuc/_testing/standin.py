@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import importlib.util
 import math
 import types
 import weakref
@@ -47,7 +48,8 @@ from gpuc._testing import _cupy_names as names
 # AnnData accepts cupy / cupyx arrays in X, layers and obsm. Without CuPy its type checks test against placeholder
 # classes in anndata.compat: the stand-in classes derive from them so that an AnnData holds them as it holds CuPy
 # data (with CuPy installed the placeholders are CuPy's own classes and the stand-in cannot be put in an AnnData).
-ANNDATA_ACCEPTS = not _anndata_compat.CupyArray.__module__.startswith("cupy")
+# anndata 0.13's placeholders name their module "cupy" too, so the test is whether CuPy itself is importable.
+ANNDATA_ACCEPTS = importlib.util.find_spec("cupy") is None
 _DenseBase: type = _anndata_compat.CupyArray if ANNDATA_ACCEPTS else object
 _SparseBase: type = _anndata_compat.CupySparseMatrix if ANNDATA_ACCEPTS else object
 
@@ -318,7 +320,8 @@ def _no_host(what: str) -> HostArrayError:
 class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
     """A numpy array on the stand-in device (see the module docstring for what it refuses)."""
 
-    __slots__ = ("_a",)
+    # weak references: a kernel session keys its views by them (a base class without slots already allows them)
+    __slots__ = ("_a",) if hasattr(_DenseBase, "__weakref__") else ("_a", "__weakref__")
     __hash__ = None  # type: ignore[assignment]
 
     def __init__(self, a: np.ndarray) -> None:
@@ -464,7 +467,7 @@ class DeviceArray(NDArrayOperatorsMixin, _DenseBase):
 class DeviceSparse(_SparseBase):
     """A scipy sparse matrix on the stand-in device (cupyx's sparse matrices: CSR, CSC, COO, DIA)."""
 
-    __slots__ = ("_a", "_arrays")
+    __slots__ = ("_a", "_arrays") if hasattr(_SparseBase, "__weakref__") else ("_a", "_arrays", "__weakref__")
     __array_ufunc__ = None  # numpy defers binary operators to this class (cupyx sparse's __array_priority__)
     __hash__ = None  # type: ignore[assignment]
 
