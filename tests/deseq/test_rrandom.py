@@ -14,7 +14,7 @@ import pytest
 
 import gpuc
 from gpuc.deseq._dispersion import prior_variance
-from gpuc.deseq._rrandom import RStream, loess_interpolate
+from gpuc.deseq._rrandom import RStream, kl_curve, loess_interpolate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deseq" / "priorvar"
 
@@ -45,9 +45,7 @@ def prior_ref() -> pd.Series:
         ("rchisq3", lambda r, k: r.rchisq(k, 3)),  # shape 1.5: GD
         (
             "mixed",
-            lambda r, k: np.concatenate(
-                [r.rchisq(k // 3, 3), r.rnorm(k // 3, 0.0), r.rnorm(k // 3, np.sqrt(8 / 199))]
-            ),
+            lambda r, k: np.concatenate([r.rchisq(k // 3, 3), r.rnorm(k // 3, 0.0), r.rnorm(k // 3, np.sqrt(8 / 199))]),
         ),
     ],
 )
@@ -76,6 +74,13 @@ def _resid(genes: pd.DataFrame) -> np.ndarray:
     ge, fit = g["dispGeneEst"].to_numpy(), g["dispFit"].to_numpy()
     above = ge >= 1e-8 * 100
     return np.log(ge[above]) - np.log(fit[above])
+
+
+def test_kl_curve_equals_r():
+    """R's klDivs (hist densities, KL sums) for the df = 3 set's residuals, on the 200-point variance grid."""
+    genes = _csv(DATA / "genes_df3.csv.gz", index_col=0)
+    want = _csv(DATA / "kl_df3_R.csv")["kl"].to_numpy()
+    np.testing.assert_allclose(kl_curve(_resid(genes), 3, np.linspace(0, 8, 200)), want, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3])

@@ -20,9 +20,11 @@ minimum on a 1,000-point grid is the prior variance. This module reproduces each
   widened by 0.5 %), local quadratic fits with tricube weights on the floor(n span) nearest points at the vertices
   (value and slope), cubic Hermite interpolation between vertices.
 
-The random streams equal R's bit for bit (the transcendental functions are the C library's, as in R). The loess fits
-solve the same weighted least-squares problems as dloess's QR + SVD, by a different factorisation, so smoothed values
-agree with R's to about 1e-13 relative, far below the spacing that decides the argmin.
+The random streams equal R's bit for bit (checked against R 4.2.2 on 300 draws of each kind, and the KL curve's 200
+values; the transcendental functions are the C library's, as in R's). The loess fits solve the same weighted
+least-squares problems as dloess's QR + SVD by another factorisation, so smoothed values agree with R's to about
+2e-15 relative, far below the gaps that decide the argmin on the fine grid. One prior variance (200 x 10,000 draws
+of each kind, histograms, smoothing) takes about 0.4 s of CPU.
 """
 
 from __future__ import annotations
@@ -105,28 +107,76 @@ def _unif_rand(st: np.ndarray) -> float:
 
 
 _QN_A = np.array(  # AS 241, |q| <= 0.425: numerator and denominator, highest power first
-    [2509.0809287301226727, 33430.575583588128105, 67265.770927008700853, 45921.953931549871457,
-     13731.693765509461125, 1971.5909503065514427, 133.14166789178437745, 3.387132872796366608]
+    [
+        2509.0809287301226727,
+        33430.575583588128105,
+        67265.770927008700853,
+        45921.953931549871457,
+        13731.693765509461125,
+        1971.5909503065514427,
+        133.14166789178437745,
+        3.387132872796366608,
+    ]
 )
 _QN_B = np.array(
-    [5226.495278852854561, 28729.085735721942674, 39307.89580009271061, 21213.794301586595867,
-     5394.1960214247511077, 687.1870074920579083, 42.313330701600911252, 1.0]
+    [
+        5226.495278852854561,
+        28729.085735721942674,
+        39307.89580009271061,
+        21213.794301586595867,
+        5394.1960214247511077,
+        687.1870074920579083,
+        42.313330701600911252,
+        1.0,
+    ]
 )
 _QN_C = np.array(  # r = sqrt(-log(min(p, 1 - p))) <= 5
-    [7.7454501427834140764e-4, 0.0227238449892691845833, 0.24178072517745061177, 1.27045825245236838258,
-     3.64784832476320460504, 5.7694972214606914055, 4.6303378461565452959, 1.42343711074968357734]
+    [
+        7.7454501427834140764e-4,
+        0.0227238449892691845833,
+        0.24178072517745061177,
+        1.27045825245236838258,
+        3.64784832476320460504,
+        5.7694972214606914055,
+        4.6303378461565452959,
+        1.42343711074968357734,
+    ]
 )
 _QN_D = np.array(
-    [1.05075007164441684324e-9, 5.475938084995344946e-4, 0.0151986665636164571966, 0.14810397642748007459,
-     0.68976733498510000455, 1.6763848301838038494, 2.05319162663775882187, 1.0]
+    [
+        1.05075007164441684324e-9,
+        5.475938084995344946e-4,
+        0.0151986665636164571966,
+        0.14810397642748007459,
+        0.68976733498510000455,
+        1.6763848301838038494,
+        2.05319162663775882187,
+        1.0,
+    ]
 )
 _QN_E = np.array(  # r > 5
-    [2.01033439929228813265e-7, 2.71155556874348757815e-5, 0.0012426609473880784386, 0.026532189526576123093,
-     0.29656057182850489123, 1.7848265399172913358, 5.4637849111641143699, 6.6579046435011037772]
+    [
+        2.01033439929228813265e-7,
+        2.71155556874348757815e-5,
+        0.0012426609473880784386,
+        0.026532189526576123093,
+        0.29656057182850489123,
+        1.7848265399172913358,
+        5.4637849111641143699,
+        6.6579046435011037772,
+    ]
 )
 _QN_F = np.array(
-    [2.04426310338993978564e-15, 1.4215117583164458887e-7, 1.8463183175100546818e-5, 7.868691311456132591e-4,
-     0.0148753612908506148525, 0.13692988092273580531, 0.59983220655588793769, 1.0]
+    [
+        2.04426310338993978564e-15,
+        1.4215117583164458887e-7,
+        1.8463183175100546818e-5,
+        7.868691311456132591e-4,
+        0.0148753612908506148525,
+        0.13692988092273580531,
+        0.59983220655588793769,
+        1.0,
+    ]
 )
 
 
@@ -221,7 +271,10 @@ def _rgamma(st: np.ndarray, a: float, scale: float) -> float:
     if d * u <= t * t * t:
         return scale * ret_val
     r = 1.0 / a
-    q0 = ((((((2.424e-4 * r + 2.4511e-4) * r + -7.388e-5) * r + 0.00144121) * r + 0.00801191) * r + 0.02083148) * r + 0.04166669) * r
+    q0 = (
+        (((((2.424e-4 * r + 2.4511e-4) * r + -7.388e-5) * r + 0.00144121) * r + 0.00801191) * r + 0.02083148) * r
+        + 0.04166669
+    ) * r
     if a <= 3.686:
         b = 0.463 + s + 0.178 * s2
         si = 1.235
@@ -263,7 +316,10 @@ def _rgamma(st: np.ndarray, a: float, scale: float) -> float:
 
 @njit(cache=True, nogil=True, inline="always")
 def _gd_poly(v: float) -> float:
-    return ((((((0.1233795 * v + -0.1367177) * v + 0.1423657) * v + -0.1662921) * v + 0.2000062) * v + -0.250003) * v + 0.3333333) * v
+    return (
+        (((((0.1233795 * v + -0.1367177) * v + 0.1423657) * v + -0.1662921) * v + 0.2000062) * v + -0.250003) * v
+        + 0.3333333
+    ) * v
 
 
 @njit(cache=True, nogil=True)
@@ -413,7 +469,7 @@ def kl_curve(resid: np.ndarray, df: int, grid: np.ndarray, *, seed: int = 2, nsi
 # R's loess(y ~ x) for one predictor: degree 2, family gaussian, surface "interpolate"
 # --------------------------------------------------------------------------------------------------------------------
 def _kd_vertices(x: np.ndarray, fc: int) -> np.ndarray:
-    """dloess's k-d tree in one dimension (ehg126 + ehg124): the sorted cell boundaries (vertices)."""
+    """The k-d tree of dloess in one dimension (ehg126 + ehg124): the sorted cell boundaries (vertices)."""
     xs = np.sort(x)
     alpha, beta = float(xs[0]), float(xs[-1])
     mu = 0.005 * max(beta - alpha, 1e-10 * max(abs(alpha), abs(beta)) + 1e-30)
@@ -441,7 +497,7 @@ def _kd_vertices(x: np.ndarray, fc: int) -> np.ndarray:
 
 
 def _local_quadratic(x: np.ndarray, y: np.ndarray, at: float, nf: int) -> tuple[float, float]:
-    """dloess's ehg127 at one vertex: value and slope of the tricube-weighted quadratic on the nf nearest points."""
+    """The ehg127 fit of dloess at one vertex: value and slope of the tricube-weighted quadratic on the nf nearest points."""
     dist = (x - at) ** 2
     psi = np.argsort(dist, kind="stable")[:nf]
     rho = dist[psi[-1]]
@@ -462,8 +518,8 @@ def loess_interpolate(x: np.ndarray, y: np.ndarray, at: np.ndarray, *, span: flo
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n = x.shape[0]
-    nf = min(n, int(math.floor(n * span + 1e-5)))
-    fc = int(math.floor(n * (span * cell)))
+    nf = min(n, math.floor(n * span + 1e-5))  # R's loess_workspace
+    fc = math.floor(n * (span * cell))  # lowesb: cells of at most fc points
     v = _kd_vertices(x, fc)
     vals = np.array([_local_quadratic(x, y, float(t), nf) for t in v])
     at = np.asarray(at, dtype=np.float64)

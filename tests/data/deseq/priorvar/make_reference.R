@@ -64,3 +64,22 @@ fine <- seq(from = 0, to = 8, length = 1000)
 write.csv(data.frame(y = fmt(y)), "loess_y.csv", row.names = FALSE, quote = FALSE)
 write.csv(data.frame(fit = fmt(predict(loess(y ~ x, span = 0.2), fine))), "loess_fit_R.csv", row.names = FALSE,
           quote = FALSE)
+
+# 5. the KL-divergence curve itself (the body of DESeq2:::estimateDispersionsPriorVar up to the loess), for the
+#    df = 3 set's residuals: R's klDivs on the 200-point variance grid
+g <- read.csv("genes_df3.csv.gz", row.names = 1)
+g <- g[!is.na(g$dispGeneEst), ]
+obsDist <- (log(g$dispGeneEst) - log(g$dispFit))[g$dispGeneEst >= 1e-8 * 100]
+set.seed(2)
+brks <- -20:20 / 2
+obsDist <- obsDist[obsDist > min(brks) & obsDist < max(brks)]
+obsDistHist <- hist(obsDist, breaks = brks, plot = FALSE)
+klDivs <- sapply(seq(from = 0, to = 8, length = 200), function(x) {
+  randDist <- log(rchisq(10000, df = 3)) + rnorm(10000, 0, sqrt(x)) - log(3)
+  randDist <- randDist[randDist > min(brks) & randDist < max(brks)]
+  randDistHist <- hist(randDist, breaks = brks, plot = FALSE)
+  z <- c(obsDistHist$density, randDistHist$density)
+  small <- min(z[z > 0])
+  sum(obsDistHist$density * (log(obsDistHist$density + small) - log(randDistHist$density + small)))
+})
+write.csv(data.frame(kl = fmt(klDivs)), "kl_df3_R.csv", row.names = FALSE, quote = FALSE)
