@@ -124,6 +124,7 @@ def test_airway_vs_r(shared_data, tag, design):
     a = ad.AnnData(X=counts.T.to_numpy(), obs=meta.loc[counts.columns])
     a.var_names = counts.index
     gpuc.tl.deseq(a, design, contrast=["dex", "trt", "untrt"], alpha=0.1, lfc_shrink="normal", device="cpu")
+    adata = a
     res = gpuc.get.deseq_results(a)
     ref = pd.read_csv(base / "deseq2_R_reference" / f"results_{tag}.csv.gz", index_col=0)
     _gates(res, ref)
@@ -132,6 +133,14 @@ def test_airway_vs_r(shared_data, tag, design):
     ok = np.isfinite(a) & np.isfinite(b)
     assert np.corrcoef(a[ok], b[ok])[0, 1] >= 0.9999
     big = ok & (shr["baseMean"].to_numpy() >= 10)
-    # with ~cell + dex, n - p = 3 and the dispersion prior variance comes from R's seeded simulation, which numpy
-    # cannot replay; the shrunken fold changes inherit that small difference
-    assert np.percentile(np.abs(a[big] - b[big]), 99) <= (0.01 if tag == "dex" else 0.03)
+    # with ~cell + dex, n - p = 3 and the dispersion prior variance comes from R's seeded simulation, which
+    # gpuc.deseq._rrandom replays draw for draw: both designs agree with R gene by gene (measured: 99th percentile
+    # 2e-12 / 2e-11, dispersions 100% / 99.97% within 1e-6, identical padj < 0.1 sets)
+    assert np.percentile(np.abs(a[big] - b[big]), 99) <= 1e-9
+    disp = pd.read_csv(base / "deseq2_R_reference" / f"gene_fit_{tag}.csv.gz", index_col=0)["dispersion"].to_numpy()
+    mine = adata.var["deseq_dispersion"].to_numpy()
+    fin = np.isfinite(disp)
+    assert np.array_equal(fin, np.isfinite(mine))
+    assert np.mean(np.abs(mine[fin] / disp[fin] - 1) <= 1e-6) >= 0.999
+    pa, pb = res["padj"].to_numpy(), ref["padj"].to_numpy()
+    assert set(np.nonzero(pa < 0.1)[0]) == set(np.nonzero(pb < 0.1)[0])

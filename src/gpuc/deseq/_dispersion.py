@@ -740,8 +740,9 @@ def prior_variance(resid: np.ndarray, var_log_disp: float, n: int, p: int, *, se
     """R's ``estimateDispersionsPriorVar``.
 
     For n - p > 3: max(varLogDispEsts - trigamma((n-p)/2), 0.25). For 1 <= n - p <= 3, R matches the residual
-    histogram to simulated log chi-square + normal noise by KL divergence over a variance grid; done here the same
-    way with numpy's generator (R's random stream is not reproduced, so values differ slightly).
+    histogram to simulated log chi-square + normal noise by KL divergence over a variance grid, after
+    ``set.seed(2)``, and takes the minimum of the ``loess``-smoothed curve; done here with R's own random stream,
+    histogram, ``sum`` and ``loess`` (:func:`gpuc.deseq._rrandom.simulated_prior_variance`), so the value is R's.
     """
     df = n - p
     if df <= 0:
@@ -749,22 +750,9 @@ def prior_variance(resid: np.ndarray, var_log_disp: float, n: int, p: int, *, se
         raise ValueError(msg)
     if df > 3:
         return float(max(var_log_disp - scipy.special.polygamma(1, df / 2.0), 0.25)), "moments"
-    rng = np.random.default_rng(seed)
-    brks = np.arange(-20, 21) / 2.0
-    obs = resid[(resid > brks[0]) & (resid < brks[-1])]
-    obs_d, _ = np.histogram(obs, bins=brks, density=True)
-    grid = np.linspace(0, 8, 200)
-    kl = np.empty(grid.shape[0])
-    for i, v in enumerate(grid):  # 200 simulated variances (a 1-D search, not a gene loop)
-        sim = np.log(rng.chisquare(df, 10000)) + rng.normal(0, np.sqrt(v), 10000) - np.log(df)
-        sim = sim[(sim > brks[0]) & (sim < brks[-1])]
-        sim_d, _ = np.histogram(sim, bins=brks, density=True)
-        z = np.concatenate([obs_d, sim_d])
-        small = z[z > 0].min()
-        kl[i] = np.sum(obs_d * (np.log(obs_d + small) - np.log(sim_d + small)))
-    fine = np.linspace(0, 8, 1000)
-    smooth = local_poly(grid, kl, np.ones_like(grid), fine, span=0.2, degree=2)
-    return float(max(fine[np.argmin(smooth)], 0.25)), "simulation"
+    from gpuc.deseq._rrandom import simulated_prior_variance  # here: numba compiles it on first use
+
+    return simulated_prior_variance(resid, df, seed=seed), "simulation"
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -169,7 +169,8 @@ def deseq(
     random_state
         Seed of R's simulation of the dispersion prior variance, used only when the design leaves 3 or fewer residual
         degrees of freedom (samples minus coefficients); other fits draw no random numbers. The simulation is seeded
-        with ``random_state + 2`` (2 is the seed R DESeq2 sets there), so the default 0 gives earlier gpuc results.
+        with ``random_state + 2`` (2 is the seed R DESeq2 sets there), so the default 0 gives R's value: R's random
+        stream is replayed draw for draw.
     {device}
     {n_jobs}
     client
