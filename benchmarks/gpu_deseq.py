@@ -49,19 +49,9 @@ def pasilla():
 
 def near_poisson(g: int = 2000, seed: int = 1, n: int = 10):
     """Poisson counts (no overdispersion: the parametric trend fails), two groups, 10% of genes changed."""
-    import anndata as ad
-    import pandas as pd
+    from gpuc._testing.simulated import near_poisson_adata
 
-    rng = np.random.default_rng(seed)
-    mean = 2 ** rng.uniform(0, 10, g)
-    sf = np.exp(rng.normal(0, 0.1, n))
-    cond = np.repeat([0, 1], n // 2)
-    lfc = np.where(rng.random(g) < 0.1, rng.normal(0, 1, g), 0.0)
-    y = rng.poisson(sf[:, None] * mean[None, :] * 2 ** np.outer(cond, lfc))
-    obs = pd.DataFrame({"condition": pd.Categorical(np.where(cond == 1, "B", "A"))}, index=[f"s{i}" for i in range(n)])
-    a = ad.AnnData(X=y.astype(np.int64), obs=obs)
-    a.var_names = [f"g{j}" for j in range(g)]
-    return a
+    return near_poisson_adata(g, seed, n)
 
 
 def parity(report: dict, args) -> None:

@@ -73,14 +73,9 @@ def parity() -> pd.DataFrame:
 
 
 def cost(repeats: int) -> pd.DataFrame:
-    import scanpy as sc
+    from gpuc._demo import pbmc3k_hvg
 
-    adata = gpuc.datasets.pbmc3k()
-    sc.pp.filter_cells(adata, min_genes=200)
-    adata = adata[adata.obs["passed_seurat_qc"].astype(bool)].copy()
-    sc.pp.normalize_total(adata, target_sum=1e4)
-    sc.pp.log1p(adata)
-    sc.pp.highly_variable_genes(adata, n_top_genes=2000)
+    adata = pbmc3k_hvg()
     kw = {"n_runs": 20, "layer": "counts", "preprocessing": "sd", "metric": "euclidean", "density_threshold": 0.5}
     gpuc.tl.consensus_nmf(adata, 5, **kw)  # warm-up: imports and kernel compilation
     f = np.flatnonzero(adata.var["highly_variable"].to_numpy())

@@ -6,6 +6,7 @@ renames all of a tool's outputs consistently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # ---- names that come from the data ---------------------------------------------------------------------------------
@@ -123,28 +124,25 @@ def check_not_foreign(adata: Any, outputs: dict[str, list[str]], key: str, tool:
     raise ValueError(msg)
 
 
+def _derived(template: str, doc: str) -> Callable[[str], str]:
+    """The function giving a key derived from a tool's ``key_added``: ``template`` with ``{key}`` replaced by it."""
+
+    def derived(key: str) -> str:
+        return template.format(key=key)
+
+    derived.__doc__ = doc
+    return derived
+
+
 # ---- metacells (gpuc.tl.metacells) ---------------------------------------------------------------------------------
 METACELL = "metacell"  # obs[key] labels, uns[key] diagnostics
 
-
-def metacell_weights(key: str) -> str:
-    """``obsm`` key of the n x k soft assignments (A transposed)."""
-    return f"{key}_weights"
-
-
-def metacell_archetypes(key: str) -> str:
-    """``obsm`` key of the n x k archetype matrix B."""
-    return f"{key}_archetypes"
-
-
-def metacell_kernel(key: str) -> str:
-    """``obsp`` key of the SEACells kernel M."""
-    return f"{key}_kernel"
-
-
-def metacell_quality(key: str) -> str:
-    """``uns`` key of the quality table written by :func:`gpuc.tl.metacell_quality`."""
-    return f"{key}_quality"
+metacell_weights = _derived("{key}_weights", "``obsm`` key of the n x k soft assignments (A transposed).")
+metacell_archetypes = _derived("{key}_archetypes", "``obsm`` key of the n x k archetype matrix B.")
+metacell_kernel = _derived("{key}_kernel", "``obsp`` key of the SEACells kernel M.")
+metacell_quality = _derived(
+    "{key}_quality", "``uns`` key of the quality table written by :func:`gpuc.tl.metacell_quality`."
+)
 
 
 METACELL_SOURCE = "metacell_source"  # uns[key] of the AnnData returned by gpuc.tl.aggregate_metacells
@@ -155,9 +153,10 @@ def metacell_assignment_columns(key: str) -> dict[str, str]:
     return {"entropy": f"{key}_entropy", "max_weight": f"{key}_max_weight", "n_assigned": f"{key}_n_assigned"}
 
 
-def metacell_assignment_quality(key: str) -> str:
-    """``uns`` key of the parameters of :func:`gpuc.tl.metacell_assignment_quality` (``key`` = its ``key_added``)."""
-    return f"{key}_assignment_quality"
+metacell_assignment_quality = _derived(
+    "{key}_assignment_quality",
+    "``uns`` key of the parameters of :func:`gpuc.tl.metacell_assignment_quality` (``key`` = its ``key_added``).",
+)
 
 
 def metacell_outputs(key: str) -> dict[str, list[str]]:
@@ -174,30 +173,16 @@ def metacell_outputs(key: str) -> dict[str, list[str]]:
 NMF_K_SWEEP = "nmf_k_sweep"  # uns[key]
 NMF = "nmf"  # uns[key]
 
-
-def nmf_usages(key: str) -> str:
-    """``obsm`` key of the cells x k usages (``X_nmf`` for the default key)."""
-    return f"X_{key}"
-
-
-def nmf_spectra(key: str) -> str:
-    """``varm`` key of the genes x k programmes."""
-    return f"{key}_spectra"
-
-
-def nmf_usages_refit(key: str) -> str:
-    """``obsm`` key of cNMF's final usages (refitted on the TPM of the factorised genes; ``X_nmf_refit``)."""
-    return f"X_{key}_refit"
-
-
-def nmf_spectra_tpm(key: str) -> str:
-    """``varm`` key of cNMF's TPM spectra over every gene (genes x k)."""
-    return f"{key}_spectra_tpm"
-
-
-def nmf_spectra_score(key: str) -> str:
-    """``varm`` key of cNMF's z-score spectra over every gene (genes x k)."""
-    return f"{key}_spectra_score"
+nmf_usages = _derived("X_{key}", "``obsm`` key of the cells x k usages (``X_nmf`` for the default key).")
+nmf_spectra = _derived("{key}_spectra", "``varm`` key of the genes x k programmes.")
+nmf_usages_refit = _derived(
+    "X_{key}_refit",
+    "``obsm`` key of cNMF's final usages (refitted on the TPM of the factorised genes; ``X_nmf_refit``).",
+)
+nmf_spectra_tpm = _derived("{key}_spectra_tpm", "``varm`` key of cNMF's TPM spectra over every gene (genes x k).")
+nmf_spectra_score = _derived(
+    "{key}_spectra_score", "``varm`` key of cNMF's z-score spectra over every gene (genes x k)."
+)
 
 
 def nmf_outputs(key: str) -> dict[str, list[str]]:
@@ -212,10 +197,9 @@ def nmf_outputs(key: str) -> dict[str, list[str]]:
 # ---- usages on fixed programmes (gpuc.tl.nmf_project) -------------------------------------------------------------
 NMF_PROJECT = "nmf_project"  # obsm[f"X_{key}"], obsm[f"X_{key}_normalized"], uns[key]
 
-
-def nmf_project_normalized(key: str) -> str:
-    """``obsm`` key of the usages rescaled to sum 1 per cell (written with ``normalize=True``)."""
-    return f"X_{key}_normalized"
+nmf_project_normalized = _derived(
+    "X_{key}_normalized", "``obsm`` key of the usages rescaled to sum 1 per cell (written with ``normalize=True``)."
+)
 
 
 def nmf_project_outputs(key: str) -> dict[str, list[str]]:
@@ -226,10 +210,7 @@ def nmf_project_outputs(key: str) -> dict[str, list[str]]:
 # ---- DESeq2 (gpuc.tl.deseq) ------------------------------------------------------------------------------------------
 DESEQ = "deseq"  # uns[key]; obs[f"{key}_size_factors"]; var[f"{key}_<field>"]; varm[f"{key}_coef"]
 
-
-def deseq_size_factors(key: str) -> str:
-    """``obs`` key of the size factors."""
-    return f"{key}_size_factors"
+deseq_size_factors = _derived("{key}_size_factors", "``obs`` key of the size factors.")
 
 
 def deseq_var(key: str, field: str) -> str:
@@ -237,19 +218,13 @@ def deseq_var(key: str, field: str) -> str:
     return f"{key}_{field}"
 
 
-def deseq_coef(key: str) -> str:
-    """``varm`` key of the genes x coefficients matrix (natural-log scale is never stored; log2 like R)."""
-    return f"{key}_coef"
-
-
-def deseq_coef_cov(key: str) -> str:
-    """``varm`` key of the coefficients' covariance (log2 scale, flattened p x p per gene)."""
-    return f"{key}_coef_cov"
-
-
-def deseq_cooks(key: str) -> str:
-    """``layers`` key of the Cook's distances."""
-    return f"{key}_cooks"
+deseq_coef = _derived(
+    "{key}_coef", "``varm`` key of the genes x coefficients matrix (natural-log scale is never stored; log2 like R)."
+)
+deseq_coef_cov = _derived(
+    "{key}_coef_cov", "``varm`` key of the coefficients' covariance (log2 scale, flattened p x p per gene)."
+)
+deseq_cooks = _derived("{key}_cooks", "``layers`` key of the Cook's distances.")
 
 
 # per-gene fit fields written to ``var`` (one column each) or, with groupby, to each group's ``genes`` table
@@ -301,10 +276,10 @@ def vst_outputs(key: str) -> dict[str, list[str]]:
 
 RLOG = "rlog"  # layers[key], var[f"{key}_intercept"] and uns[key] of gpuc.tl.rlog
 
-
-def rlog_intercept(key: str) -> str:
-    """``var`` column of the fitted log2 intercept of :func:`gpuc.tl.rlog` (R's ``mcols(rld)$rlogIntercept``)."""
-    return f"{key}_intercept"
+rlog_intercept = _derived(
+    "{key}_intercept",
+    "``var`` column of the fitted log2 intercept of :func:`gpuc.tl.rlog` (R's ``mcols(rld)$rlogIntercept``).",
+)
 
 
 def rlog_outputs(key: str) -> dict[str, list[str]]:

@@ -143,3 +143,24 @@ def inject_faults(same):
         return total
 
     return run
+
+
+def _axpy_kernel() -> Any:
+    """A fresh numba-cuda kernel ``y[i] += a * x[i]`` (compiled for the simulator on its first launch)."""
+    # the simulator finds `cuda` among the kernel's module globals (not in a closure), as it does in gpuc's kernels
+    global cuda
+    from numba import cuda
+
+    @cuda.jit
+    def axpy(a, x, y):
+        i = cuda.grid(1)
+        if i < y.size:
+            y[i] += a * x[i]
+
+    return axpy
+
+
+@pytest.fixture
+def make_axpy() -> Callable[[], Any]:
+    """Makes a new axpy kernel on each call (the kernel-launch tests of the stand-in and of kernel sessions)."""
+    return _axpy_kernel

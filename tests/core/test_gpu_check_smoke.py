@@ -21,15 +21,20 @@ BENCH = ROOT / "benchmarks"
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("gpu_smoke")
+def _smoke(out: Path, script: str, *args: str) -> None:
+    """Run ``benchmarks/<script> <args>`` in smoke mode on the stand-in (no simulator), writing into ``out``."""
     env = {**os.environ, "OUT": str(out), "GPUC_SMOKE": "1", "MPLBACKEND": "Agg"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "_harness.py"), "smoke"], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gpu_smoke")
+    _smoke(out, "_harness.py", "smoke")
     return out
 
 
@@ -122,12 +127,7 @@ def test_kernels_script_smoke(tmp_path):
     """benchmarks/gpu_kernels.py (issue 40) end to end on the stand-in: the fused status, the launch step, the
     products, one HALS iteration per dtype beside the CPU path, the metacells and DESeq2 steps (kernel times only
     where the simulator runs the kernels; here the array code runs)."""
-    env = {**os.environ, "OUT": str(tmp_path), "GPUC_SMOKE": "1", "MPLBACKEND": "Agg"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.pop("NUMBA_ENABLE_CUDASIM", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_kernels.py"), "--smoke"], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _smoke(tmp_path, "gpu_kernels.py", "--smoke")
     res = _load(tmp_path, "kernels_gpu")
     assert res["smoke"] is True and res["errors"] == []
     assert set(res["fused"]) == {"on", "why"}

@@ -20,22 +20,8 @@ def bk():
     return standin_backend()
 
 
-def _axpy():
-    # the simulator finds `cuda` among the kernel's module globals (not in a closure), as it does in gpuc's kernels
-    global cuda
-    from numba import cuda
-
-    @cuda.jit
-    def axpy(a, x, y):
-        i = cuda.grid(1)
-        if i < y.size:
-            y[i] += a * x[i]
-
-    return axpy
-
-
-def test_outside_a_session_every_launch_makes_its_views(bk):
-    axpy, x, y = _axpy(), bk.xp.asarray(np.arange(4.0)), bk.xp.asarray(np.zeros(4))
+def test_outside_a_session_every_launch_makes_its_views(bk, make_axpy):
+    axpy, x, y = make_axpy(), bk.xp.asarray(np.arange(4.0)), bk.xp.asarray(np.zeros(4))
     with launch_stats() as s:
         for _ in range(3):
             bk.launch(axpy, 1, 8, 1.0, x, y)
@@ -43,8 +29,8 @@ def test_outside_a_session_every_launch_makes_its_views(bk):
     np.testing.assert_array_equal(y.get(), 3.0 * np.arange(4.0))
 
 
-def test_a_session_makes_each_view_once_and_forgets_arrays_that_die(bk):
-    axpy, x, y = _axpy(), bk.xp.asarray(np.arange(4.0)), bk.xp.asarray(np.zeros(4))
+def test_a_session_makes_each_view_once_and_forgets_arrays_that_die(bk, make_axpy):
+    axpy, x, y = make_axpy(), bk.xp.asarray(np.arange(4.0)), bk.xp.asarray(np.zeros(4))
     with bk.kernel_session() as session, launch_stats() as s:
         for _ in range(5):
             bk.launch(axpy, 1, 8, 2.0, x, y)
@@ -64,8 +50,8 @@ def test_a_session_makes_each_view_once_and_forgets_arrays_that_die(bk):
     np.testing.assert_array_equal(y.get(), 10.0 * np.arange(4.0) + 1.0)
 
 
-def test_a_new_array_at_a_dead_arrays_address_gets_its_own_view(bk):
-    axpy, y = _axpy(), bk.xp.asarray(np.zeros(3))
+def test_a_new_array_at_a_dead_arrays_address_gets_its_own_view(bk, make_axpy):
+    axpy, y = make_axpy(), bk.xp.asarray(np.zeros(3))
     with bk.kernel_session():
         for v in (1.0, 2.0, 3.0):  # each x is a new array (ids may repeat once the old one is gone)
             x = bk.xp.asarray(np.full(3, v))
@@ -74,10 +60,10 @@ def test_a_new_array_at_a_dead_arrays_address_gets_its_own_view(bk):
     np.testing.assert_array_equal(y.get(), np.full(3, 6.0))
 
 
-def test_the_stand_in_records_grids_and_argument_types(bk):
+def test_the_stand_in_records_grids_and_argument_types(bk, make_axpy):
     import numba
 
-    axpy, x, y = _axpy(), bk.xp.asarray(np.arange(4.0, dtype=np.float32)), bk.xp.asarray(np.zeros(4))
+    axpy, x, y = make_axpy(), bk.xp.asarray(np.arange(4.0, dtype=np.float32)), bk.xp.asarray(np.zeros(4))
     with recording() as rec:
         bk.launch(axpy, 3, 8, 2, x, y)
     (r,) = rec
@@ -85,7 +71,7 @@ def test_the_stand_in_records_grids_and_argument_types(bk):
     assert r.signature == (numba.int64, numba.float32[::1], numba.float64[::1])
 
 
-def test_host_arrays_are_refused_in_a_session_too(bk):
-    axpy, y = _axpy(), bk.xp.asarray(np.zeros(3))
+def test_host_arrays_are_refused_in_a_session_too(bk, make_axpy):
+    axpy, y = make_axpy(), bk.xp.asarray(np.zeros(3))
     with bk.kernel_session(), pytest.raises(TypeError, match="host array"):
         bk.launch(axpy, 1, 8, 1.0, np.ones(3), y)

@@ -59,23 +59,9 @@ def test_nested_counting_adds_to_the_outer_block(bk):
     assert outer.ops == 3
 
 
-def _axpy_kernel():
-    # the simulator finds `cuda` among the kernel's module globals (not in a closure), as it does in gpuc's kernels
-    global cuda
-    from numba import cuda
-
-    @cuda.jit
-    def axpy(a, x, y):
-        i = cuda.grid(1)
-        if i < y.size:
-            y[i] += a * x[i]
-
-    return axpy
-
-
 @pytest.mark.skipif(not simulator_status()[0], reason=simulator_status()[1])
-def test_launch_runs_a_numba_cuda_kernel_in_place_and_counts_it(bk):
-    axpy = _axpy_kernel()
+def test_launch_runs_a_numba_cuda_kernel_in_place_and_counts_it(bk, make_axpy):
+    axpy = make_axpy()
     x = bk.xp.asarray(np.arange(5.0))
     y = bk.xp.asarray(np.ones(5))
     with counting() as c:

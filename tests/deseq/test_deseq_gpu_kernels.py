@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from gpuc._backend import get_backend
+from gpuc._testing.simulated import near_poisson_counts
 from gpuc._testing.standin import counting, simulator_status, standin_backend
 from gpuc.deseq import _kernels
 from gpuc.deseq._dispersion import _fitdisp_grid, fit_log_alpha
@@ -188,13 +189,9 @@ def test_launches_per_iteration_do_not_grow(sb, G, n, counts, short_maxit, full_
 
 # ---- GPU path = CPU path where the trend falls back to the local fit ------------------------------------------------
 def _near_poisson(G: int, seed: int, n: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """Samples x genes Poisson counts (technical replicates: no overdispersion), two groups, 10% of genes changed."""
-    rng = np.random.default_rng(seed)
-    mean = 2 ** rng.uniform(0, 10, G)
-    sf = np.exp(rng.normal(0, 0.1, n))
-    cond = np.repeat([0, 1], n // 2)
-    lfc = np.where(rng.random(G) < 0.1, rng.normal(0, 1, G), 0.0)
-    y = rng.poisson(sf[:, None] * mean[None, :] * 2 ** np.outer(cond, lfc))
+    """Samples x genes Poisson counts (technical replicates: no overdispersion), two groups, 10% of genes changed;
+    and the design (intercept, group)."""
+    y, cond = near_poisson_counts(G, seed, n)
     return y, np.column_stack([np.ones(n), cond])
 
 

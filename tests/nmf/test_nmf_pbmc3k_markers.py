@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scanpy as sc
 
 import gpuc
+from gpuc._demo import pbmc3k_hvg
 
 # canonical markers (Seurat's pbmc3k tutorial, plus the usual T-cell genes)
 MARKERS = {
@@ -40,12 +40,7 @@ def _named(top) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_pbmc3k_programmes_name_cell_types():
-    adata = gpuc.datasets.pbmc3k()
-    sc.pp.filter_cells(adata, min_genes=200)
-    adata = adata[adata.obs["passed_seurat_qc"].astype(bool)].copy()
-    sc.pp.normalize_total(adata, target_sum=1e4)
-    sc.pp.log1p(adata)
-    sc.pp.highly_variable_genes(adata, n_top_genes=2000)
+    adata = pbmc3k_hvg()
     opts = {"layer": "counts", "preprocessing": "sd", "metric": "euclidean"}
     gpuc.tl.nmf_k_sweep(adata, range(2, 13), n_runs=10, **opts)
     k = gpuc.get.nmf_suggest_k(adata)

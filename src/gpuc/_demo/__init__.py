@@ -54,8 +54,11 @@ def summary_row(what: str, value: Any, seconds: float = 0.0) -> dict[str, Any]:
     return {"what": what, "value": value, "seconds": round(seconds, 2)}
 
 
-def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
-    """Standard Scanpy preprocessing of the bundled pbmc3k: QC, normalise, log, 2,000 HVGs, PCA, kNN, UMAP."""
+def pbmc3k_hvg(log: Callable[[str], None] | None = None) -> Any:
+    """The bundled pbmc3k after the Seurat tutorial's QC (cells with 200 genes or more that passed its filters),
+    normalised to 1e4 counts per cell, log1p, and 2,000 highly variable genes (Scanpy's ``"seurat"`` flavour, its
+    default); the raw counts stay in ``layers["counts"]``. ``log`` gets the shape after QC.
+    """
     import scanpy as sc
 
     from gpuc.datasets import pbmc3k
@@ -63,10 +66,19 @@ def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
     adata = pbmc3k()
     sc.pp.filter_cells(adata, min_genes=200)
     adata = adata[adata.obs["passed_seurat_qc"].astype(bool)].copy()
-    log(f"  pbmc3k: {adata.n_obs} cells x {adata.n_vars} genes after QC")
+    if log is not None:
+        log(f"  pbmc3k: {adata.n_obs} cells x {adata.n_vars} genes after QC")
     sc.pp.normalize_total(adata, target_sum=1e4)
     sc.pp.log1p(adata)
     sc.pp.highly_variable_genes(adata, n_top_genes=2000, flavor="seurat")
+    return adata
+
+
+def preprocess_pbmc3k(log: Callable[[str], None]) -> Any:
+    """Standard Scanpy preprocessing of the bundled pbmc3k: QC, normalise, log, 2,000 HVGs, PCA, kNN, UMAP."""
+    import scanpy as sc
+
+    adata = pbmc3k_hvg(log)
     sc.pp.pca(adata, n_comps=50, mask_var="highly_variable", random_state=0)
     sc.pp.neighbors(adata, n_neighbors=15, random_state=0)
     sc.tl.umap(adata, random_state=0)

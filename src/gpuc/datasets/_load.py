@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.resources import files
+from typing import Any
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 
 _DATA = files("gpuc.datasets") / "data"
+
+
+def _read(name: str, reader: Callable[..., Any], **kwargs: Any) -> Any:
+    """``reader`` on the bundled file ``data/<name>`` (opened as a binary file, so it also works from a zip)."""
+    with (_DATA / name).open("rb") as fh:
+        return reader(fh, **kwargs)
 
 
 def pbmc3k() -> ad.AnnData:
@@ -43,8 +51,7 @@ def pbmc3k() -> ad.AnnData:
     >>> adata.shape
     (2700, 13714)
     """
-    with (_DATA / "pbmc3k_counts.h5ad").open("rb") as fh:
-        adata = ad.read_h5ad(fh)
+    adata = _read("pbmc3k_counts.h5ad", ad.read_h5ad)
     adata.layers["counts"] = adata.X.copy()
     return adata
 
@@ -78,10 +85,8 @@ def pasilla() -> ad.AnnData:
     >>> pb.shape
     (7, 14599)
     """
-    with (_DATA / "pasilla_counts.csv.gz").open("rb") as fh:
-        counts = pd.read_csv(fh, index_col=0, compression="gzip")
-    with (_DATA / "pasilla_metadata.csv").open("rb") as fh:
-        meta = pd.read_csv(fh, index_col=0)
+    counts = _read("pasilla_counts.csv.gz", pd.read_csv, index_col=0, compression="gzip")
+    meta = _read("pasilla_metadata.csv", pd.read_csv, index_col=0)
     meta = meta.loc[counts.columns]
     meta["condition"] = pd.Categorical(meta["condition"], categories=["untreated", "treated"])
     meta["type"] = pd.Categorical(meta["type"], categories=["single-read", "paired-end"])

@@ -14,11 +14,15 @@ from anndata import AnnData
 
 from gpuc import _keys
 from gpuc._backend import to_host
+from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning
 from gpuc._validate import check_adata, check_bool, check_int, check_key, get_matrix, str_array
 from gpuc.get._checks import tool_output
 from gpuc.nmf._all_genes import TARGET_SUM, row_totals, score_spectra
 from gpuc.nmf._consensus import SUGGEST_MIN_GAIN, SUGGEST_TOL, suggest_k
+
+# the ``adata`` of the getters that read a consensus fit, refined or not
+_REFINED_RUN = "adata\n    AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_refine`)."
 
 
 def program_names(k: int) -> list[str]:
@@ -156,6 +160,7 @@ def gene_scores(expr: Any, usages: np.ndarray, totals: np.ndarray | None = None)
     return score_spectra(expr, usages, scale)
 
 
+@doc_params(refined_run=_REFINED_RUN)
 def nmf_gene_spectra(
     adata: AnnData, kind: Literal["score", "tpm", "consensus"] = "score", *, key: str = _keys.NMF
 ) -> pd.DataFrame:
@@ -163,8 +168,7 @@ def nmf_gene_spectra(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_refine`).
+    {refined_run}
     kind
         ``"score"`` (default): cNMF's ``gene_spectra_score`` over every gene (``varm[key + '_spectra_score']``,
         :func:`nmf_gene_scores`): z-scored expression regressed on the usages, what to read and to rank for
@@ -196,6 +200,7 @@ def nmf_gene_spectra(
     raise ValueError(msg)
 
 
+@doc_params(refined_run=_REFINED_RUN)
 def nmf_usages(
     adata: AnnData, kind: Literal["refit", "consensus"] = "refit", *, key: str = _keys.NMF, normalize: bool = True
 ) -> pd.DataFrame:
@@ -203,8 +208,7 @@ def nmf_usages(
 
     Parameters
     ----------
-    adata
-        AnnData after :func:`gpuc.tl.consensus_nmf` (or :func:`gpuc.tl.nmf_refine`).
+    {refined_run}
     kind
         ``"refit"`` (default): cNMF's final usages (``obsm['X_' + key + '_refit']``, its ``consensus_usages``
         file with the default ``refit_usage=True``: the TPM of the factorised genes, scaled by their SD, refitted

@@ -156,12 +156,6 @@ class ConsensusOptions:
         """The options as :func:`consensus`'s keywords."""
         return dataclasses.asdict(self)
 
-    def of_pool(self) -> dict[str, Any]:
-        """The options as :func:`consensus_of_pool`'s keywords (the neighbourhood went into the density)."""
-        out = self.kwargs()
-        del out["neighborhood"]
-        return out
-
 
 def _one_openmp_thread() -> Any:
     """scikit-learn's OpenMP loops on one thread (a no-op context without threadpoolctl)."""
@@ -302,20 +296,17 @@ def consensus(
         density = local_density(
             hb, hb.asarray(backend.to_host(pool)), run, comp, n_runs, metric=metric, neighborhood=neighborhood
         )
-    return consensus_of_pool(
-        backend,
-        op,
-        density,
-        k,
+    rule = ConsensusOptions(
         target=target,
         metric=metric,
         density_threshold=density_threshold,
         normalization=normalization,
+        neighborhood=neighborhood,
         kmeans_n_init=kmeans_n_init,
         random_state=random_state,
-        refit_max_iter=refit_max_iter,
-        refit_tol=refit_tol,
-        refit=refit,
+    )
+    return consensus_of_pool(
+        backend, op, density, k, rule, refit_max_iter=refit_max_iter, refit_tol=refit_tol, refit=refit
     )
 
 
@@ -349,43 +340,39 @@ def consensus_of_pool(
     op: Operator,
     density: PoolDensity,
     k: int,
+    rule: ConsensusOptions,
     *,
-    target: Target = "spectra",
-    metric: Metric = "cosine",
-    density_threshold: float = 0.5,
-    normalization: Normalization = "sum",
-    kmeans_n_init: int = 10,
-    random_state: int = 0,
     refit_max_iter: int = 1000,
     refit_tol: float = 1e-6,
     refit: bool = True,
     n_jobs: int | None = None,
 ) -> ConsensusResult:
-    """The steps of :func:`consensus` after the local density: filter, k-means, silhouette, median, NNLS refit
-    (``n_jobs`` as in :func:`consensus`).
+    """The steps of :func:`consensus` after the local density: filter, k-means, silhouette, median, NNLS refit, under
+    the options ``rule`` (whose ``neighborhood`` went into ``density``; the others as :func:`consensus`'s keywords,
+    as are ``n_jobs`` and the refit's).
     """
     xp = get_backend("cpu").xp
     dens = density.density
-    kept = np.isfinite(dens) & (dens < density_threshold)
+    kept = np.isfinite(dens) & (dens < rule.density_threshold)
     n_kept = int(kept.sum())
     n_total = dens.size
     if n_kept < k:
         msg = (
-            f"only {n_kept} of {n_total} pooled components have local density < {density_threshold} "
-            f"({metric} distance), fewer than k={k}; raise density_threshold (2.0 turns the filter off), "
+            f"only {n_kept} of {n_total} pooled components have local density < {rule.density_threshold} "
+            f"({rule.metric} distance), fewer than k={k}; raise density_threshold (2.0 turns the filter off), "
             "add runs, or lower k."
         )
         raise ConsensusError(msg)
     ki = xp.asarray(np.flatnonzero(kept))
     unit_k = density.unit[ki]
-    km = KMeans(n_clusters=k, n_init=kmeans_n_init, random_state=random_state)
+    km = KMeans(n_clusters=k, n_init=rule.kmeans_n_init, random_state=rule.random_state)
     with _one_openmp_thread():
         km.fit(np.asarray(unit_k))
     labels_h = np.asarray(km.labels_, dtype=np.int64)
     sil_h = silhouette(density.dist[ki][:, ki], labels_h)
     stability = float(sil_h.mean())
     centres, n_empty = cluster_median(xp, unit_k, labels_h, k)
-    if normalization == "sum":
+    if rule.normalization == "sum":
         scale = centres.sum(axis=1, keepdims=True)
     else:
         scale = xp.sqrt((centres * centres).sum(axis=1, keepdims=True))
@@ -405,7 +392,7 @@ def consensus_of_pool(
             {},
             {"n_neighbors": density.n_neighbors},
         )
-    if target == "spectra":
+    if rule.target == "spectra":
         spectra = centres  # (k, n)
         usages, loss = nnls_refit(backend, op, spectra, max_iter=refit_max_iter, tol=refit_tol)
     else:
@@ -445,7 +432,7 @@ def consensus_of_pool(
         n_dropped=int(n_total - n_kept),
         n_empty_clusters=int(n_empty),
         table=table,
-        params={"n_neighbors": density.n_neighbors, "metric": metric, "target": target},
+        params={"n_neighbors": density.n_neighbors, "metric": rule.metric, "target": rule.target},
         distances=(np.asarray(density.dist, dtype=np.float32) if n_total <= MAX_STORED_POOL else None),
     )
 

@@ -489,7 +489,7 @@ def fit_hals_groups(
         _first_usage_sweep(backend.xp, op, w, ht, layout, eps, inner_sweeps)
     fused = _fused_kernels(backend, op, int(runs.ks.max()))
     loop = _fit_groups_gpu if fused is not None and backend.is_gpu else _fit_groups_host
-    loop(backend, fused, op, layout, w, ht, out_w, out_h, runs, sched, _Report.of(progress, tol))
+    loop(_Batch(backend, op, runs, sched, _Report.of(progress, tol), out_w, out_h), fused, layout, w, ht)
     return runs.results(out_w, out_h, op.norm2)
 
 
@@ -597,6 +597,33 @@ class _Report:
             self.criterion(value, self.tol)
 
 
+@dataclass
+class _Batch:
+    """What the two iteration loops of :func:`fit_hals_groups` (host, GPU) share: the device, the data, the runs and
+    their schedule, the progress report, and each group's output factors, into which finished runs go.
+    """
+
+    backend: Backend
+    op: Operator
+    runs: _Runs
+    sched: _Schedule
+    report: _Report
+    out_w: list[Any]
+    out_h: list[Any]
+
+    def retire(
+        self, layout: _Layout, done: np.ndarray, it: int, active: np.ndarray, w: Any, ht: Any
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """:func:`_retire_finished` at iteration ``it`` (after the last iteration, every run stops): the runs still
+        active and the active positions they had (``None``, and ``active`` unchanged, when no run stopped).
+        """
+        final = it == self.sched.max_iter
+        keep_pos = _retire_finished(
+            self.backend.xp, layout, done, final, active, self.runs, w, ht, self.out_w, self.out_h
+        )
+        return (active, None) if keep_pos is None else (active[keep_pos], keep_pos)
+
+
 def _random_starts(backend: Backend, op: Operator, groups: Sequence[tuple[int, Sequence[Any]]]) -> tuple[list, list]:
     """Each group's random starts on the device, ``(rows, R_g, k_g)``; finished runs are later written into them."""
     out_w, out_h = [], []
@@ -615,14 +642,10 @@ def _first_usage_sweep(xp: Any, op: Operator, w: Any, ht: Any, layout: _Layout, 
 
 
 @dataclass
-class _HostState:
-    """The iterates of the host loop (flat ``(rows, C)`` factors) and the per-run extrapolation state.
-
-    Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from ``x_hat = x_new + beta (x_new -
-    x_old)``; ``beta`` grows by 1.05 while the error falls (capped by ``beta_bar``, which grows by 1.01 up to 1) and
-    is divided by 1.5, with the extrapolation dropped, when the error rises. During the plain iterations (warm-up,
-    or ``extrapolate=False``) the step is zero, so ``x_hat = x_new``. ``g_what`` (fused kernels only) is the Gram of
-    the current ``w_hat`` (float64, ``(R, kmax, kmax)``); ``col_run`` the active position of each column's run.
+class _Extrapolated:
+    """The fields both loops' states start with: the flat factors ``w`` ``(rows, C)`` and ``ht`` ``(cols, C)``, their
+    extrapolated points ``w_hat``, ``h_hat``, and per run the step ``beta``, its cap ``beta_bar`` and the previous
+    error ``e_prev``.
     """
 
     w: Any
@@ -632,24 +655,42 @@ class _HostState:
     beta: Any
     beta_bar: Any
     e_prev: Any
+
+
+def _extrapolation_start(xp: Any, w: Any, ht: Any, n_runs: int, dt: Any) -> tuple[Any, ...]:
+    """The values of :class:`_Extrapolated`'s fields both loops start from: ``x_hat = x``, ``beta = BETA0``,
+    ``beta_bar = 1`` and no previous error.
+    """
+    return (
+        w,
+        ht,
+        w.copy(),
+        ht.copy(),
+        xp.full((n_runs,), BETA0, dtype=dt),
+        xp.ones((n_runs,), dtype=dt),
+        xp.full((n_runs,), xp.inf, dtype=xp.float64),
+    )
+
+
+@dataclass
+class _HostState(_Extrapolated):
+    """The iterates of the host loop (flat ``(rows, C)`` factors) and the per-run extrapolation state.
+
+    Ang & Gillis (2019) extrapolation, per run: the next half-iteration starts from ``x_hat = x_new + beta (x_new -
+    x_old)``; ``beta`` grows by 1.05 while the error falls (capped by ``beta_bar``, which grows by 1.01 up to 1) and
+    is divided by 1.5, with the extrapolation dropped, when the error rises. During the plain iterations (warm-up,
+    or ``extrapolate=False``) the step is zero, so ``x_hat = x_new``. ``g_what`` (fused kernels only) is the Gram of
+    the current ``w_hat`` (float64, ``(R, kmax, kmax)``); ``col_run`` the active position of each column's run.
+    """
+
     g_what: Any
     col_run: Any
 
     @classmethod
     def start(cls, xp: Any, w: Any, ht: Any, layout: _Layout, dt: Any, kmax: int, fused: bool) -> _HostState:
-        n = len(layout.ks)
-        w_hat = w.copy()
-        return cls(
-            w,
-            ht,
-            w_hat,
-            ht.copy(),
-            xp.full((n,), BETA0, dtype=dt),
-            xp.ones((n,), dtype=dt),
-            xp.full((n,), xp.inf, dtype=xp.float64),
-            _padded_grams(xp, w_hat, layout, kmax) if fused else None,
-            xp.asarray(layout.col_run),
-        )
+        start = _extrapolation_start(xp, w, ht, len(layout.ks), dt)
+        w_hat = start[2]
+        return cls(*start, _padded_grams(xp, w_hat, layout, kmax) if fused else None, xp.asarray(layout.col_run))
 
     def keep(self, xp: Any, layout: _Layout, keep_pos: np.ndarray) -> None:
         """Drop the finished runs: keep the runs at active positions ``keep_pos``."""
@@ -660,22 +701,11 @@ class _HostState:
             self.g_what = np.ascontiguousarray(self.g_what[keep_pos])
 
 
-def _fit_groups_host(
-    backend: Backend,
-    fused: Any,
-    op: Operator,
-    layout: _Layout,
-    w: Any,
-    ht: Any,
-    out_w: list[Any],
-    out_h: list[Any],
-    runs: _Runs,
-    sched: _Schedule,
-    report: _Report,
-) -> None:
+def _fit_groups_host(batch: _Batch, fused: Any, layout: _Layout, w: Any, ht: Any) -> None:
     """The iterations of :func:`fit_hals_groups` on the host (fused numba kernels when ``fused`` is given, else the
-    array code, which also runs on a GPU without the fused kernels); finished runs go into ``out_w``, ``out_h``.
+    array code, which also runs on a GPU without the fused kernels); finished runs go into the batch's outputs.
     """
+    backend, op, runs, sched, report = batch.backend, batch.op, batch.runs, batch.sched, batch.report
     xp = backend.xp
     kmax = int(runs.ks.max())
     st = _HostState.start(xp, w, ht, layout, op.dtype, kmax, fused is not None)
@@ -693,10 +723,9 @@ def _fit_groups_host(
         done, change = runs.check(active, np.asarray(backend.to_host(e), dtype=np.float64), it, op.norm2, sched.tol)
         report.change(change)  # shown with the iteration, so a bar's last state says whether tol was reached
         report.iteration()
-        keep_pos = _retire_finished(xp, layout, done, it == sched.max_iter, active, runs, st.w, st.ht, out_w, out_h)
+        active, keep_pos = batch.retire(layout, done, it, active, st.w, st.ht)
         if keep_pos is None:
             continue
-        active = active[keep_pos]
         if len(active) == 0:
             break
         st.keep(xp, layout, keep_pos)
@@ -866,27 +895,16 @@ class _GpuBatch:
         )
 
 
-def _fit_groups_gpu(
-    backend: Backend,
-    kern: Any,
-    op: Operator,
-    layout: _Layout,
-    w: Any,
-    ht: Any,
-    out_w: list[Any],
-    out_h: list[Any],
-    runs: _Runs,
-    sched: _Schedule,
-    report: _Report,
-) -> None:
+def _fit_groups_gpu(batch: _Batch, kern: Any, layout: _Layout, w: Any, ht: Any) -> None:
     """The iterations of :func:`fit_hals_groups` on a GPU with the fused kernels of :mod:`gpuc.nmf._kernels_gpu`.
 
     Same schedule and rules as the CPU path (extrapolation, checks every ``check_every`` iterations, stopping rule),
     with the per-run step, losses and stop decisions kept on the device: an iteration is two products and six kernel
     launches (:func:`_gpu_iteration`), and the host reads the run states once per ``TOL_WINDOW`` iterations (or
     ``check_every`` if larger). A run that stops at a check is frozen on the device until that read, then leaves the
-    batch. The convergence shown to ``report`` is each run's loss change between two reads.
+    batch. The convergence shown to the report is each run's loss change between two reads.
     """
+    backend, op, runs, sched, report = batch.backend, batch.op, batch.runs, batch.sched, batch.report
     xp = backend.xp
     n_runs = len(runs.ks)
     read_every = max(TOL_WINDOW, sched.check_every)
@@ -908,12 +926,9 @@ def _fit_groups_gpu(
             report.iteration()
             last[active] = s[:, 3]
             done = s[:, 0] == 0
-            keep_pos = _retire_finished(
-                xp, layout, done, it == sched.max_iter, active, runs, dev.w, dev.ht, out_w, out_h
-            )
+            active, keep_pos = batch.retire(layout, done, it, active, dev.w, dev.ht)
             if keep_pos is None:
                 continue
-            active = active[keep_pos]
             if len(active) == 0:
                 break
             layout = dev.keep(xp, kern, op, layout, keep_pos, runs.ks[active], runs.gid[active])
@@ -921,18 +936,11 @@ def _fit_groups_gpu(
 
 
 @dataclass
-class _GpuState:
+class _GpuState(_Extrapolated):
     """The device state of the fused GPU loop: the flat factors, the per-run step, loss history and run states
     (``state`` rows: live, converged, n_iter, loss), the padded Grams of ``w_hat`` and the per-batch buffers.
     """
 
-    w: Any
-    ht: Any
-    w_hat: Any
-    h_hat: Any
-    beta: Any
-    beta_bar: Any
-    e_prev: Any
     hist: Any  # (R, lag) losses at the last `lag` checks, oldest first
     state: Any
     g_what: Any  # Gram of the current w_hat, float64 ...
@@ -952,16 +960,10 @@ class _GpuState:
         kmax = int(runs.ks.max())
         lag = max(1, TOL_WINDOW // sched.check_every)
         nch_w, nch_h = kern.n_chunks(op.shape[0]), kern.n_chunks(op.shape[1])
-        w_hat = w.copy()
-        g_what = _padded_grams(xp, w_hat, layout, kmax)
+        start = _extrapolation_start(xp, w, ht, n_runs, dt)
+        g_what = _padded_grams(xp, start[2], layout, kmax)
         return cls(
-            w,
-            ht,
-            w_hat,
-            ht.copy(),
-            xp.full((n_runs,), BETA0, dtype=dt),
-            xp.ones((n_runs,), dtype=dt),
-            xp.full((n_runs,), xp.inf, dtype=xp.float64),
+            *start,
             xp.full((n_runs, lag), xp.nan, dtype=xp.float64),
             xp.asarray(np.tile(np.array([1.0, 0.0, 0.0, np.nan]), (n_runs, 1))),
             g_what,

@@ -40,12 +40,7 @@ def metacells(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    basis
-        Embedding: ``obsm["X_" + basis]`` (or ``obsm[basis]``), first two columns.
-    key
-        ``key_added`` of the metacell run.
+    {metacell_embedding}
     color
         ``obs`` column to colour cells by instead of the metacell label.
     show_centers
@@ -367,12 +362,7 @@ def metacell_initialization(
 
     Parameters
     ----------
-    adata
-        AnnData on which :func:`gpuc.tl.metacells` ran.
-    basis
-        Embedding: ``obsm["X_" + basis]`` (or ``obsm[basis]``), first two columns.
-    key
-        ``key_added`` of the metacell run.
+    {metacell_embedding}
     size
         Cell marker size (default scales with the number of cells).
     archetype_size

@@ -28,12 +28,17 @@ save
     Save the figure: a path (any format matplotlib writes, e.g. ``.png`` or ``.pdf``), or ``True`` for Scanpy's
     default file, ``scanpy.settings.figdir / (<plot name> + scanpy.settings.plot_suffix + '.' +
     scanpy.settings.file_format_figs)``. Checked before anything is drawn."""
+_METACELL_ADATA = "adata\n    AnnData on which :func:`gpuc.tl.metacells` ran.\n"
+_METACELL_KEY = "key\n    ``key_added`` of the metacell run."
 _DESEQ_ADATA = "adata\n    AnnData after :func:`gpuc.tl.deseq`.\n"
 _DESEQ_KEY = "key, group\n    As in :func:`gpuc.get.deseq_results`."
 DOC = {
     "show_save": _SHOW_SAVE,
     "ax_show_save": "ax\n    Axes to draw into; a new figure when ``None``.\n" + _SHOW_SAVE,
-    "metacell_run": "adata\n    AnnData on which :func:`gpuc.tl.metacells` ran.\nkey\n    ``key_added`` of the metacell run.",
+    "metacell_run": _METACELL_ADATA + _METACELL_KEY,
+    "metacell_embedding": _METACELL_ADATA
+    + 'basis\n    Embedding: ``obsm["X_" + basis]`` (or ``obsm[basis]``), first two columns.\n'
+    + _METACELL_KEY,
     "deseq_run": _DESEQ_ADATA + _DESEQ_KEY,
     "deseq_results": _DESEQ_ADATA + "contrast\n    Which results (see :func:`gpuc.get.deseq_results`).\n" + _DESEQ_KEY,
     "consensus_run": "adata\n    AnnData after :func:`gpuc.tl.consensus_nmf`.\nkey\n    Its ``key_added``.",

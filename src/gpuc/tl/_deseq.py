@@ -761,6 +761,36 @@ def _check_layer_kept(layer: str | None, key_added: str, tool: str, default: str
         raise ValueError(msg)
 
 
+def _check_fit_options(adata: AnnData, key_added: str, fit_type: str, blind: bool, copy: bool) -> None:
+    """The checks :func:`vst` and :func:`gpuc.tl.rlog` make first, in this order."""
+    check_adata(adata)
+    check_key_added(key_added)
+    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
+    check_bool("blind", blind)
+    check_bool("copy", copy)
+
+
+def _transform_counts(
+    adata: AnnData,
+    layer: str | None,
+    key_added: str,
+    tool: str,
+    default: str,
+    outputs: dict[str, list[str]],
+    marker: str,
+) -> Any:
+    """The counts that ``gpuc.tl.<tool>`` transforms (``layer``; ``None``: ``X``), in memory and checked, after
+    refusing a ``key_added`` that names them (:func:`_check_layer_kept`) or another tool's outputs (``outputs``).
+    A lazily read (dask) matrix is loaded: DESeq2 needs every sample of a gene at once.
+    """
+    _check_layer_kept(layer, key_added, tool, default)
+    _keys.check_not_foreign(adata, outputs, key_added, f"gpuc.tl.{tool}", marker)
+    where = f"adata.layers[{layer!r}]" if layer else "adata.X"
+    counts = load(get_matrix(adata, layer=layer), where)
+    check_counts(counts, where)
+    return counts
+
+
 def _fitted(adata: AnnData, key: str) -> None:
     """Refuse ``blind=False`` without a single (not ``groupby``) :func:`gpuc.tl.deseq` run under ``key``."""
     check_key(adata.uns, key, "adata.uns", "Run gpuc.tl.deseq first, or use blind=True.")
@@ -824,16 +854,8 @@ def vst(
     InsufficientMemoryError
         Before anything is computed, when the estimated peak memory exceeds the device's free memory.
     """
-    check_adata(adata)
-    check_key_added(key_added)
-    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
-    check_bool("blind", blind)
-    check_bool("copy", copy)
-    _check_layer_kept(layer, key_added, "vst", "vst")
-    _keys.check_not_foreign(adata, _keys.vst_outputs(key_added), key_added, "gpuc.tl.vst", _keys.VST_MARKER)
-    where = f"adata.layers[{layer!r}]" if layer else "adata.X"
-    counts = load(get_matrix(adata, layer=layer), where)  # dask: all samples of a gene at once
-    check_counts(counts, where)
+    _check_fit_options(adata, key_added, fit_type, blind, copy)
+    counts = _transform_counts(adata, layer, key_added, "vst", "vst", _keys.vst_outputs(key_added), _keys.VST_MARKER)
 
     # ---- plan: a blind fit, or the size factors and trend of an earlier deseq run
     plan = VstPlan(fit_type=fit_type)

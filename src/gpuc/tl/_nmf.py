@@ -597,7 +597,7 @@ def _consensus(
     with interruptible("consensus_nmf"):
         density = pool_density(pool, n_runs, k, metric=rule.metric, neighborhood=rule.neighborhood)
         try:
-            res = consensus_of_pool(backend, op, density, k, **rule.of_pool(), n_jobs=n_jobs)
+            res = consensus_of_pool(backend, op, density, k, rule, n_jobs=n_jobs)
         except ConsensusError as err:
             raise ValueError(str(err)) from None
     if res.n_empty_clusters:

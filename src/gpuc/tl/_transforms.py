@@ -13,19 +13,15 @@ from gpuc._backend import Device, get_backend
 from gpuc._dask import resolve_client, runs_on
 from gpuc._docs import doc_params
 from gpuc._errors import GpucWarning, interruptible
-from gpuc._lazy import load
 from gpuc._validate import (
     check_adata,
     check_bool,
-    check_choice,
     check_int,
     check_key,
     check_key_added,
     check_number,
-    get_matrix,
 )
-from gpuc.deseq._run import check_counts
-from gpuc.tl._deseq import _check_layer_kept, _fitted
+from gpuc.tl._deseq import _check_fit_options, _fitted, _transform_counts
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -104,20 +100,14 @@ def rlog(
     GpucWarning
         When the trend fit fell back to another type, as R does, or some genes did not converge.
     """
-    check_adata(adata)
-    check_key_added(key_added)
-    check_choice("fit_type", fit_type, ("parametric", "local", "mean"))
-    check_bool("blind", blind)
-    check_bool("copy", copy)
+    _check_fit_options(adata, key_added, fit_type, blind, copy)
     if beta_prior_var is not None:
         beta_prior_var = check_number("beta_prior_var", beta_prior_var, low=0, low_open=True)
     if block_genes is not None:
         check_int("block_genes", block_genes, minimum=1)
-    _check_layer_kept(layer, key_added, "rlog", _keys.RLOG)
-    _keys.check_not_foreign(adata, _keys.rlog_outputs(key_added), key_added, "gpuc.tl.rlog", _keys.RLOG_MARKER)
-    where = f"adata.layers[{layer!r}]" if layer else "adata.X"
-    counts = load(get_matrix(adata, layer=layer), where)
-    check_counts(counts, where)
+    counts = _transform_counts(
+        adata, layer, key_added, "rlog", _keys.RLOG, _keys.rlog_outputs(key_added), _keys.RLOG_MARKER
+    )
     fitted: dict[str, Any] = {}
     if not blind:
         _fitted(adata, key)
@@ -230,17 +220,15 @@ def normalized_counts(
     check_bool("copy", copy)
     key_added = key_added if key_added is not None else (_keys.FPM if fpm else _keys.NORMALIZED)
     check_key_added(key_added)
-    _check_layer_kept(layer, key_added, "normalized_counts", key_added)
-    _keys.check_not_foreign(
+    counts = _transform_counts(
         adata,
-        _keys.normalized_outputs(key_added),
+        layer,
         key_added,
-        "gpuc.tl.normalized_counts",
+        "normalized_counts",
+        key_added,
+        _keys.normalized_outputs(key_added),
         _keys.NORMALIZED_MARKER,
     )
-    where = f"adata.layers[{layer!r}]" if layer else "adata.X"
-    counts = load(get_matrix(adata, layer=layer), where)
-    check_counts(counts, where)
     from gpuc.deseq._blocks import _gene_major
 
     y = _gene_major(counts)  # genes x samples, host float64
