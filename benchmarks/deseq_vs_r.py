@@ -27,6 +27,17 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from gpuc._testing.deseq_refs import (
+    AIRWAY_DESIGNS,
+    DISPERSION_COLUMNS,
+    PYDESEQ2_DESIGNS,
+    airway,
+    airway_reference,
+    pydeseq2_case,
+    pydeseq2_contrast,
+    r_set,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "deseq"
 COLS = ("dispGeneEst", "dispFit", "dispMAP", "dispersion", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
@@ -61,66 +72,24 @@ def _pasilla(tag: str, shared: Path | None) -> tuple[ad.AnnData, str, object, pd
     return a, design, ["condition", "treated", "untreated"], ref
 
 
-PYDESEQ2_DESIGNS = {
-    "single_factor": "~condition",
-    "single_factor_meanfit": "~condition",
-    "multi_factor": "~group + condition",
-    "continuous": "~group + condition + measurement",
-    "wide": "~group + condition",
-    "large_counts": "~condition",
-}
-
-
 def _pydeseq2_case(case: str) -> tuple[ad.AnnData, str, object, pd.DataFrame, dict]:
-    r = DATA / "refs"
-    if case in ("single_factor", "single_factor_meanfit", "multi_factor"):
-        c = pd.read_csv(r / "synthetic" / "test_counts.csv.gz", index_col=0).T
-        m = pd.read_csv(r / "synthetic" / "test_metadata.csv.gz", index_col=0)
-    elif case == "large_counts":
-        c = pd.read_csv(r / "large_counts" / "test_counts_from_inline_test.csv.gz", index_col=0)
-        m = pd.read_csv(r / "large_counts" / "test_metadata_from_inline_test.csv.gz", index_col=0)
-        if c.shape[0] != m.shape[0]:
-            c = c.T
-    else:
-        c = pd.read_csv(r / case / "test_counts.csv.gz", index_col=0).T
-        m = pd.read_csv(r / case / "test_metadata.csv.gz", index_col=0)
-    a = ad.AnnData(X=c.to_numpy().astype(np.int64), obs=m.loc[c.index].copy())
-    a.var_names = c.columns.astype(str)
-    st = r / "r_1.38.3"
+    a = pydeseq2_case(DATA / "refs", case)
+    st = DATA / "refs" / "r_1.38.3"
     g = pd.read_csv(st / f"{case}_gene_params.csv.gz", index_col=0)
     res = pd.read_csv(st / f"{case}_res.csv.gz", index_col=0)
-    ref = g[["dispGeneEst", "dispFit", "dispMAP", "dispersion"]].join(res[[c for c in res.columns if c != "baseMean"]])
+    ref = g[DISPERSION_COLUMNS].join(res[[c for c in res.columns if c != "baseMean"]])
     ref.insert(0, "baseMean", g["baseMean"])
-    contrast = "measurement" if case == "continuous" else ["condition", "B", "A"]
     kw = {"fit_type": "mean"} if case.endswith("meanfit") else {}
-    return a, PYDESEQ2_DESIGNS[case], contrast, ref, kw
+    return a, PYDESEQ2_DESIGNS[case], pydeseq2_contrast(case), ref, kw
 
 
 def _r_set(d: Path) -> tuple[ad.AnnData, str, object, pd.DataFrame, dict]:
-    spec = json.loads((d / "spec.json").read_text())
-    c = pd.read_csv(d / "counts.csv.gz", index_col=0)  # genes x samples
-    m = pd.read_csv(d / "metadata.csv", index_col=0)
-    for k in spec.get("categorical", []):
-        m[k] = pd.Categorical(m[k].astype(str), categories=spec["levels"][k])
-    a = ad.AnnData(X=c.T.to_numpy().astype(np.int64), obs=m.loc[c.columns].copy())
-    a.var_names = c.index.astype(str)
-    ref = pd.read_csv(d / "gene_fit.csv.gz", index_col=0, skipinitialspace=True, na_values=["NA"])
+    a, spec, ref = r_set(d)
     return a, spec["design"], spec["contrast"], ref, spec.get("kwargs", {})
 
 
 def _airway(tag: str, shared: Path) -> tuple[ad.AnnData, str, object, pd.DataFrame]:
-    base = shared / "bulk" / "airway"
-    counts = pd.read_csv(base / "counts.csv", index_col=0)
-    meta = pd.read_csv(base / "metadata.csv", index_col=0)
-    meta["dex"] = pd.Categorical(meta["dex"], ["untrt", "trt"])
-    meta["cell"] = pd.Categorical(meta["cell"])
-    a = ad.AnnData(X=counts.T.to_numpy(), obs=meta.loc[counts.columns])
-    a.var_names = counts.index
-    d = base / "deseq2_R_reference"
-    g = pd.read_csv(d / f"gene_fit_{tag}.csv.gz", index_col=0)
-    r = pd.read_csv(d / f"results_{tag}.csv.gz", index_col=0)
-    ref = g[["dispGeneEst", "dispFit", "dispMAP", "dispersion"]].join(r)
-    return a, {"dex": "~dex", "cell_dex": "~cell + dex"}[tag], ["dex", "trt", "untrt"], ref
+    return airway(shared), AIRWAY_DESIGNS[tag], ["dex", "trt", "untrt"], airway_reference(shared, tag)
 
 
 def run_set(name: str, shared: Path | None, rtol: float) -> dict:

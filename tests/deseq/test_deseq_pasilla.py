@@ -11,6 +11,7 @@ import pytest
 import scipy.stats
 
 import gpuc
+from gpuc._testing.deseq_refs import airway
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deseq"
 DESIGN = {"condition": "~condition", "type_condition": "~type + condition"}
@@ -117,12 +118,7 @@ def test_pasilla_vst_blind_vs_r():
 @pytest.mark.parametrize(("tag", "design"), [("dex", "~dex"), ("cell_dex", "~cell + dex")])
 def test_airway_vs_r(shared_data, tag, design):
     base = shared_data / "bulk" / "airway"
-    counts = pd.read_csv(base / "counts.csv", index_col=0)
-    meta = pd.read_csv(base / "metadata.csv", index_col=0)
-    meta["dex"] = pd.Categorical(meta["dex"], ["untrt", "trt"])
-    meta["cell"] = pd.Categorical(meta["cell"])
-    a = ad.AnnData(X=counts.T.to_numpy(), obs=meta.loc[counts.columns])
-    a.var_names = counts.index
+    a = airway(shared_data)
     gpuc.tl.deseq(a, design, contrast=["dex", "trt", "untrt"], alpha=0.1, lfc_shrink="normal", device="cpu")
     adata = a
     res = gpuc.get.deseq_results(a)

@@ -9,7 +9,6 @@ statistic of 20 moves by: p-values near 1e-120 move by 2e-5 relative), except wh
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pandas as pd
 import pytest
 
 import gpuc
+from gpuc._testing.deseq_refs import pydeseq2_case, pydeseq2_contrast, r_set
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deseq"
 DISP = ("dispGeneEst", "dispFit", "dispMAP", "dispersion")
@@ -26,16 +26,7 @@ RES = ("log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
 
 
 def _load_set(name: str) -> tuple[ad.AnnData, dict, pd.DataFrame]:
-    d = DATA / "r_sets" / name
-    spec = json.loads((d / "spec.json").read_text())
-    c = pd.read_csv(d / "counts.csv.gz", index_col=0)
-    m = pd.read_csv(d / "metadata.csv", index_col=0)
-    for k in spec.get("categorical", []):
-        m[k] = pd.Categorical(m[k].astype(str), categories=spec["levels"][k])
-    a = ad.AnnData(X=c.T.to_numpy().astype(np.int64), obs=m.loc[c.columns].copy())
-    a.var_names = c.index.astype(str)
-    ref = pd.read_csv(d / "gene_fit.csv.gz", index_col=0, skipinitialspace=True, na_values=["NA"])
-    return a, spec, ref
+    return r_set(DATA / "r_sets" / name)
 
 
 def _fit(name: str) -> tuple[ad.AnnData, pd.DataFrame, pd.DataFrame]:
@@ -122,21 +113,11 @@ def test_pydeseq2_sets_vs_r_1_38_3_intermediates(case):
     """Every stage equals R 1.38.3 to 1e-8 (measured: 1e-12 and below)."""
     design, fit_type = PYDESEQ2_SETS[case]
     r = DATA / "refs"
-    if case == "large_counts":
-        c = pd.read_csv(r / case / "test_counts_from_inline_test.csv.gz", index_col=0)
-        m = pd.read_csv(r / case / "test_metadata_from_inline_test.csv.gz", index_col=0)
-        c = c if c.shape[0] == m.shape[0] else c.T
-    else:
-        folder = case if case in ("continuous", "wide") else "synthetic"
-        c = pd.read_csv(r / folder / "test_counts.csv.gz", index_col=0).T
-        m = pd.read_csv(r / folder / "test_metadata.csv.gz", index_col=0)
 
     def r_stage(case: str, what: str) -> pd.DataFrame:
         return pd.read_csv(r / "r_1.38.3" / f"{case}_{what}.csv.gz", index_col=0)
 
-    a = ad.AnnData(X=c.to_numpy().astype(np.int64), obs=m.loc[c.index].copy())
-    a.var_names = c.columns.astype(str)
-    contrast = "measurement" if case == "continuous" else ["condition", "B", "A"]
+    a, contrast = pydeseq2_case(r, case), pydeseq2_contrast(case)
     gpuc.tl.deseq(a, design, contrast=contrast, alpha=0.1, fit_type=fit_type, device="cpu")
     p = r_stage(case, "gene_params")
     for col in DISP:

@@ -13,34 +13,16 @@ import pandas as pd
 import pytest
 
 import gpuc
+from gpuc._testing.deseq_refs import PYDESEQ2_DESIGNS, pydeseq2_counts_and_metadata
 
 REFS = Path(__file__).resolve().parents[1] / "data" / "deseq"
 
-DESIGNS = {
-    "single_factor": "~condition",
-    "single_factor_meanfit": "~condition",
-    "multi_factor": "~group + condition",
-    "continuous": "~group + condition + measurement",
-    "wide": "~group + condition",
-    "large_counts": "~condition",
-}
+DESIGNS = PYDESEQ2_DESIGNS
 
 
 def counts_and_metadata(case: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Samples x genes counts and sample metadata of a PyDESeq2 reference case."""
-    r = REFS / "refs"
-    if case in ("single_factor", "single_factor_meanfit", "multi_factor"):
-        c = pd.read_csv(r / "synthetic" / "test_counts.csv.gz", index_col=0).T
-        m = pd.read_csv(r / "synthetic" / "test_metadata.csv.gz", index_col=0)
-    elif case == "large_counts":
-        c = pd.read_csv(r / "large_counts" / "test_counts_from_inline_test.csv.gz", index_col=0)
-        m = pd.read_csv(r / "large_counts" / "test_metadata_from_inline_test.csv.gz", index_col=0)
-        if c.shape[0] != m.shape[0]:
-            c = c.T
-    else:
-        c = pd.read_csv(r / case / "test_counts.csv.gz", index_col=0).T
-        m = pd.read_csv(r / case / "test_metadata.csv.gz", index_col=0)
-    return c, m
+    return pydeseq2_counts_and_metadata(REFS / "refs", case)
 
 
 def r_file(case: str, name: str) -> pd.DataFrame:
