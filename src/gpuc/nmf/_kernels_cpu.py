@@ -48,6 +48,27 @@ def sweep(x, q, g, eps):  # pragma: no cover - compiled
                 x[i, r, c] = v if v > eps else eps
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def sweeps(x, q, g, eps, n):  # pragma: no cover - compiled
+    """``n`` consecutive :func:`sweep` calls in one pass over the rows: each row is swept ``n`` times while it is in
+    cache (rows are independent, so every row goes through exactly the operations of ``n`` separate sweeps and the
+    result is bit-identical to them).
+    """
+    rows, n_runs, k = x.shape
+    for i in prange(rows):
+        for _ in range(n):
+            for r in range(n_runs):
+                for c in range(k):
+                    d = g[r, c, c]
+                    if d <= 0:
+                        continue
+                    acc = 0.0
+                    for j in range(k):
+                        acc += x[i, r, j] * g[r, j, c]
+                    v = x[i, r, c] + (q[i, r, c] - acc) / d
+                    x[i, r, c] = v if v > eps else eps
+
+
 @njit(cache=True, inline="always")
 def _row_product(indptr, indices, data, f, i, buf):  # pragma: no cover - compiled
     rk = buf.shape[0]

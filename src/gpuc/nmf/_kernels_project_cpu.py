@@ -9,6 +9,12 @@ and each stored value is looked up once.
 :func:`selected_moments` sums per gene in ``N_CHUNKS`` fixed row chunks run in parallel and adds the chunk partials in
 chunk order; :func:`selected_product` writes each row of the product independently. Neither result depends on the
 thread count.
+
+:func:`compact_selected` copies the selected genes' values out of a whole in-memory matrix once (one pass over every
+stored value, rows in parallel), so that the moments and the product then read only those values: on a query with
+13,714 genes of which the reference uses 2,000, a fifth of the stored values. The copy keeps each row's values in
+their stored order, so the two kernels above add exactly the same numbers in the same order on the copy as on the
+original (bit-identical results).
 """
 
 from __future__ import annotations
@@ -63,3 +69,67 @@ def selected_product(indptr, indices, data, pos, w, d, out, row_norm2, row_min):
                 acc += s * s
         row_norm2[i] = acc
         row_min[i] = low
+
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def compact_selected(indptr, indices, data, pos, n_sel, block_rows):  # pragma: no cover - compiled
+    """The selected columns of a CSR matrix as CSR ``(indptr, indices, data)`` (column ``c`` becomes ``pos[c]``,
+    ``-1``: dropped; each row's values in their stored order), and the ``(blocks, 2, n_sel)`` moments of every row
+    block of ``block_rows`` rows, each summed exactly as :func:`selected_moments` sums that block (the same
+    ``N_CHUNKS`` row chunks, added in chunk order), in the same pass.
+
+    One parallel pass over the stored values, chunk by chunk: each chunk packs its selected values into its own
+    stretch of a scratch copy (starting at the chunk's first stored value, so the chunks never overlap), then the
+    chunks' stretches are packed one after the other.
+    """
+    rows = indptr.size - 1
+    n_blocks = max((rows + block_rows - 1) // block_rows, 1)
+    n_chunks = n_blocks * N_CHUNKS
+    nnz = indptr[rows]
+    scratch_indices = np.empty(nnz, dtype=np.int32)
+    scratch_data = np.empty(nnz, dtype=data.dtype)
+    counts = np.empty(rows, dtype=np.int64)
+    part = np.zeros((n_chunks, 2, n_sel))
+    for cc in prange(n_chunks):
+        b = cc // N_CHUNKS
+        c = cc % N_CHUNKS
+        a0 = b * block_rows
+        rb = min(block_rows, rows - a0)
+        q = indptr[a0 + rb * c // N_CHUNKS]
+        for i in range(a0 + rb * c // N_CHUNKS, a0 + rb * (c + 1) // N_CHUNKS):
+            q0 = q
+            for p in range(indptr[i], indptr[i + 1]):
+                j = pos[indices[p]]
+                if j >= 0:
+                    v = data[p]
+                    scratch_indices[q] = j
+                    scratch_data[q] = v
+                    q += 1
+                    f = np.float64(v)
+                    part[cc, 0, j] += f
+                    part[cc, 1, j] += f * f
+            counts[i] = q - q0
+    new_indptr = np.empty(rows + 1, dtype=np.int64)
+    new_indptr[0] = 0
+    for i in range(rows):
+        new_indptr[i + 1] = new_indptr[i] + counts[i]
+    out_indices = np.empty(new_indptr[rows], dtype=np.int32)
+    out_data = np.empty(new_indptr[rows], dtype=data.dtype)
+    moments = np.zeros((n_blocks, 2, n_sel))
+    for cc in prange(n_chunks):
+        b = cc // N_CHUNKS
+        c = cc % N_CHUNKS
+        a0 = b * block_rows
+        rb = min(block_rows, rows - a0)
+        lo = a0 + rb * c // N_CHUNKS
+        hi = a0 + rb * (c + 1) // N_CHUNKS
+        src = indptr[lo]
+        dst = new_indptr[lo]
+        for t in range(new_indptr[hi] - dst):
+            out_indices[dst + t] = scratch_indices[src + t]
+            out_data[dst + t] = scratch_data[src + t]
+        if c == 0:  # each block's partial sums, in chunk order (one thread per block)
+            for cj in range(N_CHUNKS):
+                moments[b] += part[b * N_CHUNKS + cj]
+    return new_indptr, out_indices, out_data, moments
