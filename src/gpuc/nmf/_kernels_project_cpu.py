@@ -71,7 +71,6 @@ def selected_product(indptr, indices, data, pos, w, d, out, row_norm2, row_min):
         row_min[i] = low
 
 
-
 @njit(cache=True, nogil=True, parallel=True)
 def compact_selected(indptr, indices, data, pos, n_sel, block_rows):  # pragma: no cover - compiled
     """The selected columns of a CSR matrix as CSR ``(indptr, indices, data)`` (column ``c`` becomes ``pos[c]``,

@@ -302,7 +302,9 @@ def nmf_project(
     t0 = time.perf_counter()
     # on the CPU an in-memory CSR query is cut to the reference's genes in one pass that also sums the genes' moments,
     # so the product reads only their values (bit-identical results; a lazy query is read block by block as it is)
-    x, sel, moments = select_genes(x, cols, block_rows=block_size, n_jobs=n_jobs) if backend.name == "cpu" else (x, cols, None)
+    x, sel, moments = (
+        select_genes(x, cols, block_rows=block_size, n_jobs=n_jobs) if backend.name == "cpu" else (x, cols, None)
+    )
     if preprocessing == "none":
         factor = np.ones(len(genes))
     elif scale == "query":
