@@ -207,7 +207,8 @@ def select_genes(
     chunks, the blocks added in order), and the product with the spectra then reads only the reference genes' values
     (each row keeps its values in their stored order, so it adds the same numbers in the same order): one pass over
     every stored value instead of two, each looking up every value's gene. The copy holds the selected genes' values
-    only (a fifth of ``x`` for 2,000 of 14,000 genes of a typical query).
+    only (a fifth of ``x`` for 2,000 of 14,000 genes of a typical query; while it is made, a scratch copy of the same
+    size is held too).
     """
     import scipy.sparse
 
