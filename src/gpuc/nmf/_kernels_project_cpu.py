@@ -90,13 +90,14 @@ def compact_selected(indptr, indices, data, pos, n_sel, block_rows):  # pragma: 
     scratch_data = np.empty(nnz, dtype=data.dtype)
     counts = np.empty(rows, dtype=np.int64)
     part = np.zeros((n_chunks, 2, n_sel))
+    bounds = np.empty(n_chunks + 1, dtype=np.int64)  # first row of each chunk (a block's chunks as in selected_moments)
+    for cc in range(n_chunks):
+        a0 = (cc // N_CHUNKS) * block_rows
+        bounds[cc] = a0 + min(block_rows, rows - a0) * (cc % N_CHUNKS) // N_CHUNKS
+    bounds[n_chunks] = rows
     for cc in prange(n_chunks):
-        b = cc // N_CHUNKS
-        c = cc % N_CHUNKS
-        a0 = b * block_rows
-        rb = min(block_rows, rows - a0)
-        q = indptr[a0 + rb * c // N_CHUNKS]
-        for i in range(a0 + rb * c // N_CHUNKS, a0 + rb * (c + 1) // N_CHUNKS):
+        q = indptr[bounds[cc]]
+        for i in range(bounds[cc], bounds[cc + 1]):
             q0 = q
             for p in range(indptr[i], indptr[i + 1]):
                 j = pos[indices[p]]
@@ -117,18 +118,13 @@ def compact_selected(indptr, indices, data, pos, n_sel, block_rows):  # pragma: 
     out_data = np.empty(new_indptr[rows], dtype=data.dtype)
     moments = np.zeros((n_blocks, 2, n_sel))
     for cc in prange(n_chunks):
-        b = cc // N_CHUNKS
-        c = cc % N_CHUNKS
-        a0 = b * block_rows
-        rb = min(block_rows, rows - a0)
-        lo = a0 + rb * c // N_CHUNKS
-        hi = a0 + rb * (c + 1) // N_CHUNKS
-        src = indptr[lo]
-        dst = new_indptr[lo]
-        for t in range(new_indptr[hi] - dst):
+        src = indptr[bounds[cc]]
+        dst = new_indptr[bounds[cc]]
+        for t in range(new_indptr[bounds[cc + 1]] - dst):
             out_indices[dst + t] = scratch_indices[src + t]
             out_data[dst + t] = scratch_data[src + t]
-        if c == 0:  # each block's partial sums, in chunk order (one thread per block)
+        if cc % N_CHUNKS == 0:  # each block's partial sums, in chunk order (one thread per block)
+            b = cc // N_CHUNKS
             for cj in range(N_CHUNKS):
                 moments[b] += part[b * N_CHUNKS + cj]
     return new_indptr, out_indices, out_data, moments
