@@ -1133,14 +1133,14 @@ def nnls_refit(
     one_sweep = _one_run_sweep(backend, op, m, k)
     # on the CPU the sweeps between two checks run as one compiled pass (each row swept in cache; bit-identical)
     many = _numba_sweeps() if xp is np else None
-    if many is not None:
-        c, d = np.ascontiguousarray(c, dtype=w.dtype), np.ascontiguousarray(d, dtype=w.dtype)
+    if many is not None:  # what `sweep` hands its kernel (the loss checks keep c and d as they are)
+        cw, dw = np.ascontiguousarray(c, dtype=w.dtype), np.ascontiguousarray(d, dtype=w.dtype)
     it = 0
     with backend.kernel_session() if backend.is_gpu else contextlib.nullcontext():  # kernel views made once
         while it < max_iter:
             n = min(check_every - it % check_every, max_iter - it)
             if many is not None:
-                many(w, c, d, float(eps), n)
+                many(w, cw, dw, float(eps), n)
             else:
                 for _ in range(n):
                     one_sweep(w, c, d, eps)
