@@ -10,11 +10,11 @@ and each stored value is looked up once.
 chunk order; :func:`selected_product` writes each row of the product independently. Neither result depends on the
 thread count.
 
-:func:`compact_selected` copies the selected genes' values out of a whole in-memory matrix once (one pass over every
-stored value, rows in parallel), so that the moments and the product then read only those values: on a query with
-13,714 genes of which the reference uses 2,000, a fifth of the stored values. The copy keeps each row's values in
-their stored order, so the two kernels above add exactly the same numbers in the same order on the copy as on the
-original (bit-identical results).
+:func:`compact_selected` copies the selected genes' values out of a whole in-memory matrix once (a count pass over
+the column indices, then one pass over every stored value that also sums the per-gene moments), so that the product
+then reads only those values: on a query with 13,714 genes of which the reference uses 2,000, a fifth of the stored
+values. The copy keeps each row's values in their stored order, so the kernels above add exactly the same numbers in
+the same order on the copy as on the original (bit-identical results).
 """
 
 from __future__ import annotations
@@ -76,55 +76,46 @@ def compact_selected(indptr, indices, data, pos, n_sel, block_rows):  # pragma: 
     """The selected columns of a CSR matrix as CSR ``(indptr, indices, data)`` (column ``c`` becomes ``pos[c]``,
     ``-1``: dropped; each row's values in their stored order), and the ``(blocks, 2, n_sel)`` moments of every row
     block of ``block_rows`` rows, each summed exactly as :func:`selected_moments` sums that block (the same
-    ``N_CHUNKS`` row chunks, added in chunk order), in the same pass.
+    ``N_CHUNKS`` row chunks, added in chunk order), while copying.
 
-    One parallel pass over the stored values, chunk by chunk: each chunk packs its selected values into its own
-    stretch of a scratch copy (starting at the chunk's first stored value, so the chunks never overlap), then the
-    chunks' stretches are packed one after the other.
+    Two parallel passes: the count of selected values per row (reading the column indices only), then the copy of
+    each chunk of rows into its place with the chunk's partial sums. No scratch copy is made.
     """
     rows = indptr.size - 1
     n_blocks = max((rows + block_rows - 1) // block_rows, 1)
     n_chunks = n_blocks * N_CHUNKS
-    nnz = indptr[rows]
-    scratch_indices = np.empty(nnz, dtype=np.int32)
-    scratch_data = np.empty(nnz, dtype=data.dtype)
     counts = np.empty(rows, dtype=np.int64)
-    part = np.zeros((n_chunks, 2, n_sel))
-    bounds = np.empty(n_chunks + 1, dtype=np.int64)  # first row of each chunk (a block's chunks as in selected_moments)
-    for cc in range(n_chunks):
-        a0 = (cc // N_CHUNKS) * block_rows
-        bounds[cc] = a0 + min(block_rows, rows - a0) * (cc % N_CHUNKS) // N_CHUNKS
-    bounds[n_chunks] = rows
-    for cc in prange(n_chunks):
-        q = indptr[bounds[cc]]
-        for i in range(bounds[cc], bounds[cc + 1]):
-            q0 = q
-            for p in range(indptr[i], indptr[i + 1]):
-                j = pos[indices[p]]
-                if j >= 0:
-                    v = data[p]
-                    scratch_indices[q] = j
-                    scratch_data[q] = v
-                    q += 1
-                    f = np.float64(v)
-                    part[cc, 0, j] += f
-                    part[cc, 1, j] += f * f
-            counts[i] = q - q0
+    for i in prange(rows):
+        n = 0
+        for p in range(indptr[i], indptr[i + 1]):
+            n += pos[indices[p]] >= 0
+        counts[i] = n
     new_indptr = np.empty(rows + 1, dtype=np.int64)
     new_indptr[0] = 0
     for i in range(rows):
         new_indptr[i + 1] = new_indptr[i] + counts[i]
     out_indices = np.empty(new_indptr[rows], dtype=np.int32)
     out_data = np.empty(new_indptr[rows], dtype=data.dtype)
-    moments = np.zeros((n_blocks, 2, n_sel))
+    bounds = np.empty(n_chunks + 1, dtype=np.int64)  # first row of each chunk (a block's chunks as in selected_moments)
+    for cc in range(n_chunks):
+        a0 = (cc // N_CHUNKS) * block_rows
+        bounds[cc] = a0 + min(block_rows, rows - a0) * (cc % N_CHUNKS) // N_CHUNKS
+    bounds[n_chunks] = rows
+    part = np.zeros((n_chunks, 2, n_sel))
     for cc in prange(n_chunks):
-        src = indptr[bounds[cc]]
-        dst = new_indptr[bounds[cc]]
-        for t in range(new_indptr[bounds[cc + 1]] - dst):
-            out_indices[dst + t] = scratch_indices[src + t]
-            out_data[dst + t] = scratch_data[src + t]
-        if cc % N_CHUNKS == 0:  # each block's partial sums, in chunk order (one thread per block)
-            b = cc // N_CHUNKS
-            for cj in range(N_CHUNKS):
-                moments[b] += part[b * N_CHUNKS + cj]
+        q = new_indptr[bounds[cc]]
+        for p in range(indptr[bounds[cc]], indptr[bounds[cc + 1]]):
+            j = pos[indices[p]]
+            if j >= 0:
+                v = data[p]
+                out_indices[q] = j
+                out_data[q] = v
+                q += 1
+                f = np.float64(v)
+                part[cc, 0, j] += f
+                part[cc, 1, j] += f * f
+    moments = np.zeros((n_blocks, 2, n_sel))
+    for b in range(n_blocks):  # each block's partial sums, in chunk order
+        for c in range(N_CHUNKS):
+            moments[b] += part[b * N_CHUNKS + c]
     return new_indptr, out_indices, out_data, moments

@@ -200,15 +200,14 @@ def select_genes(
     x: Any, genes: np.ndarray | None, *, block_rows: int = BLOCK_ROWS, n_jobs: int | None = None
 ) -> tuple[Any, np.ndarray | None, GeneMoments | None]:
     """``(x[:, genes], None, moments)`` for an in-memory host CSR matrix, copied out by one compiled pass
-    (:func:`gpuc.nmf._kernels_project_cpu.compact_selected`) that also sums the selected genes' :class:`GeneMoments`;
+    (:func:`gpuc.nmf._kernels_project_cpu.compact_selected`, after a count pass over the column indices) that also sums the selected genes' :class:`GeneMoments`;
     ``(x, genes, None)`` for anything else (dask, dense, device arrays, other sparse formats, or without numba).
 
     The moments equal ``gene_moments(x, genes, block_rows=block_rows)`` bit for bit (each block summed in the same
     chunks, the blocks added in order), and the product with the spectra then reads only the reference genes' values
     (each row keeps its values in their stored order, so it adds the same numbers in the same order): one pass over
     every stored value instead of two, each looking up every value's gene. The copy holds the selected genes' values
-    only (a fifth of ``x`` for 2,000 of 14,000 genes of a typical query; while it is made, a scratch copy of the same
-    size is held too).
+    only (a fifth of ``x`` for 2,000 of 14,000 genes of a typical query).
     """
     import scipy.sparse
 
