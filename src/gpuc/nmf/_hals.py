@@ -249,6 +249,8 @@ def sweep(xp: Any, x: Any, q: Any, g: Any, eps: float) -> None:
 
 # the CPU twin of `sweep` compiled with numba, or None when numba is unavailable
 _numba_sweep = numba_kernels("gpuc.nmf._kernels_cpu", "sweep")
+# several of its sweeps in one pass (the refit of fixed spectra), or None
+_numba_sweeps = numba_kernels("gpuc.nmf._kernels_cpu", "sweeps")
 
 
 def random_init(
@@ -1131,9 +1133,20 @@ def nnls_refit(
     prev = None
     loss = op.norm2
     one_sweep = _one_run_sweep(backend, op, m, k)
+    # on the CPU the sweeps between two checks run as one compiled pass (each row swept in cache; bit-identical)
+    many = _numba_sweeps() if xp is np else None
+    if many is not None:  # what `sweep` hands its kernel (the loss checks keep c and d as they are)
+        cw, dw = np.ascontiguousarray(c, dtype=w.dtype), np.ascontiguousarray(d, dtype=w.dtype)
+    it = 0
     with backend.kernel_session() if backend.is_gpu else contextlib.nullcontext():  # kernel views made once
-        for it in range(1, max_iter + 1):
-            one_sweep(w, c, d, eps)
+        while it < max_iter:
+            n = min(check_every - it % check_every, max_iter - it)
+            if many is not None:
+                many(w, cw, dw, float(eps), n)
+            else:
+                for _ in range(n):
+                    one_sweep(w, c, d, eps)
+            it += n
             if it % check_every == 0 or it == max_iter:
                 loss = float(backend.to_host(_run_losses(xp, op.norm2, w, c, d))[0])
                 if prev is not None and abs(prev - loss) / max(op.norm2, 1.0) < tol:

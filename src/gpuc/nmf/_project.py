@@ -196,6 +196,44 @@ def _check_values(xp: Any, values: Any, minimum: Any) -> None:
         raise ValueError(msg)
 
 
+def select_genes(
+    x: Any, genes: np.ndarray | None, *, block_rows: int = BLOCK_ROWS, n_jobs: int | None = None
+) -> tuple[Any, np.ndarray | None, GeneMoments | None]:
+    """``(x[:, genes], None, moments)`` for an in-memory host CSR matrix, copied out by one compiled pass
+    (:func:`gpuc.nmf._kernels_project_cpu.compact_selected`, after a count pass over the column indices) that also sums the selected genes' :class:`GeneMoments`;
+    ``(x, genes, None)`` for anything else (dask, dense, device arrays, other sparse formats, or without numba).
+
+    The moments equal ``gene_moments(x, genes, block_rows=block_rows)`` bit for bit (each block summed in the same
+    chunks, the blocks added in order), and the product with the spectra then reads only the reference genes' values
+    (each row keeps its values in their stored order, so it adds the same numbers in the same order): one pass over
+    every stored value instead of two, each looking up every value's gene. The copy holds the selected genes' values
+    only (a fifth of ``x`` for 2,000 of 14,000 genes of a typical query).
+    """
+    import scipy.sparse
+
+    if genes is None or not (scipy.sparse.issparse(x) and x.format == "csr"):
+        return x, genes, None
+    kern = _cpu_kernels()
+    if kern is None:
+        return x, genes, None
+    pos, n_sel = _positions(x.shape[1], genes)
+    rows = int(x.shape[0])
+    # the lookup table of every stored value's gene in its smallest type (27 KB for 14,000 genes: it stays in L1)
+    pos = pos.astype(np.int16 if n_sel < np.iinfo(np.int16).max else np.int32)
+    with cpu_threads(n_jobs):
+        indptr, indices, data, m = kern.compact_selected(
+            x.indptr, x.indices, x.data, pos, n_sel, max(int(block_rows), 1)
+        )
+    if indptr[-1] <= np.iinfo(np.int32).max:
+        indptr = indptr.astype(np.int32)
+    out = scipy.sparse.csr_matrix((data, indices, indptr), shape=(rows, n_sel), copy=False)
+    parts = [GeneMoments(min(block_rows, rows - a), m[b, 0], m[b, 1]) for b, a in enumerate(range(0, rows, block_rows))]
+    moments = parts[0] if parts else GeneMoments(0, m[0, 0], m[0, 1])
+    for p in parts[1:]:
+        moments = moments + p
+    return out, None, moments
+
+
 def block_moments(block: Any, genes: np.ndarray | None = None, *, n_jobs: int | None = None) -> GeneMoments:
     """:class:`GeneMoments` of one row block (``genes`` selects and orders its columns), summed on its device.
 

@@ -35,6 +35,7 @@ from gpuc.nmf._project import (
     gene_factors,
     gene_moments,
     project,
+    select_genes,
 )
 
 SCALES = ("query", "reference")
@@ -299,16 +300,23 @@ def nmf_project(
         f"({runs_on(backend, dask_client)})"
     )
     t0 = time.perf_counter()
+    # on the CPU an in-memory CSR query is cut to the reference's genes in one pass that also sums the genes' moments,
+    # so the product reads only their values (bit-identical results; a lazy query is read block by block as it is)
+    x, sel, moments = (
+        select_genes(x, cols, block_rows=block_size, n_jobs=n_jobs) if backend.name == "cpu" else (x, cols, None)
+    )
     if preprocessing == "none":
         factor = np.ones(len(genes))
     elif scale == "query":
-        factor = gene_factors(gene_moments(x, cols, block_rows=block_size, client=dask_client), preprocessing)
+        if moments is None:
+            moments = gene_moments(x, sel, block_rows=block_size, client=dask_client)
+        factor = gene_factors(moments, preprocessing)
     else:
         factor = gene_factors(
             _reference_moments(reference, genes, info.get("layer"), dask_client, block_size), preprocessing
         )
     options = ProjectOptions(backend.name, None if dtype is None else np.dtype(dtype), max_iter, tol)
-    res = project(x, spectra, factor, genes=cols, block_rows=block_size, options=options, client=dask_client,
+    res = project(x, spectra, factor, genes=sel, block_rows=block_size, options=options, client=dask_client,
                   n_jobs=n_jobs)  # fmt: skip
     usages = res.usages
     sums = usages.sum(axis=1, keepdims=True)
