@@ -80,9 +80,15 @@ def r_lgamma(x):
     """
     if x <= 10.0:
         return math.lgamma(x)
+    return r_lgamma_log(x, math.log(x))
+
+
+@jitable
+def r_lgamma_log(x, lx):
+    """:func:`r_lgamma` for x > 10 given ``lx`` = log(x) (the search keeps it for :func:`r_digamma_log`)."""
     if x > 1e17:
-        return x * (math.log(x) - 1.0)
-    base = LN_SQRT_2PI + (x - 0.5) * math.log(x) - x
+        return x * (lx - 1.0)
+    base = LN_SQRT_2PI + (x - 0.5) * lx - x
     if x > 4934720.0:
         return base
     return base + stirling_corr(x)
@@ -99,6 +105,12 @@ def r_digamma(x):
     while x < 10.0:
         acc -= 1.0 / x
         x += 1.0
+    return acc + r_digamma_log(x, math.log(x))
+
+
+@jitable
+def r_digamma_log(x, lx):
+    """The asymptotic series of :func:`r_digamma` for x >= 10 given ``lx`` = log(x)."""
     v = 1.0 / x
     z = v * v
     s = 691.0 / 32760.0 - z / 12.0
@@ -107,7 +119,7 @@ def r_digamma(x):
     s = 1.0 / 252.0 - z * s
     s = 1.0 / 120.0 - z * s
     s = 1.0 / 12.0 - z * s
-    return acc + (math.log(x) - 0.5 * v - z * s)
+    return lx - 0.5 * v - z * s
 
 
 @jitable
@@ -217,6 +229,17 @@ def cr_from_weights(wts, n, x, p, b, db, want_db):
 
 
 @jitable
+def cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, want_db, cache, kept):
+    """:func:`cr_matrices`, from the weights in ``cache[n:2n]`` where ``kept`` (:func:`log_posterior_k` put them
+    there at this alpha), else from the means.
+    """
+    if kept:
+        cr_from_weights(cache[n:], n, x, p, b, db, want_db)
+    else:
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db)
+
+
+@jitable
 def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
     """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
     is scratch of p * p + :data:`TABLE` values; ``cache``: see :func:`log_posterior_k`.
@@ -279,42 +302,13 @@ def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, c
             ll += lg - lgr - yj * math.log(mj + r) - r * l1
     cr = 0.0
     if use_cr:
-        if keep:
-            cr_from_weights(cache[n:], n, x, p, b, b, False)
-        else:
-            cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False)
+        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, b, False, cache, keep)
         cr = -0.5 * cholesky_logdet(b, p)
     prior = 0.0
     if use_prior:
         d = la - pm
         prior = -0.5 * (d * d) / pv
     return ll + prior + cr
-
-
-@jitable
-def r_lgamma_log(x, lx):
-    """:func:`r_lgamma` for x > 10 given ``lx`` = log(x) (the same operations)."""
-    if x > 1e17:
-        return x * (lx - 1.0)
-    base = LN_SQRT_2PI + (x - 0.5) * lx - x
-    if x > 4934720.0:
-        return base
-    return base + stirling_corr(x)
-
-
-@jitable
-def r_digamma_log(x, lx):
-    """:func:`r_digamma` for x >= 10 given ``lx`` = log(x) (the same operations)."""
-    acc = 0.0
-    v = 1.0 / x
-    z = v * v
-    s = 691.0 / 32760.0 - z / 12.0
-    s = 1.0 / 132.0 - z * s
-    s = 1.0 / 240.0 - z * s
-    s = 1.0 / 252.0 - z * s
-    s = 1.0 / 120.0 - z * s
-    s = 1.0 / 12.0 - z * s
-    return acc + (lx - 0.5 * v - z * s)
 
 
 @jitable
@@ -337,10 +331,7 @@ def dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, 
     cached = cached and cache.shape[0] >= 3 * n
     cr = 0.0
     if use_cr:
-        if cached:
-            cr_from_weights(cache[n:], n, x, p, b, db, True)
-        else:
-            cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True)
+        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, True, cache, cached)
         cholesky_logdet(b, p)
         cr = -0.5 * chol_trace_solve(b, db, p)
     r = 1.0 / alpha
