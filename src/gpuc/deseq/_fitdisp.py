@@ -271,9 +271,11 @@ def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, c
     lr = 0.0
     t = p * p  # b[t + c]: sum_{i<c} log(r + i)
     if table:
-        b[t] = 0.0
+        acc = 0.0  # the running sum in a register (the same additions)
+        b[t] = acc
         for c in range(1, k + 1):
-            b[t + c] = b[t + c - 1] + math.log(r + (c - 1))
+            acc = acc + math.log(r + (c - 1))
+            b[t + c] = acc
         lr = math.log(r)
     for j in range(n):
         yj = y[off + j * sj]
@@ -339,9 +341,11 @@ def dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, 
     dgr = r_digamma(r)
     k = kmax if alpha >= TABLE_MIN_ALPHA else -1
     t = p * p  # b[t + c]: sum_{i<c} 1 / (r + i)
-    b[t] = 0.0
+    acc = 0.0  # the running sum in a register (the same additions)
+    b[t] = acc
     for c in range(1, k + 1):
-        b[t + c] = b[t + c - 1] + 1.0 / (r + (c - 1))
+        acc = acc + 1.0 / (r + (c - 1))
+        b[t + c] = acc
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]
