@@ -465,14 +465,17 @@ def grid_bounds(n: int) -> tuple[float, float]:
 # here, beside the code they compile, so that numba's on-disk cache (keyed on this file) cannot outlive an edit of it.
 # --------------------------------------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
-def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, out):  # pragma: no cover
-    """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
+def block_inputs(y, mu, x):  # pragma: no cover
+    """Genes, samples and coefficients of a block, its counts, means and design flat, and a gene's scratch ``b``."""
     G, n = y.shape
     p = x.shape[1]
-    yf = y.reshape(-1)
-    mf = mu.reshape(-1)
-    xf = x.reshape(-1)
-    b = np.empty(p * p + TABLE)
+    return G, n, p, y.reshape(-1), mu.reshape(-1), x.reshape(-1), np.empty(p * p + TABLE)
+
+
+@njit(cache=True, nogil=True)
+def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, out):  # pragma: no cover
+    """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
+    G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     db = np.empty(p * p)
     cache = np.empty(3 * n)
     res = np.empty(4)
@@ -489,12 +492,7 @@ def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, 
 @njit(cache=True, nogil=True)
 def fit_disp_grid_cpu(y, mu, x, pm, pv, use_prior, use_cr, lo, hi, ngrid, out):  # pragma: no cover
     """:func:`fit_disp_grid_gene` for every gene; ``out`` (G,) receives log alpha."""
-    G, n = y.shape
-    p = x.shape[1]
-    yf = y.reshape(-1)
-    mf = mu.reshape(-1)
-    xf = x.reshape(-1)
-    b = np.empty(p * p + TABLE)
+    G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
         out[i] = fit_disp_grid_gene(yf, mf, i * n, 1, n, xf, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)
