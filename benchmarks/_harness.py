@@ -218,10 +218,18 @@ def one(tool: Tool, who: str, case: str, n_jobs: int | None, threads: int | None
     """In this (fresh) process: the first call and ``warm_calls`` more calls of ``who`` on ``case``, and the work."""
     with tempfile.TemporaryDirectory() as tmp:
         call = tool.prepare(who, case, n_jobs, threads, tmp)
+        cpu: list[float] = []  # process CPU seconds (user + system, all threads) of each call
+
+        def timed() -> object:
+            c = time.process_time()
+            r = call()
+            cpu.append(time.process_time() - c)
+            return r
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            times, res = time_calls(call, 1 + warm_calls)
-    out = {"who": who, "case": case, "first": times[0], "warm": times[1:]}
+            times, res = time_calls(timed, 1 + warm_calls)
+    out = {"who": who, "case": case, "first": times[0], "warm": times[1:], "first_cpu": cpu[0], "warm_cpu": cpu[1:]}
     if isinstance(res, dict):
         out["work"] = res
     return out
@@ -257,6 +265,8 @@ def _config(runs: list[dict]) -> dict:
         "warm_s": median([t for r in ok for t in r["warm"]]),
         "cold_all": [r["first"] for r in ok],
         "warm_all": [t for r in ok for t in r["warm"]],
+        "cold_cpu_s": median([r["first_cpu"] for r in ok if "first_cpu" in r]),
+        "warm_cpu_s": median([t for r in ok for t in r.get("warm_cpu", [])]),
     }
     errors = [r["error"] for r in runs if "error" in r]
     if errors:

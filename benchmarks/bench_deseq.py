@@ -79,7 +79,8 @@ def prepare(who: str, case: str, n_jobs: int | None, threads: int | None, tmp: s
 
 
 def r_deseq(case: str, tmp: str) -> dict[str, float]:
-    """R DESeq2's DESeq + results seconds (``bench_deseq.R``), ``{}`` without Rscript or DESeq2."""
+    """R DESeq2's DESeq + results seconds (``bench_deseq.R``): wall and CPU (user + system), ``{}`` without Rscript or
+    DESeq2."""
     if not shutil.which("Rscript"):
         return {}
     import pandas as pd
@@ -92,7 +93,11 @@ def r_deseq(case: str, tmp: str) -> dict[str, float]:
     if subprocess.run(cmd, capture_output=True, text=True, check=False).returncode != 0:
         return {}
     tim = pd.read_csv(f"{tmp}/r_time.csv")
-    return {"R DESeq2": float(tim.loc[tim.stage.isin(["DESeq", "results"]), "seconds"].sum())}
+    fit = tim.stage.isin(["DESeq", "results"])
+    out = {"R DESeq2": float(tim.loc[fit, "seconds"].sum())}
+    if "cpu_seconds" in tim:  # R's user + system seconds of the same stages (proc.time)
+        out["R DESeq2 CPU"] = float(tim.loc[fit, "cpu_seconds"].sum())
+    return out
 
 
 TOOL = _harness.Tool(

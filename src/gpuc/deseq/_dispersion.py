@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.special
@@ -188,9 +188,8 @@ def _fit_log_alpha(
     la0 = xp.log(alpha0)
     pv = float(prior_var) if use_prior else 1.0
     pm = prior_mean
-    la, it, lp0, lp1 = _fitdisp(
-        bk, la0, y, mu, x, pm, pv, use_prior, math.log(min_disp / 10.0), kappa_0, tol, maxit, cr
-    )
+    search = FitDispArgs(pv, use_prior, math.log(min_disp / 10.0), float(kappa_0), float(tol), int(maxit), bool(cr))
+    la, it, lp0, lp1 = _fitdisp(bk, la0, y, mu, x, pm, search)
     if use_prior:
         est = xp.exp(la)
         conv = it < maxit
@@ -211,21 +210,21 @@ def _fit_log_alpha(
     return DispFit(alpha, it, conv, (la, it.astype(xp.float64), lp0, lp1))
 
 
-def _fitdisp(
-    bk: Backend,
-    la0: Any,
-    y: Any,
-    mu: Any,
-    x: Any,
-    pm: Any,
-    pv: float,
-    use_prior: bool,
-    min_log_alpha: float,
-    kappa_0: float,
-    tol: float,
-    maxit: int,
-    cr: bool,
-) -> tuple[Any, Any, Any, Any]:
+class FitDispArgs(NamedTuple):
+    """The settings of R's ``fitDisp`` shared by every gene, in the order the kernels take them after the prior means
+    (:func:`gpuc.deseq._fitdisp.fit_disp_cpu`, ``gpuc.deseq._kernels_gpu.fit_disp``).
+    """
+
+    pv: float  # prior variance (1.0 without a prior)
+    use_prior: bool
+    min_log_alpha: float  # the search stops after an accepted step below it
+    kappa_0: float
+    tol: float
+    maxit: int
+    cr: bool  # the Cox-Reid term
+
+
+def _fitdisp(bk: Backend, la0: Any, y: Any, mu: Any, x: Any, pm: Any, s: FitDispArgs) -> tuple[Any, Any, Any, Any]:
     """R's ``fitDisp`` for every gene: (log alpha, proposals made, initial and last log posterior). On the CPU the
     compiled loop (:func:`gpuc.deseq._fitdisp.fit_disp_cpu`), on the GPU one kernel launch, else array code.
     """
@@ -234,14 +233,13 @@ def _fitdisp(
     xp = bk.xp
     G = y.shape[0]
     f64 = xp.float64
-    pm_arr = xp.ascontiguousarray(pm, dtype=f64) if use_prior else xp.zeros(1)
+    pm_arr = xp.ascontiguousarray(pm, dtype=f64) if s.use_prior else xp.zeros(1)
     kern = None if bk.is_gpu else fitdisp_kernel()
     if kern is not None:
         out = np.empty((4, G))
         kern(
             np.ascontiguousarray(la0, dtype=f64), np.ascontiguousarray(y, dtype=f64),
-            np.ascontiguousarray(mu, dtype=f64), np.ascontiguousarray(x, dtype=f64), pm_arr, pv, use_prior,
-            min_log_alpha, kappa_0, tol, maxit, cr, out,
+            np.ascontiguousarray(mu, dtype=f64), np.ascontiguousarray(x, dtype=f64), pm_arr, *s, out,
         )  # fmt: skip
         return out[0], out[1].astype(np.int64), out[2], out[3]
     gk = gpu_kernels(bk, x.shape[1], y.shape[0] * y.shape[1])
@@ -257,17 +255,11 @@ def _fitdisp(
             xp.ascontiguousarray(x, dtype=f64).reshape(-1),
             int(x.shape[1]),
             pm_arr,
-            float(pv),
-            bool(use_prior),
-            float(min_log_alpha),
-            float(kappa_0),
-            float(tol),
-            int(maxit),
-            bool(cr),
+            *s,
             out,
         )
         return out[0], out[1].astype(xp.int64), out[2], out[3]
-    return _fitdisp_array(bk, la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, cr)
+    return _fitdisp_array(bk, la0, y, mu, x, pm, s)
 
 
 def _fitdisp_grid(
@@ -411,23 +403,12 @@ def _r_dlogpost(
 
 
 def _fitdisp_array(
-    bk: Backend,
-    la0: Any,
-    y: Any,
-    mu: Any,
-    x: Any,
-    pm: Any,
-    pv: float,
-    use_prior: bool,
-    min_log_alpha: float,
-    kappa_0: float,
-    tol: float,
-    maxit: int,
-    cr: bool,
+    bk: Backend, la0: Any, y: Any, mu: Any, x: Any, pm: Any, s: FitDispArgs
 ) -> tuple[Any, Any, Any, Any]:
     """:func:`_fitdisp` in array code: R's line search for all genes at once, a step of every active gene per pass."""
     from gpuc.deseq._fitdisp import ARMIJO
 
+    pv, use_prior, min_log_alpha, kappa_0, tol, maxit, cr = s
     xp = bk.xp
     G = y.shape[0]
     p = x.shape[1]

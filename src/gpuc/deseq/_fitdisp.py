@@ -80,9 +80,15 @@ def r_lgamma(x):
     """
     if x <= 10.0:
         return math.lgamma(x)
+    return r_lgamma_log(x, math.log(x))
+
+
+@jitable
+def r_lgamma_log(x, lx):
+    """:func:`r_lgamma` for x > 10 given ``lx`` = log(x) (the search keeps it for :func:`r_digamma_log`)."""
     if x > 1e17:
-        return x * (math.log(x) - 1.0)
-    base = LN_SQRT_2PI + (x - 0.5) * math.log(x) - x
+        return x * (lx - 1.0)
+    base = LN_SQRT_2PI + (x - 0.5) * lx - x
     if x > 4934720.0:
         return base
     return base + stirling_corr(x)
@@ -99,6 +105,12 @@ def r_digamma(x):
     while x < 10.0:
         acc -= 1.0 / x
         x += 1.0
+    return acc + r_digamma_log(x, math.log(x))
+
+
+@jitable
+def r_digamma_log(x, lx):
+    """The asymptotic series of :func:`r_digamma` for x >= 10 given ``lx`` = log(x)."""
     v = 1.0 / x
     z = v * v
     s = 691.0 / 32760.0 - z / 12.0
@@ -107,7 +119,7 @@ def r_digamma(x):
     s = 1.0 / 252.0 - z * s
     s = 1.0 / 120.0 - z * s
     s = 1.0 / 12.0 - z * s
-    return acc + (math.log(x) - 0.5 * v - z * s)
+    return lx - 0.5 * v - z * s
 
 
 @jitable
@@ -193,10 +205,55 @@ def max_small_count(y, off, sj, n):
 
 
 @jitable
+def cr_from_weights(wts, n, x, p, b, db, want_db):
+    """:func:`cr_matrices` from the weights W already in ``wts[0:n]`` (:func:`log_posterior_k` keeps them), one
+    element of ``b`` (and ``db``) at a time in a scalar: each element adds the same terms in the same order as
+    :func:`cr_matrices` (samples whose row entry is 0 skipped alike), so the sums are the same to the bit.
+    """
+    for r in range(p):
+        for c in range(p):
+            s = 0.0
+            ds = 0.0
+            for j in range(n):
+                xr = x[j * p + r]
+                if xr == 0.0:
+                    continue
+                t = xr * x[j * p + c]
+                w = wts[j]
+                s += t * w
+                if want_db:
+                    ds += t * (-(w * w))
+            b[r * p + c] = s
+            if want_db:
+                db[r * p + c] = ds
+
+
+@jitable
+def cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, want_db, cache, kept):
+    """:func:`cr_matrices`, from the weights in ``cache[n:2n]`` where ``kept`` (:func:`log_posterior_k` put them
+    there at this alpha), else from the means.
+    """
+    if kept:
+        cr_from_weights(cache[n:], n, x, p, b, db, want_db)
+    else:
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db)
+
+
+@jitable
 def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
     """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
-    is scratch of p * p + :data:`TABLE` values; ``cache`` (n values, or none) receives log(1 + mu alpha) per sample
-    for :func:`dlog_posterior` at the same point.
+    is scratch of p * p + :data:`TABLE` values; ``cache``: see :func:`log_posterior_k`.
+    """
+    k = max_small_count(y, off, sj, n)
+    return log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k)
+
+
+@jitable
+def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, kmax):
+    """:func:`log_posterior` with the gene's :func:`max_small_count` ``kmax`` (it depends on the counts only, so the
+    search takes it once per gene). ``cache`` (3 n values, or fewer for none) receives per sample, for
+    :func:`dlog_posterior_k` at the same point: log(1 + mu alpha), the Cox-Reid weight W and, for counts whose
+    y + 1/alpha exceeds 10, log(y + 1/alpha); the same values the derivative would compute afresh.
 
     The count terms are R's expression, operation for operation, except above :data:`TABLE_MIN_ALPHA` (where R's
     rounding is far below its tolerances) for the counts from 1 to :data:`TABLE` - 1 of a gene with more samples
@@ -205,45 +262,50 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
     three, equal to R's expression to its rounding (about 1e-13 relative).
     """
     alpha = math.exp(la)
-    cr = 0.0
-    if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False)
-        cr = -0.5 * cholesky_logdet(b, p)
+    keep = cache.shape[0] >= 3 * n
     r = 1.0 / alpha
     lgr = r_lgamma(r)
     ll = 0.0
-    keep = cache.shape[0] >= n
-    k = max_small_count(y, off, sj, n) if alpha >= TABLE_MIN_ALPHA else -1
-    if k > 0 and k < n:
-        t = p * p  # b[t + c]: sum_{i<c} log(r + i)
-        b[t] = 0.0
+    k = kmax if alpha >= TABLE_MIN_ALPHA else -1
+    table = k > 0 and k < n
+    lr = 0.0
+    t = p * p  # b[t + c]: sum_{i<c} log(r + i)
+    if table:
+        acc = 0.0  # the running sum in a register (the same additions)
+        b[t] = acc
         for c in range(1, k + 1):
-            b[t + c] = b[t + c - 1] + math.log(r + (c - 1))
+            acc = acc + math.log(r + (c - 1))
+            b[t + c] = acc
         lr = math.log(r)
-        for j in range(n):
-            yj = y[off + j * sj]
-            mj = mu[off + j * sj]
-            l1 = math.log(1.0 + mj * alpha)
-            if keep:
-                cache[j] = l1
-            if yj == 0.0:
-                ll += 0.0 - r * l1
-            elif yj < TABLE:
-                ll += b[t + int(yj)] - yj * lr - (yj + r) * l1
-            else:  # R's expression for the large counts, whose rounding is the largest
-                ll += r_lgamma(yj + r) - lgr - yj * math.log(mj + r) - r * l1
-    else:
-        for j in range(n):
-            yj = y[off + j * sj]
-            mj = mu[off + j * sj]
-            l1 = math.log(1.0 + mj * alpha)
-            if keep:
-                cache[j] = l1
-            if yj == 0.0:
-                # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
-                ll += 0.0 - r * l1
+    for j in range(n):
+        yj = y[off + j * sj]
+        mj = mu[off + j * sj]
+        u = 1.0 + mj * alpha
+        l1 = math.log(u)
+        if keep:
+            cache[j] = l1
+            if use_cr:
+                # R: w = 1 / (1/mu + alpha); the same value up to the last bit (see cr_matrices)
+                cache[n + j] = mj / u
+        if yj == 0.0:
+            # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
+            ll += 0.0 - r * l1
+        elif table and yj < TABLE:
+            ll += b[t + int(yj)] - yj * lr - (yj + r) * l1
+        else:  # R's expression (for the large counts, whose rounding is the largest, also in the table case)
+            xg = yj + r
+            if xg > 10.0:
+                lx = math.log(xg)
+                if keep:
+                    cache[2 * n + j] = lx
+                lg = r_lgamma_log(xg, lx)
             else:
-                ll += r_lgamma(yj + r) - lgr - yj * math.log(mj + r) - r * l1
+                lg = math.lgamma(xg)
+            ll += lg - lgr - yj * math.log(mj + r) - r * l1
+    cr = 0.0
+    if use_cr:
+        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, b, False, cache, keep)
+        cr = -0.5 * cholesky_logdet(b, p)
     prior = 0.0
     if use_prior:
         d = la - pm
@@ -253,25 +315,37 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
 
 @jitable
 def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached):
-    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``; above
-    :data:`TABLE_MIN_ALPHA`, for integer counts below :data:`TABLE`, psi(r) - psi(y + r) is the exact sum
-    -sum_{i<y} 1 / (r + i) (a per-evaluation table in ``b``), below it R's expression. With ``cached``, ``cache``
-    holds log(1 + mu alpha) from :func:`log_posterior` at this point.
+    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``; see
+    :func:`dlog_posterior_k`.
+    """
+    k = max_small_count(y, off, sj, n)
+    return dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached, k)
+
+
+@jitable
+def dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached, kmax):
+    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``, with the gene's
+    :func:`max_small_count` ``kmax``; above :data:`TABLE_MIN_ALPHA`, for integer counts below :data:`TABLE`,
+    psi(r) - psi(y + r) is the exact sum -sum_{i<y} 1 / (r + i) (a per-evaluation table in ``b``), below it R's
+    expression. With ``cached``, ``cache`` holds the values :func:`log_posterior_k` kept at this point.
     """
     alpha = math.exp(la)
+    cached = cached and cache.shape[0] >= 3 * n
     cr = 0.0
     if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True)
+        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, True, cache, cached)
         cholesky_logdet(b, p)
         cr = -0.5 * chol_trace_solve(b, db, p)
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
     dgr = r_digamma(r)
-    k = max_small_count(y, off, sj, n) if alpha >= TABLE_MIN_ALPHA else -1
+    k = kmax if alpha >= TABLE_MIN_ALPHA else -1
     t = p * p  # b[t + c]: sum_{i<c} 1 / (r + i)
-    b[t] = 0.0
+    acc = 0.0  # the running sum in a register (the same additions)
+    b[t] = acc
     for c in range(1, k + 1):
-        b[t + c] = b[t + c - 1] + 1.0 / (r + (c - 1))
+        acc = acc + 1.0 / (r + (c - 1))
+        b[t + c] = acc
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]
@@ -284,7 +358,12 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
         elif k >= 0 and yj < TABLE:
             s += lu - ma / u - b[t + int(yj)] + yj / (mj + r)
         else:
-            s += dgr + lu - ma / u - r_digamma(yj + r) + yj / (mj + r)
+            xg = yj + r
+            if cached and xg > 10.0:
+                dg = r_digamma_log(xg, cache[2 * n + j])
+            else:
+                dg = r_digamma(xg)
+            s += dgr + lu - ma / u - dg + yj / (mj + r)
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
@@ -296,12 +375,13 @@ def fit_disp_gene(
     a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, cache, res
 ):
     """R's ``fitDisp`` line search for one gene from log alpha ``a``; writes ``res[0:4]`` = (log alpha, proposals
-    made, initial log posterior, last log posterior). ``cache``: n values of scratch, or none (see
-    :func:`log_posterior`).
+    made, initial log posterior, last log posterior). ``cache``: 3 n values of scratch, or fewer for none (see
+    :func:`log_posterior_k`).
     """
-    keep = cache.shape[0] >= n
-    lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)
-    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
+    keep = cache.shape[0] >= 3 * n
+    k = max_small_count(y, off, sj, n)
+    lp = log_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k)
+    dlp = dlog_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep, k)
     kappa = kappa_0
     initial_lp = lp
     it = 0
@@ -313,8 +393,8 @@ def fit_disp_gene(
             kappa = (-30.0 - a) / dlp
         if a_propose > 10.0:
             kappa = (10.0 - a) / dlp
-        theta_kappa = -1.0 * log_posterior(
-            a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache
+        theta_kappa = -1.0 * log_posterior_k(
+            a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k
         )
         theta_hat_kappa = -1.0 * lp - kappa * ARMIJO * (dlp * dlp)
         if theta_kappa <= theta_hat_kappa:
@@ -328,8 +408,8 @@ def fit_disp_gene(
             if a < min_log_alpha:
                 break
             lp = lpnew
-            # the last log posterior evaluated was at this point: its log(1 + mu alpha) are in the cache
-            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
+            # the last log posterior evaluated was at this point: its per-sample values are in the cache
+            dlp = dlog_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep, k)
             kappa = min(kappa * 1.1, kappa_0)
             if accepted % 5 == 0:
                 kappa = kappa / 2.0
@@ -385,16 +465,19 @@ def grid_bounds(n: int) -> tuple[float, float]:
 # here, beside the code they compile, so that numba's on-disk cache (keyed on this file) cannot outlive an edit of it.
 # --------------------------------------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
-def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, out):  # pragma: no cover
-    """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
+def block_inputs(y, mu, x):  # pragma: no cover
+    """Genes, samples and coefficients of a block, its counts, means and design flat, and a gene's scratch ``b``."""
     G, n = y.shape
     p = x.shape[1]
-    yf = y.reshape(-1)
-    mf = mu.reshape(-1)
-    xf = x.reshape(-1)
-    b = np.empty(p * p + TABLE)
+    return G, n, p, y.reshape(-1), mu.reshape(-1), x.reshape(-1), np.empty(p * p + TABLE)
+
+
+@njit(cache=True, nogil=True)
+def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, out):  # pragma: no cover
+    """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
+    G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     db = np.empty(p * p)
-    cache = np.empty(n)
+    cache = np.empty(3 * n)
     res = np.empty(4)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
@@ -409,12 +492,7 @@ def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, 
 @njit(cache=True, nogil=True)
 def fit_disp_grid_cpu(y, mu, x, pm, pv, use_prior, use_cr, lo, hi, ngrid, out):  # pragma: no cover
     """:func:`fit_disp_grid_gene` for every gene; ``out`` (G,) receives log alpha."""
-    G, n = y.shape
-    p = x.shape[1]
-    yf = y.reshape(-1)
-    mf = mu.reshape(-1)
-    xf = x.reshape(-1)
-    b = np.empty(p * p + TABLE)
+    G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
         out[i] = fit_disp_grid_gene(yf, mf, i * n, 1, n, xf, p, m, pv, use_prior, use_cr, lo, hi, ngrid, b)
