@@ -127,25 +127,23 @@ class DispFit:
 
 def fit_log_alpha(bk: Backend, y: Any, mu: Any, x: Any, alpha0: Any, **kwargs: Any) -> DispFit:
     """R's dispersion search (see :func:`_fit_log_alpha`); on the CPU large problems run in gene blocks."""
-    from gpuc.deseq._threads import gene_blocks, map_blocks
+    from gpuc.deseq._threads import in_gene_blocks
 
     kwargs.pop("init_state", None)  # accepted for callers of the former Newton solver; R starts from alpha0 only
-    blocks = gene_blocks(bk, y.shape[0], y.shape[1])
-    if blocks is None:
-        return _fit_log_alpha(bk, y, mu, x, alpha0, **kwargs)
     pm = kwargs.pop("prior_mean", None)
-    parts = map_blocks(
-        blocks,
-        lambda s: _fit_log_alpha(bk, y[s], mu[s], x, alpha0[s], prior_mean=None if pm is None else pm[s], **kwargs),
-    )
     xp = bk.xp
-    state = tuple(xp.concatenate([q.state[i] for q in parts]) for i in range(4))
-    return DispFit(
-        xp.concatenate([q.alpha for q in parts]),
-        xp.concatenate([q.iters for q in parts]),
-        xp.concatenate([q.converged for q in parts]),
-        state,
-    )
+
+    def fit(s: slice | None) -> DispFit:
+        if s is None:
+            return _fit_log_alpha(bk, y, mu, x, alpha0, prior_mean=pm, **kwargs)
+        return _fit_log_alpha(bk, y[s], mu[s], x, alpha0[s], prior_mean=None if pm is None else pm[s], **kwargs)
+
+    def join(parts: list[DispFit]) -> DispFit:
+        state = tuple(xp.concatenate([q.state[i] for q in parts]) for i in range(4))
+        cat = [xp.concatenate([getattr(q, f) for q in parts]) for f in ("alpha", "iters", "converged")]
+        return DispFit(*cat, state)
+
+    return in_gene_blocks(bk, y.shape, fit, join)
 
 
 def _fit_log_alpha(
@@ -351,16 +349,23 @@ def _r_lgamma(bk: Backend, x: Any) -> Any:
     return out
 
 
+def _alphas_and_cr_weights(xp: Any, la: Any, mu: Any, cr: bool) -> tuple[Any, Any, Any]:
+    """The dispersions at log alphas ``la``, as a column, and the Cox-Reid weights mu / (1 + mu alpha) (None without
+    the Cox-Reid term).
+    """
+    alpha = xp.exp(la)
+    a = alpha[:, None]
+    return alpha, a, (mu / (1.0 + mu * a) if cr else None)
+
+
 def _r_logpost(
     bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, pm: Any, pv: float, use_prior: bool, cr: bool
 ) -> Any:
     """R's ``log_posterior`` for every gene at log alphas ``la`` (array code, as :mod:`gpuc.deseq._fitdisp`)."""
     xp = bk.xp
-    alpha = xp.exp(la)
-    a = alpha[:, None]
+    alpha, a, w = _alphas_and_cr_weights(xp, la, mu, cr)
     crt = 0.0
     if cr:
-        w = mu / (1.0 + mu * a)
         _, logdet = xp.linalg.slogdet(normal_matrix(w, xx, p))
         crt = -0.5 * logdet
     r = 1.0 / alpha
@@ -380,11 +385,9 @@ def _r_dlogpost(
 ) -> Any:
     """R's ``dlog_posterior`` for every gene at log alphas ``la`` (array code)."""
     xp = bk.xp
-    alpha = xp.exp(la)
-    a = alpha[:, None]
+    alpha, a, w = _alphas_and_cr_weights(xp, la, mu, cr)
     crt = 0.0
     if cr:
-        w = mu / (1.0 + mu * a)
         dw = -(w * w)
         b = normal_matrix(w, xx, p)
         db = normal_matrix(dw, xx, p)
@@ -660,24 +663,6 @@ def locfit_predict(vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarra
     p2, p3 = p2 * width, p3 * width
     out = p0 * vf[i] + p1 * vf[i + 1] + p2 * vd[i] + p3 * vd[i + 1]
     return np.where(np.isfinite(at), out, np.nan)
-
-
-def local_poly(x: np.ndarray, y: np.ndarray, w: np.ndarray, at: np.ndarray, *, span: float, degree: int) -> np.ndarray:
-    """Weighted local polynomial regression (tricube kernel, nearest-neighbour bandwidth) evaluated at ``at``."""
-    n = x.shape[0]
-    k = max(int(np.ceil(span * n)), degree + 1)
-    out = np.empty(at.shape[0])
-    for i, x0 in enumerate(at):  # loop over evaluation points of a 1-D smoother, not over genes
-        d = np.abs(x - x0)
-        hh = np.partition(d, min(k, n) - 1)[min(k, n) - 1] * (1.0 + 1e-10) + 1e-12
-        u = np.clip(d / hh, 0, 1)
-        kw = (1 - u**3) ** 3 * w
-        sel = kw > 0
-        v = np.vander(x[sel] - x0, degree + 1, increasing=True)
-        sw = np.sqrt(kw[sel])
-        coef, *_ = np.linalg.lstsq(v * sw[:, None], y[sel] * sw, rcond=None)
-        out[i] = coef[0]
-    return out
 
 
 def fit_trend(

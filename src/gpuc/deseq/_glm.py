@@ -93,25 +93,21 @@ class GLMFit:
 
 def fit_nb_glm(bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, **kwargs: Any) -> GLMFit:
     """Batched NB GLM fit (see :func:`_fit_nb_glm`); on the CPU large problems run in gene blocks."""
-    from gpuc.deseq._threads import gene_blocks, map_blocks
+    from gpuc.deseq._threads import in_gene_blocks
 
-    blocks = gene_blocks(bk, y.shape[0], y.shape[1])
-    if blocks is None:
-        return _fit_nb_glm(bk, y, sf, x, alpha, **kwargs)
     b0 = kwargs.pop("beta_init", None)
-    parts = map_blocks(
-        blocks,
-        lambda s: _fit_nb_glm(
-            bk, y[s], gene_rows(sf, s), x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs
-        ),
-    )
     xp = bk.xp
-    return GLMFit(
-        *(
-            xp.concatenate([getattr(q, f) for q in parts])
-            for f in ("beta", "cov", "hat", "mu", "deviance", "iters", "converged", "refit")
-        )
-    )
+
+    def fit(s: slice | None) -> GLMFit:
+        if s is None:
+            return _fit_nb_glm(bk, y, sf, x, alpha, beta_init=b0, **kwargs)
+        return _fit_nb_glm(bk, y[s], gene_rows(sf, s), x, alpha[s], beta_init=None if b0 is None else b0[s], **kwargs)
+
+    def join(parts: list[GLMFit]) -> GLMFit:
+        fields = ("beta", "cov", "hat", "mu", "deviance", "iters", "converged", "refit")
+        return GLMFit(*(xp.concatenate([getattr(q, f) for q in parts]) for f in fields))
+
+    return in_gene_blocks(bk, y.shape, fit, join)
 
 
 def _fit_nb_glm(

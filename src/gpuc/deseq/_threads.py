@@ -53,6 +53,14 @@ def gene_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None
     return _even_slices(n_genes, max(128, BLOCK_ENTRIES // max(n_samples, 1)))
 
 
+def in_gene_blocks(bk: Backend, shape: tuple[int, int], fit: Callable[[slice | None], Any], join: Callable) -> Any:
+    """A per-gene fit of a genes x samples problem of ``shape``: ``fit(None)`` on every gene in one call when
+    :func:`gene_blocks` keeps them together, else ``join`` of ``fit(block)`` over the blocks (:func:`map_blocks`).
+    """
+    blocks = gene_blocks(bk, shape[0], shape[1])
+    return fit(None) if blocks is None else join(map_blocks(blocks, fit))
+
+
 def stage_blocks(bk: Backend, n_genes: int, n_samples: int) -> list[slice] | None:
     """Slices of about ``STAGE_ENTRIES / n_samples`` genes for a whole per-gene stage, or None to run it in one call
     (GPU, small problems, or already inside a block). Independent of the thread count.
