@@ -59,6 +59,14 @@ class GeneMoments:
     def __add__(self, other: GeneMoments) -> GeneMoments:
         return GeneMoments(self.n + other.n, self.total + other.total, self.total_sq + other.total_sq)
 
+    @staticmethod
+    def summed(parts: list[GeneMoments]) -> GeneMoments:
+        """The moments of row blocks ``parts`` (at least one) added in block order."""
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + p
+        return out
+
     def sd(self, ddof: int = 1) -> np.ndarray:
         """Per-gene standard deviation (``ddof=1`` as :func:`gpuc.nmf._prepare.prepare_matrix` and cNMF use)."""
         mean = self.total / max(self.n, 1)
@@ -200,8 +208,9 @@ def select_genes(
     x: Any, genes: np.ndarray | None, *, block_rows: int = BLOCK_ROWS, n_jobs: int | None = None
 ) -> tuple[Any, np.ndarray | None, GeneMoments | None]:
     """``(x[:, genes], None, moments)`` for an in-memory host CSR matrix, copied out by one compiled pass
-    (:func:`gpuc.nmf._kernels_project_cpu.compact_selected`, after a count pass over the column indices) that also sums the selected genes' :class:`GeneMoments`;
-    ``(x, genes, None)`` for anything else (dask, dense, device arrays, other sparse formats, or without numba).
+    (:func:`gpuc.nmf._kernels_project_cpu.compact_selected`, after a count pass over the column indices) that also
+    sums the selected genes' :class:`GeneMoments`; ``(x, genes, None)`` for anything else (dask, dense, device
+    arrays, other sparse formats, or without numba).
 
     The moments equal ``gene_moments(x, genes, block_rows=block_rows)`` bit for bit (each block summed in the same
     chunks, the blocks added in order), and the product with the spectra then reads only the reference genes' values
@@ -228,10 +237,7 @@ def select_genes(
         indptr = indptr.astype(np.int32)
     out = scipy.sparse.csr_matrix((data, indices, indptr), shape=(rows, n_sel), copy=False)
     parts = [GeneMoments(min(block_rows, rows - a), m[b, 0], m[b, 1]) for b, a in enumerate(range(0, rows, block_rows))]
-    moments = parts[0] if parts else GeneMoments(0, m[0, 0], m[0, 1])
-    for p in parts[1:]:
-        moments = moments + p
-    return out, None, moments
+    return out, None, GeneMoments.summed(parts or [GeneMoments(0, m[0, 0], m[0, 1])])
 
 
 def block_moments(block: Any, genes: np.ndarray | None = None, *, n_jobs: int | None = None) -> GeneMoments:
@@ -265,10 +271,7 @@ def gene_moments(
         parts = _dask_map(block_moments, _dask_blocks(x, block_rows), {"genes": genes}, client)
     else:
         parts = [block_moments(_rows(x, a, a + block_rows), genes) for a in range(0, x.shape[0], block_rows)]
-    out = parts[0]
-    for p in parts[1:]:
-        out = out + p
-    return out
+    return GeneMoments.summed(parts)
 
 
 def gene_factors(moments: GeneMoments, preprocessing: str) -> np.ndarray:
