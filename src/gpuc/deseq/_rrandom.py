@@ -452,7 +452,9 @@ def _r_sum_rows(terms: np.ndarray) -> np.ndarray:
 
 
 def kl_curve(resid: np.ndarray, df: int, grid: np.ndarray, *, seed: int = 2, nsim: int = _NSIM) -> np.ndarray:
-    """R DESeq2's ``klDivs``: KL divergence of the residual histogram from each simulated one (one per grid variance)."""
+    """R DESeq2's ``klDivs``: KL divergence of the residual histogram from each simulated one (one per grid
+    variance).
+    """
     brks = _BREAKS
     fb = _fuzzy_breaks(brks)
     h = np.diff(brks)
@@ -497,7 +499,10 @@ def _kd_vertices(x: np.ndarray, fc: int) -> np.ndarray:
 
 
 def _local_quadratic(x: np.ndarray, y: np.ndarray, at: float, nf: int) -> tuple[float, float]:
-    """The ehg127 fit of dloess at one vertex: value and slope of the tricube-weighted quadratic on the nf nearest points."""
+    """The ehg127 fit of dloess at one vertex: value and slope of the tricube-weighted quadratic on the nf nearest
+    points (its own basis scaling and rank tolerance; locfit's vertex fit, ``_dispersion._locfit_vertex``, differs in
+    both, and each must give its reference's last bits).
+    """
     dist = (x - at) ** 2
     psi = np.argsort(dist, kind="stable")[:nf]
     rho = dist[psi[-1]]
