@@ -50,7 +50,8 @@ from gpuc.deseq._pipeline import (
     gene_fields,
     gene_moments,
 )
-from gpuc.deseq._size_factors import NoCommonGenesError, sample_medians
+from gpuc.deseq._rlinalg import r_col_means, r_mean, r_row_sums
+from gpuc.deseq._size_factors import NoCommonGenesError, centred_on_geometric_mean, log_geo_means, sample_medians
 
 BLOCK_BYTES = 256 * 2**20
 MIN_MU = 0.5
@@ -86,19 +87,6 @@ def _gene_major(counts: Any) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------------------
 # global step 1: size factors, block by block
 # --------------------------------------------------------------------------------------------------------------------
-def _log_geo_means(bk: Backend, yb: Any, kind: str) -> Any:
-    """Per gene log geometric mean as :func:`size_factors_ratio` / :func:`size_factors_poscounts` form it."""
-    xp = bk.xp
-    if kind == "ratio":
-        with np.errstate(divide="ignore"):
-            return xp.log(yb).mean(axis=1)
-    n = yb.shape[1]
-    with np.errstate(divide="ignore"):
-        logpos = xp.where(yb > 0, xp.log(xp.maximum(yb, 1.0)), 0.0)
-    allzero = ~(yb > 0).any(axis=1)
-    return xp.where(allzero, -xp.inf, logpos.sum(axis=1) / n)
-
-
 def size_factors_blocked(
     bk: Backend, y_all: np.ndarray, kind: str, spans: list[tuple[int, int]]
 ) -> tuple[Any, str, str | None]:
@@ -116,7 +104,7 @@ def size_factors_blocked(
     note = None
     if kind == "ratio" and not any(bool((yb > 0).all(axis=1).any()) for _, _, yb in blocks()):
         kind, note = "poscounts", POSCOUNTS_NOTE
-    loggeo = [_log_geo_means(bk, yb, kind) for _, _, yb in blocks()]
+    loggeo = [log_geo_means(bk, yb, kind) for _, _, yb in blocks()]
     usable = [xp.isfinite(lg) for lg in loggeo]
     n_used = sum(int(u.sum()) for u in usable)
     if kind == "ratio" and n_used == 0:
@@ -132,7 +120,7 @@ def size_factors_blocked(
         at += yu.shape[0]
     sf = xp.exp(sample_medians(bk, ratio, complete=kind == "ratio"))
     if kind == "poscounts":
-        sf = sf / xp.exp(xp.log(sf).mean())
+        sf = centred_on_geometric_mean(bk, sf)
     return sf, kind, note
 
 
@@ -185,7 +173,7 @@ def genewise_block(
     host = lambda a: np.asarray(bk.to_host(a))  # noqa: E731
     _, nonzero, yz = _block_counts(bk, y, lo)
     sf = _block_factors(bk, size_factors, nf, nonzero)
-    base_mean = (yz / per_gene(sf)).mean(axis=1)
+    base_mean = r_row_sums(bk, yz / per_gene(sf), mean=True)
     max_disp = max(10.0, float(design.shape[0]))
     gw, gw_conv, _, state = _fit_dispersions(
         bk, yz, sf, bk.asarray(design), min_disp=MIN_DISP, max_disp=max_disp, min_mu=MIN_MU, xim=xim
@@ -323,7 +311,7 @@ def run_analysis_blocked(
             msg = f"normalisation factors of shape {nf_all.shape[::-1]} do not match the counts {y_all.shape[::-1]}."
             raise ValueError(msg)
         nz = (y_all > 0).any(axis=1)
-        xim = float((1.0 / nf_all[nz].mean(axis=0)).mean())  # R: mean(1 / colMeans(NF)), genes with a count
+        xim = r_mean(bk, 1.0 / r_col_means(bk, nf_all[nz]))  # R: mean(1 / colMeans(NF)), genes with a count
         sf, sf_type = None, "normalization_factors"
     elif isinstance(size_factors, str):
         control = opts.control_genes

@@ -27,7 +27,8 @@ import numpy as np
 import scipy.special
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, normal_matrix, outer_rows, per_gene
+from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, per_gene
+from gpuc.deseq._rlinalg import linear_model_fit, r_col_means, r_mean, r_row_sums, r_row_vars
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -45,28 +46,23 @@ def rough_moments_init(
     xp = bk.xp
     n, p = x.shape
     norm = y / per_gene(sf)
-    fitted = xp.maximum(_project(bk, norm, x), 1.0)
-    rough = xp.maximum((((norm - fitted) ** 2 - fitted) / fitted**2).sum(axis=1) / (n - p), 0.0)
-    bm = norm.mean(axis=1)
-    bv = norm.var(axis=1, ddof=1)
+    # R's roughDispEstimate: rowSums(((y - mu)^2 - mu) / mu^2) / (m - p) around the linear-model means (at least 1)
+    fitted = xp.maximum(linear_model_fit(bk, norm, x), 1.0)
+    rough = xp.maximum(r_row_sums(bk, ((norm - fitted) ** 2 - fitted) / fitted**2) / (n - p), 0.0)
+    # R's momentsDispEstimate: (baseVar - xim baseMean) / baseMean^2, baseMean by rowMeans, baseVar by rowVars
+    bm = r_row_sums(bk, norm, mean=True)
+    bv = r_row_vars(xp, norm)
     if xim is None:
-        xim = (1.0 / sf).mean() if sf.ndim == 1 else (1.0 / sf.mean(axis=0)).mean()
+        xim = r_mean(bk, 1.0 / sf) if sf.ndim == 1 else r_mean(bk, 1.0 / r_col_means(bk, sf))
     with np.errstate(divide="ignore", invalid="ignore"):
         mom = (bv - xim * bm) / bm**2
     mom = xp.where(xp.isfinite(mom), mom, 0.0)
     return xp.clip(xp.minimum(rough, mom), min_disp, max_disp)
 
 
-def _project(bk: Backend, v: Any, x: Any) -> Any:
-    """Least-squares fitted values of each row of ``v`` (genes x samples) on the design: (v pinv(X)^T) X^T."""
-    xh = np.asarray(bk.to_host(x))
-    pinv = bk.asarray(np.linalg.pinv(xh))
-    return (v @ pinv.T) @ bk.asarray(xh).T
-
-
 def linear_mu(bk: Backend, y: Any, sf: Any, x: Any) -> Any:
     """Least-squares fit of normalised counts on the design, times size factors (R ``linearModelMuNormalized``)."""
-    return _project(bk, y / per_gene(sf), x) * per_gene(sf)
+    return linear_model_fit(bk, y / per_gene(sf), x) * per_gene(sf)
 
 
 def uses_linear_mu(x: np.ndarray) -> bool:
@@ -89,30 +85,45 @@ def dispersion_mu(bk: Backend, y: Any, sf: Any, x: Any, alpha0: Any, *, min_mu: 
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _chebyshev(xp: Any, t: Any, coefs: np.ndarray, n: int) -> Any:
+    """R's ``chebyshev_eval`` elementwise (as :func:`gpuc.deseq._fitdisp.r_chebyshev`)."""
+    twox = t * 2.0
+    b0 = xp.zeros_like(t)
+    b1 = b0
+    b2 = b0
+    for i in range(1, n + 1):
+        b2 = b1
+        b1 = b0
+        b0 = twox * b1 - b2 + float(coefs[n - i])
+    return (b0 - b2) * 0.5
+
+
 def _psi(xp: Any, x: Any) -> Any:
-    """psi(x) for x > 0 as :func:`gpuc.deseq._fitdisp.r_digamma`: the recurrence up to x >= 10, then the asymptotic
-    series (array code).
-    """
-    acc = xp.zeros_like(x)
-    for _ in range(10):
-        m = x < 10.0
-        acc = acc - xp.where(m, 1.0 / x, 0.0)
-        x = xp.where(m, x + 1.0, x)
-    z = 1.0 / (x * x)
-    big = (
-        xp.log(x)
-        - 0.5 / x
-        - z
-        * (
-            1.0 / 12.0
-            - z
-            * (
-                1.0 / 120.0
-                - z * (1.0 / 252.0 - z * (1.0 / 240.0 - z * (1.0 / 132.0 - z * (691.0 / 32760.0 - z / 12.0))))
-            )
-        )
-    )
-    return acc + big
+    """R's ``digamma`` for x > 0 elementwise, step for step as :func:`gpuc.deseq._fitdisp.r_digamma_log`."""
+    from gpuc.deseq._fitdisp import BVALUES, PSI_LRG, PSI_WDTOL
+
+    lx = xp.log(x)
+    nx = xp.where(x < 9.0, 9.0 - xp.floor(x), 0.0)
+    xd = x + nx
+    xdl = xp.where(nx > 0, xp.log(xd), lx)
+    tt = 0.5 / xd
+    tst = PSI_WDTOL * tt
+    rxsq = 1.0 / (xd * xd)
+    t = 0.5 * rxsq
+    s = t * float(BVALUES[0])
+    active = xp.abs(s) >= tst
+    tk = 2.0
+    for k in range(4, 23):
+        t = xp.where(active, t * ((tk + 1.0) / (tk + 1.0)) * (tk / (tk + 2.0)) * rxsq, t)
+        trm = t * float(BVALUES[k - 3])
+        active = active & ~(xp.abs(trm) < tst)
+        s = xp.where(active, s + trm, s)
+        tk += 2.0
+    s = s + tt
+    for i in range(1, 10):
+        on = nx >= i
+        s = xp.where(on, s + 1.0 / xp.where(on, x + (nx - i), 1.0), s)
+    return xp.where(x * lx > PSI_LRG, lx, -(s - xdl))
 
 
 @dataclass
@@ -309,18 +320,17 @@ def _fitdisp_grid(
             out,
         )
         return out
-    xx = outer_rows(x)
-    p = x.shape[1]
+    xh = np.asarray(bk.to_host(x), dtype=np.float64)
     kw = {"pm": pm, "pv": pv, "use_prior": use_prior, "cr": cr}
     delta = (hi - lo) / (ngrid - 1)
     pts = [lo] + [lo + t * delta for t in range(1, ngrid - 1)] + [hi]
-    vals = xp.stack([_r_logpost(bk, xp.full(G, g), y, mu, xx, p, **kw) for g in pts], axis=1)
+    vals = xp.stack([_r_logpost(bk, xp.full(G, g), y, mu, xh, **kw) for g in pts], axis=1)
     a_hat = xp.asarray(np.asarray(pts))[_first_argmax(xp, vals)]
     d1 = (lo + delta) - lo
     start, end = a_hat - d1, a_hat + d1
     step = (end - start) / (ngrid - 1)
     fine = [start + t * step for t in range(ngrid - 1)] + [end]
-    vals = xp.stack([_r_logpost(bk, g, y, mu, xx, p, **kw) for g in fine], axis=1)
+    vals = xp.stack([_r_logpost(bk, g, y, mu, xh, **kw) for g in fine], axis=1)
     return xp.stack(fine, axis=1)[xp.arange(G), _first_argmax(xp, vals)]
 
 
@@ -330,49 +340,134 @@ def _first_argmax(xp: Any, v: Any) -> Any:
 
 
 def _r_lgamma(bk: Backend, x: Any) -> Any:
-    """:func:`gpuc.deseq._fitdisp.r_lgamma` elementwise (array code)."""
-    from gpuc.deseq._fitdisp import LN_SQRT_2PI
+    """R's ``lgammafn`` for x > 0 elementwise, branch for branch as :func:`gpuc.deseq._fitdisp.r_lgamma`."""
+    from gpuc.deseq._fitdisp import ALGMCS, GAMCS, LGAMMACOR_XBIG, LN_SQRT_2PI
 
     xp = bk.xp
     xs = xp.where(x > 10.0, x, 11.0)
     lx = xp.log(xs)
     base = LN_SQRT_2PI + (xs - 0.5) * lx - xs
-    z = 1.0 / (xs * xs)
-    s = 1.0 / 156.0 - z * (3617.0 / 122400.0)
-    for c in (691.0 / 360360.0, 1.0 / 1188.0, 1.0 / 1680.0, 1.0 / 1260.0, 1.0 / 360.0, 1.0 / 12.0):
-        s = c - z * s
-    out = xp.where(xs > 4934720.0, base, base + s / xs)
+    tmp = 10.0 / xs
+    corr = xp.where(xs < LGAMMACOR_XBIG, _chebyshev(xp, tmp * tmp * 2.0 - 1.0, ALGMCS, 5) / xs, 1.0 / (xs * 12.0))
+    out = xp.where(xs > 4934720.0, base, base + corr)
     out = xp.where(xs > 1e17, xs * (lx - 1.0), out)
     small = x <= 10.0
     if bool(small.any()):
-        out = xp.where(small, bk.special.gammaln(xp.where(small, x, 1.0)), out)
+        xv = xp.where(small, x, 1.5)
+        n = xp.floor(xv)
+        y = xv - n
+        value = _chebyshev(xp, y * 2.0 - 1.0, GAMCS, 22) + 0.9375
+        value = xp.where(n < 1.0, value / xv, value)
+        for i in range(1, 10):
+            value = xp.where(n - 1.0 >= i, value * (y + i), value)
+        lg = xp.where(xv < 1e-306, -xp.log(xv), xp.log(xp.abs(value)))
+        out = xp.where(small, lg, out)
     return out
 
 
-def _alphas_and_cr_weights(xp: Any, la: Any, mu: Any, cr: bool) -> tuple[Any, Any, Any]:
-    """The dispersions at log alphas ``la``, as a column, and the Cox-Reid weights mu / (1 + mu alpha) (None without
-    the Cox-Reid term).
+def _cr_matrix(xp: Any, wts: Any, x: np.ndarray) -> Any:
+    """R's ``x' (x .* w)`` per gene ((G, p, p) from the (G, n) weights): entry (r, c) sums x_jr (x_jc w_j) over the
+    samples in order (as :func:`gpuc.deseq._fitdisp.cr_matrices`).
     """
-    alpha = xp.exp(la)
-    a = alpha[:, None]
-    return alpha, a, (mu / (1.0 + mu * a) if cr else None)
+    n, p = x.shape
+    b = xp.zeros((wts.shape[0], p, p))
+    for j in range(n):
+        xj = xp.asarray(x[j])
+        b = b + xj[None, :, None] * (xj[None, None, :] * wts[:, j, None, None])
+    return b
+
+
+def _det_lu(xp: Any, a: Any) -> Any:
+    """:func:`gpuc.deseq._fitdisp.det_lu` for a stack of matrices (G, p, p)."""
+    a = a.copy()
+    G, p, _ = a.shape
+    rows = xp.arange(G)
+    sign = xp.ones(G)
+    for k in range(p):
+        piv = k + xp.argmax(xp.abs(a[:, k:, k]), axis=1)
+        swap = piv != k
+        sign = xp.where(swap, -sign, sign)
+        rk = a[rows, k].copy()
+        a[rows, k] = a[rows, piv]
+        a[rows, piv] = rk
+        d = a[:, k, k]
+        nz = d != 0.0
+        rd = 1.0 / xp.where(nz, d, 1.0)
+        big = (xp.abs(d) >= 2.2250738585072014e-308)[:, None]
+        col = a[:, k + 1 :, k]
+        scaled = xp.where(big, col * rd[:, None], col / xp.where(nz, d, 1.0)[:, None])
+        a[:, k + 1 :, k] = xp.where(nz[:, None], scaled, col)
+        a[:, k + 1 :, k + 1 :] = a[:, k + 1 :, k + 1 :] + (-a[:, k, None, k + 1 :]) * a[:, k + 1 :, k, None]
+    val = a[:, 0, 0]
+    for i in range(1, p):
+        val = val * a[:, i, i]
+    return xp.where(sign > 0, val, -val)
+
+
+def _det_r(xp: Any, b: Any) -> Any:
+    """Armadillo's ``det`` for a stack of matrices (G, p, p), as :func:`gpuc.deseq._fitdisp.det_r`."""
+    from gpuc.deseq._fitdisp import DET_EPS
+
+    p = b.shape[1]
+    if p == 1:
+        return b[:, 0, 0]
+    if p > 4:
+        return _det_lu(xp, b)
+    e = b.reshape(b.shape[0], p * p)
+    if p == 2:
+        v = e[:, 0] * e[:, 3] - e[:, 2] * e[:, 1]
+    elif p == 3:
+        v = (
+            e[:, 0] * (e[:, 8] * e[:, 4] - e[:, 7] * e[:, 5])
+            - e[:, 3] * (e[:, 8] * e[:, 1] - e[:, 7] * e[:, 2])
+            + e[:, 6] * (e[:, 5] * e[:, 1] - e[:, 4] * e[:, 2])
+        )
+    else:
+        v = _det_4x4(e)
+    ok = (xp.abs(v) > DET_EPS) & (xp.abs(v) < 1.0 / DET_EPS)
+    if bool(ok.all()):
+        return v
+    tri_upper = xp.all(xp.tril(b, -1).reshape(b.shape[0], -1) == 0.0, axis=1)
+    tri_lower = xp.all(xp.triu(b, 1).reshape(b.shape[0], -1) == 0.0, axis=1)
+    diag = b[:, 0, 0]
+    for i in range(1, p):
+        diag = diag * b[:, i, i]
+    other = xp.where(tri_upper | tri_lower, diag, _det_lu(xp, b))
+    return xp.where(ok, v, other)
+
+
+def _det_4x4(e: Any) -> Any:
+    """:func:`gpuc.deseq._fitdisp.det_4x4` on the rows of ``e`` (G, 16)."""
+    from gpuc.deseq._fitdisp import det_4x4
+
+    return det_4x4([e[:, k] for k in range(16)])
+
+
+def _c_pow(xp: Any, v: Any, e: float) -> Any:
+    """``v ** e`` from the C library's ``pow``, as R's ``pow(v, -1)`` (NumPy and LLVM replace a scalar exponent of
+    -1 by a division, which differs in the last bit for about 1 value in 1,000; an array of exponents they leave).
+    """
+    return xp.power(v, xp.full_like(v, e))
 
 
 def _r_logpost(
-    bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, pm: Any, pv: float, use_prior: bool, cr: bool
+    bk: Backend, la: Any, y: Any, mu: Any, x: np.ndarray, *, pm: Any, pv: float, use_prior: bool, cr: bool
 ) -> Any:
     """R's ``log_posterior`` for every gene at log alphas ``la`` (array code, as :mod:`gpuc.deseq._fitdisp`)."""
     xp = bk.xp
-    alpha, a, w = _alphas_and_cr_weights(xp, la, mu, cr)
+    alpha = xp.exp(la)
+    a = alpha[:, None]
     crt = 0.0
     if cr:
-        _, logdet = xp.linalg.slogdet(normal_matrix(w, xx, p))
-        crt = -0.5 * logdet
+        det = _det_r(xp, _cr_matrix(xp, _c_pow(xp, _c_pow(xp, mu, -1.0) + a, -1.0), x))
+        crt = -0.5 * xp.where(det > 0, xp.log(xp.where(det > 0, det, 1.0)), xp.where(det == 0, -xp.inf, xp.nan))
     r = 1.0 / alpha
     rc = r[:, None]
     lgr = _r_lgamma(bk, r)[:, None]
     terms = _r_lgamma(bk, y + rc) - lgr - y * xp.log(mu + rc) - rc * xp.log(1.0 + mu * a)
-    ll = terms.sum(axis=1)
+    ll = xp.zeros(y.shape[0])
+    for j in range(y.shape[1]):  # R's sum: in sample order
+        ll = ll + terms[:, j]
     prior = 0.0
     if use_prior:
         d = la - pm
@@ -380,25 +475,52 @@ def _r_logpost(
     return ll + prior + crt
 
 
+def _cr_derivative(xp: Any, b: Any, db: Any) -> Any:
+    """:func:`gpuc.deseq._fitdisp.cr_derivative` for stacks of matrices (G, p, p)."""
+    from gpuc.deseq._fitdisp import DET_EPS
+
+    p = b.shape[1]
+    fallback = -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
+    if p == 1:
+        det = b[:, 0, 0]
+        return (-0.5 * (det * ((1.0 / det) * db[:, 0, 0] + 0.0))) / det
+    if p != 2:
+        return fallback
+    a00, a01, a10, a11 = b[:, 0, 0], b[:, 0, 1], b[:, 1, 0], b[:, 1, 1]
+    dv = a00 * a11 - a01 * a10
+    ok = (xp.abs(dv) >= DET_EPS) & (xp.abs(dv) <= 1.0 / DET_EPS)
+    acc1 = 0.0 + (a11 / dv) * db[:, 0, 0]
+    acc2 = 0.0 + (-a01 / dv) * db[:, 1, 0]
+    acc1 = acc1 + (-a10 / dv) * db[:, 0, 1]
+    acc2 = acc2 + (a00 / dv) * db[:, 1, 1]
+    det = _det_r(xp, b)
+    return xp.where(ok, (-0.5 * (det * (acc1 + acc2))) / det, fallback)
+
+
 def _r_dlogpost(
-    bk: Backend, la: Any, y: Any, mu: Any, xx: Any, p: int, *, pm: Any, pv: float, use_prior: bool, cr: bool
+    bk: Backend, la: Any, y: Any, mu: Any, x: np.ndarray, *, pm: Any, pv: float, use_prior: bool, cr: bool
 ) -> Any:
-    """R's ``dlog_posterior`` for every gene at log alphas ``la`` (array code)."""
+    """R's ``dlog_posterior`` for every gene at log alphas ``la`` (array code, as :mod:`gpuc.deseq._fitdisp`)."""
     xp = bk.xp
-    alpha, a, w = _alphas_and_cr_weights(xp, la, mu, cr)
+    alpha = xp.exp(la)
+    a = alpha[:, None]
     crt = 0.0
     if cr:
-        dw = -(w * w)
-        b = normal_matrix(w, xx, p)
-        db = normal_matrix(dw, xx, p)
-        crt = -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
+        v = _c_pow(xp, mu, -1.0) + a
+        b = _cr_matrix(xp, _c_pow(xp, v, -1.0), x)
+        db = _cr_matrix(xp, -1.0 * _c_pow(xp, v, -2.0), x)
+        crt = _cr_derivative(xp, b, db)
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
     rc = r[:, None]
     ma = mu * a
     u = 1.0 + ma
-    terms = _psi(xp, r)[:, None] + xp.log(u) - ma / u - _psi(xp, y + rc) + y / (mu + rc)
-    s = xp.where(y == 0, xp.log(u) - ma / u, terms).sum(axis=1)
+    terms = (
+        _psi(xp, r)[:, None] + xp.log(u) - ma * _c_pow(xp, u, -1.0) - _psi(xp, y + rc) + y * _c_pow(xp, mu + rc, -1.0)
+    )
+    s = xp.zeros(y.shape[0])
+    for j in range(y.shape[1]):
+        s = s + terms[:, j]
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
@@ -414,15 +536,14 @@ def _fitdisp_array(
     pv, use_prior, min_log_alpha, kappa_0, tol, maxit, cr = s
     xp = bk.xp
     G = y.shape[0]
-    p = x.shape[1]
-    xx = outer_rows(x)
+    xh = np.asarray(bk.to_host(x), dtype=np.float64)
 
     def kw(i: Any) -> dict:
         return {"pm": None if not use_prior else pm[i], "pv": pv, "use_prior": use_prior, "cr": cr}
 
     a = xp.array(la0, dtype=xp.float64)
-    lp = _r_logpost(bk, a, y, mu, xx, p, **kw(slice(None)))
-    dlp = _r_dlogpost(bk, a, y, mu, xx, p, **kw(slice(None)))
+    lp = _r_logpost(bk, a, y, mu, xh, **kw(slice(None)))
+    dlp = _r_dlogpost(bk, a, y, mu, xh, **kw(slice(None)))
     lp0 = lp.copy()
     kappa = xp.full(G, float(kappa_0))
     it = xp.zeros(G, dtype=xp.int64)
@@ -437,7 +558,7 @@ def _fitdisp_array(
         ki = xp.where(prop < -30.0, (-30.0 - ai) / di, ki)
         ki = xp.where(prop > 10.0, (10.0 - ai) / di, ki)
         cand = ai + ki * di
-        theta = -1.0 * _r_logpost(bk, cand, y[idx], mu[idx], xx, p, **kw(idx))
+        theta = -1.0 * _r_logpost(bk, cand, y[idx], mu[idx], xh, **kw(idx))
         ok = theta <= -1.0 * lpi - ki * ARMIJO * (di * di)
         lpnew = -theta
         change = lpnew - lpi
@@ -453,7 +574,7 @@ def _fitdisp_array(
         kappa[idx] = kn
         ci = idx[cont]
         if ci.shape[0]:
-            dlp[ci] = _r_dlogpost(bk, a[ci], y[ci], mu[ci], xx, p, **kw(ci))
+            dlp[ci] = _r_dlogpost(bk, a[ci], y[ci], mu[ci], xh, **kw(ci))
         idx = idx[~(stop_tol | stop_low)]
     return a, it, lp0, lp
 
@@ -733,7 +854,7 @@ def fit_dispersions_map_pipeline(bk: Backend, y: Any, sf: Any, x: Any, *, min_di
     mu = dispersion_mu(bk, y, sf, x, a0)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True).alpha
     gwh = np.asarray(bk.to_host(gw))
-    means = np.asarray(bk.to_host((y / sf[None, :]).mean(axis=1)))
+    means = np.asarray(bk.to_host(r_row_sums(bk, y / sf[None, :], mean=True)))
     fn, _ = fit_trend(means, gwh, fit_type="mean", min_disp=min_disp)
     fitted = fn(means)
     v, resid = log_residual_variance(gwh, fitted, min_disp=min_disp)

@@ -11,8 +11,9 @@ operation where the order changes rounding:
 - log posterior in log alpha: ``sum_j [lgamma(y_j + 1/a) - lgamma(1/a) - y_j log(mu_j + 1/a)
   - (1/a) log(1 + mu_j a)]`` (R's own ``lgammafn``, see :func:`r_lgamma`), plus the log-normal prior
   ``-(log a - m)^2 / (2 s2)`` for MAP, plus the Cox-Reid term ``-log det(X' W X) / 2`` with
-  ``W = 1 / (1/mu + a)``. The count terms lose digits at small alpha (differences of large lgamma values); R's
-  search, and its stopping decisions, see exactly those rounded values, so gpuc computes them the same way.
+  ``W = pow(pow(mu, -1) + a, -1)`` (the C library's pow, as R takes it). The count terms lose digits at small
+  alpha (differences of large lgamma values); R's search, and its stopping decisions, see exactly those rounded
+  values, so gpuc computes them the same way.
 - derivative in log alpha: ``a^-1 * sum_j [psi(1/a) + log(1 + mu_j a) - mu_j a / (1 + mu_j a) - psi(y_j + 1/a)
   + y_j / (mu_j + 1/a)] + a * (-trace((X'WX)^-1 X' W^2 X) / 2)`` plus ``-(log a - m) / s2``.
 - search (:func:`fit_disp_gene`): steepest ascent on log alpha with Armijo backtracking (constant 1e-4): the
@@ -39,10 +40,6 @@ from numba.extending import register_jitable as _register_jitable
 
 LN_SQRT_2PI = 0.918938533204672741780329736406  # log(sqrt(2 pi)), R's M_LN_SQRT_2PI
 ARMIJO = 1.0e-4  # R's epsilon in fitDisp
-# Above this dispersion R's count terms are computed from exact per-gene tables instead of R's formula (see
-# log_posterior); below it R's formula itself, whose rounding R's search sees there.
-TABLE_MIN_ALPHA = 1e-4
-TABLE = 64  # integer counts below this take the tables; the scratch ``b`` holds p * p + TABLE values
 
 
 def jitable(fn):
@@ -54,32 +51,84 @@ def jitable(fn):
     return fn
 
 
+# R's Chebyshev coefficients (``src/nmath``, W. Fullerton's SLATEC series): the first 22 of ``gammafn``'s ``gamcs``
+# (gamma on [1, 2)) and the first 5 of ``lgammacor``'s ``algmcs`` (the Stirling remainder above 10), the terms R sums.
+GAMCS = np.array([
+    +0.8571195590989331421920062399942e-2, +0.4415381324841006757191315771652e-2,
+    +0.5685043681599363378632664588789e-1, -0.4219835396418560501012500186624e-2,
+    +0.1326808181212460220584006796352e-2, -0.1893024529798880432523947023886e-3,
+    +0.3606925327441245256578082217225e-4, -0.6056761904460864218485548290365e-5,
+    +0.1055829546302283344731823509093e-5, -0.1811967365542384048291855891166e-6,
+    +0.3117724964715322277790254593169e-7, -0.5354219639019687140874081024347e-8,
+    +0.9193275519859588946887786825940e-9, -0.1577941280288339761767423273953e-9,
+    +0.2707980622934954543266540433089e-10, -0.4646818653825730144081661058933e-11,
+    +0.7973350192007419656460767175359e-12, -0.1368078209830916025799499172309e-12,
+    +0.2347319486563800657233471771688e-13, -0.4027432614949066932766570534699e-14,
+    +0.6910051747372100912138336975257e-15, -0.1185584500221992907052387126192e-15,
+])  # fmt: skip
+ALGMCS = np.array([
+    +0.1666389480451863247205729650822e0, -0.1384948176067563840732986059135e-4,
+    +0.9810825646924729426157171547487e-8, -0.1809129475572494194263306266719e-10,
+    +0.6221098041892605227126015543416e-13,
+])  # fmt: skip
+LGAMMACOR_XBIG = 94906265.62425156  # above it R's lgammacor is 1 / (12 x)
+DET_EPS = 2.220446049250313e-16  # Armadillo keeps a closed-form determinant of magnitude in (eps, 1 / eps)
+
+
 @jitable
-def stirling_corr(x):
-    """lgamma(x) - [(x - 1/2) log x - x + log sqrt(2 pi)] for x > 10 by the Stirling series (8 terms, error below
-    2e-18); R uses a 5-term Chebyshev series there, equal to well below the rounding of lgamma itself.
-    """
-    v = 1.0 / x
-    z = v * v
-    s = 1.0 / 156.0 - z * (3617.0 / 122400.0)
-    s = 691.0 / 360360.0 - z * s
-    s = 1.0 / 1188.0 - z * s
-    s = 1.0 / 1680.0 - z * s
-    s = 1.0 / 1260.0 - z * s
-    s = 1.0 / 360.0 - z * s
-    s = 1.0 / 12.0 - z * s
-    return s * v
+def r_chebyshev(x, a, n):
+    """R's ``chebyshev_eval``: the first ``n`` terms of the series ``a`` at ``x`` in [-1, 1] (Clenshaw)."""
+    twox = x * 2.0
+    b0 = 0.0
+    b1 = 0.0
+    b2 = 0.0
+    for i in range(1, n + 1):
+        b2 = b1
+        b1 = b0
+        b0 = twox * b1 - b2 + a[n - i]
+    return (b0 - b2) * 0.5
+
+
+@jitable
+def r_lgammacor(x):
+    """R's ``lgammacor``: lgamma(x) - [(x - 1/2) log x - x + log sqrt(2 pi)] for x >= 10."""
+    if x < LGAMMACOR_XBIG:
+        tmp = 10.0 / x
+        return r_chebyshev(tmp * tmp * 2.0 - 1.0, ALGMCS, 5) / x
+    return 1.0 / (x * 12.0)
+
+
+@jitable
+def r_gamma_small(x):
+    """R's ``gammafn`` for 0 < x <= 10: the Chebyshev series on [1, 2), then the recurrence down or up."""
+    n = int(x)
+    y = x - n
+    n -= 1
+    value = r_chebyshev(y * 2.0 - 1.0, GAMCS, 22) + 0.9375
+    if n == 0:
+        return value
+    if n < 0:
+        if y < 2.2474362225598545e-308:
+            return math.inf
+        for i in range(-n):
+            value /= x + i
+        return value
+    for i in range(1, n + 1):
+        value *= y + i
+    return value
 
 
 @jitable
 def r_lgamma(x):
-    """lgamma(x) for x > 0 with R's ``lgammafn`` branches (R's ``src/nmath/lgamma.c``): the C library's value up to
-    10, then ``log sqrt(2 pi) + (x - 1/2) log x - x`` plus the Stirling correction up to 4934720, without it above
-    that, and ``x (log x - 1)`` above 1e17. The branches matter at small dispersions, where R's line search works on
-    lgamma values near 1e9 whose rounding it sees.
+    """lgamma(x) for x > 0 as R's ``lgammafn`` computes it (``src/nmath/lgamma.c``), branch for branch: log |gamma|
+    from R's ``gammafn`` up to 10, then ``log sqrt(2 pi) + (x - 1/2) log x - x`` plus ``lgammacor`` up to 4934720,
+    without it above that, and ``x (log x - 1)`` above 1e17. The line search of ``fitDisp`` compares these values'
+    last bits (its Armijo test and stopping rule), so gpuc computes R's, not a more accurate lgamma.
     """
+    if x < 1e-306:
+        return -math.log(x)
     if x <= 10.0:
-        return math.lgamma(x)
+        return math.log(abs(r_gamma_small(x)))
     return r_lgamma_log(x, math.log(x))
 
 
@@ -91,61 +140,211 @@ def r_lgamma_log(x, lx):
     base = LN_SQRT_2PI + (x - 0.5) * lx - x
     if x > 4934720.0:
         return base
-    return base + stirling_corr(x)
+    return base + r_lgammacor(x)
+
+
+# The Bernoulli numbers B_2 .. B_40 of R's ``dpsifn`` (its ``bvalues[2:22]``), for psi's asymptotic series.
+BVALUES = np.array([
+    1.66666666666666667e-1, -3.33333333333333333e-2, 2.38095238095238095e-2, -3.33333333333333333e-2,
+    7.57575757575757576e-2, -2.53113553113553114e-1, 1.16666666666666667, -7.09215686274509804,
+    5.49711779448621554e1, -5.29124242424242424e2, 6.19212318840579710e3, -8.65802531135531136e4,
+    1.42551716666666667e6, -2.72982310678160920e7, 6.01580873900642368e8, -1.51163157670921569e10,
+    4.29614643061166667e11, -1.37116552050883328e13, 4.88332318973593167e14, -1.92965793419400681e16,
+])  # fmt: skip
+PSI_WDTOL = 1.1102230246251565e-16  # dpsifn's tolerance: DBL_EPSILON / 2
+PSI_LRG = 2.2517998136852485e15  # 1 / (2 DBL_EPSILON): above it (x log x) R returns log x
 
 
 @jitable
 def r_digamma(x):
-    """psi(x) for x > 0: the recurrence up to x >= 10, then the asymptotic series (absolute error below 1e-15).
-
-    Only the derivative uses it, and only its accuracy matters there: R's own digamma differs in the last bits, which
-    moves a proposal by as little as those bits; the decisions of the search are taken on the log posterior.
+    """psi(x) for x > 0 as R's ``digamma`` computes it (``dpsifn`` with n = 0, Amos 1983): below 9 shifted up to
+    9 + frac(x), the asymptotic series with R's Bernoulli numbers and stopping rule there, then the recurrence back
+    added term by term. The derivative of the log posterior is a difference of such values, and R's search steps by
+    it, so gpuc reproduces R's rounding, not a more accurate psi.
     """
-    acc = 0.0
-    while x < 10.0:
-        acc -= 1.0 / x
-        x += 1.0
-    return acc + r_digamma_log(x, math.log(x))
+    return r_digamma_log(x, math.log(x))
 
 
 @jitable
 def r_digamma_log(x, lx):
-    """The asymptotic series of :func:`r_digamma` for x >= 10 given ``lx`` = log(x)."""
-    v = 1.0 / x
-    z = v * v
-    s = 691.0 / 32760.0 - z / 12.0
-    s = 1.0 / 132.0 - z * s
-    s = 1.0 / 240.0 - z * s
-    s = 1.0 / 252.0 - z * s
-    s = 1.0 / 120.0 - z * s
-    s = 1.0 / 12.0 - z * s
-    return lx - 0.5 * v - z * s
+    """:func:`r_digamma` given ``lx`` = log(x)."""
+    if x * lx > PSI_LRG:
+        return lx
+    xdmy = x
+    xdmln = lx
+    nx = 0
+    if x < 9.0:
+        nx = 9 - int(x)
+        xdmy = x + nx
+        xdmln = math.log(xdmy)
+    tt = 0.5 / xdmy
+    tst = PSI_WDTOL * tt
+    rxsq = 1.0 / (xdmy * xdmy)
+    t = 0.5 * rxsq
+    s = t * BVALUES[0]
+    if abs(s) >= tst:
+        tk = 2.0
+        for k in range(4, 23):
+            t = t * ((tk + 1.0) / (tk + 1.0)) * (tk / (tk + 2.0)) * rxsq
+            trm = t * BVALUES[k - 3]
+            if abs(trm) < tst:
+                break
+            s += trm
+            tk += 2.0
+    s = s + tt
+    for i in range(1, nx + 1):
+        s += 1.0 / (x + (nx - i))
+    return -(s - xdmln)
 
 
 @jitable
 def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db):
-    """``b = X' W X`` and (``want_db``) ``db = -X' W^2 X`` (flat p x p), W = 1 / (1/mu + alpha), for the gene whose
-    means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major.
+    """``b = X' W X`` and (``want_db``) ``db = -X' W^2 X`` (flat p x p), W = pow(pow(mu, -1) + alpha, -1), for the
+    gene whose means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major.
     """
+    m1 = 0.0 * alpha - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
     for k in range(p * p):
         b[k] = 0.0
         if want_db:
             db[k] = 0.0
     for j in range(n):
-        # R: w = 1 / (1/mu + alpha), dw = -1 / (1/mu + alpha)^2; the same values up to the last bit, which moves
-        # log det(X' W X) by less than its own rounding
+        # R: w = pow(pow(mu, -1) + alpha, -1), b = X' (X .* w): entry (r, c) sums x_jr (x_jc w_j) over the samples in order
         mj = mu[off + j * sj]
-        w = mj / (1.0 + mj * alpha)
-        dw = -(w * w)
+        v = math.pow(mj, m1) + alpha
+        w = math.pow(v, m1)
+        dw = -1.0 * math.pow(v, m1 - 1.0) if want_db else 0.0
         for r in range(p):
             xr = x[j * p + r]
             if xr == 0.0:
                 continue
             for c in range(p):
-                t = xr * x[j * p + c]
-                b[r * p + c] += t * w
+                xc = x[j * p + c]
+                b[r * p + c] += xr * (xc * w)
                 if want_db:
-                    db[r * p + c] += t * dw
+                    db[r * p + c] += xr * (xc * dw)
+
+
+@jitable
+def det_lu(a, p):
+    """The determinant of the p x p ``a`` (flat, row-major; overwritten) as LAPACK ``dgetrf`` and Armadillo form it:
+    LU with partial pivoting (first largest magnitude), the column below each pivot scaled by its reciprocal, then
+    the product of U's diagonal from the first entry, negated once per row swap.
+    """
+    sign = 1.0
+    for k in range(p):
+        piv = k
+        big = abs(a[k * p + k])
+        for i in range(k + 1, p):
+            if abs(a[i * p + k]) > big:
+                big = abs(a[i * p + k])
+                piv = i
+        if piv != k:
+            sign = -sign
+            for c in range(p):
+                t = a[k * p + c]
+                a[k * p + c] = a[piv * p + c]
+                a[piv * p + c] = t
+        d = a[k * p + k]
+        if d != 0.0:
+            if abs(d) >= 2.2250738585072014e-308:
+                rd = 1.0 / d
+                for i in range(k + 1, p):
+                    a[i * p + k] = a[i * p + k] * rd
+            else:
+                for i in range(k + 1, p):
+                    a[i * p + k] = a[i * p + k] / d
+        for i in range(k + 1, p):
+            lik = a[i * p + k]
+            for c in range(k + 1, p):
+                a[i * p + c] = a[i * p + c] + (-a[k * p + c]) * lik
+    val = a[0]
+    for i in range(1, p):
+        val *= a[i * p + i]
+    return val if sign > 0 else -val
+
+
+@jitable
+def det_r(b, p):
+    """det(b) of the p x p ``b`` (flat, row-major entry (r, c) at ``b[r * p + c]``; may be overwritten) as
+    Armadillo's ``det`` computes it for DESeq2: the closed forms up to 4 x 4 when their magnitude lies in
+    (eps, 1 / eps), else the product of the diagonal for a triangular matrix, else LU (:func:`det_lu`).
+    """
+    if p == 1:
+        return b[0]
+    if p <= 4:
+        if p == 2:
+            v = b[0] * b[3] - b[2] * b[1]
+        elif p == 3:
+            v1 = b[0] * (b[8] * b[4] - b[7] * b[5])
+            v2 = b[3] * (b[8] * b[1] - b[7] * b[2])
+            v3 = b[6] * (b[5] * b[1] - b[4] * b[2])
+            v = v1 - v2 + v3
+        else:
+            v = det_4x4(b)
+        if abs(v) > DET_EPS and abs(v) < 1.0 / DET_EPS:
+            return v
+    upper = True
+    lower = True
+    for r in range(p):
+        for c in range(p):
+            if b[r * p + c] != 0.0:
+                if r > c:
+                    upper = False
+                elif r < c:
+                    lower = False
+    if upper or lower:
+        val = 1.0
+        for i in range(p):
+            val *= b[i * p + i]
+        return val
+    return det_lu(b, p)
+
+
+@jitable
+def det_4x4(b):
+    """Armadillo's closed-form 4 x 4 determinant (its products and their order); entry (r, c) is ``b[4 r + c]``."""
+    p03_12 = b[3] * b[6]
+    p02_13 = b[2] * b[7]
+    p03_11 = b[3] * b[5]
+    p01_13 = b[1] * b[7]
+    p02_11 = b[2] * b[5]
+    p01_12 = b[1] * b[6]
+    p03_10 = b[3] * b[4]
+    p00_13 = b[0] * b[7]
+    p02_10 = b[2] * b[4]
+    p00_12 = b[0] * b[6]
+    p01_10 = b[1] * b[4]
+    p00_11 = b[0] * b[5]
+    p21_30 = b[9] * b[12]
+    p22_30 = b[10] * b[12]
+    p23_30 = b[11] * b[12]
+    p20_31 = b[8] * b[13]
+    p22_31 = b[10] * b[13]
+    p23_31 = b[11] * b[13]
+    p20_32 = b[8] * b[14]
+    p21_32 = b[9] * b[14]
+    p23_32 = b[11] * b[14]
+    p20_33 = b[8] * b[15]
+    p21_33 = b[9] * b[15]
+    p22_33 = b[10] * b[15]
+    v = p03_12 * p21_30 - p02_13 * p21_30 - p03_11 * p22_30 + p01_13 * p22_30
+    v = v + p02_11 * p23_30 - p01_12 * p23_30 - p03_12 * p20_31 + p02_13 * p20_31
+    v = v + p03_10 * p22_31 - p00_13 * p22_31 - p02_10 * p23_31 + p00_12 * p23_31
+    v = v + p03_11 * p20_32 - p01_13 * p20_32 - p03_10 * p21_32 + p00_13 * p21_32
+    v = v + p01_10 * p23_32 - p00_11 * p23_32 - p02_11 * p20_33 + p01_12 * p20_33
+    v = v + p02_10 * p21_33 - p00_12 * p21_33 - p01_10 * p22_33 + p00_11 * p22_33
+    return v
+
+
+@jitable
+def log_det_r(b, p):
+    """Log det(b) as R's ``log(det(b))`` gives it (:func:`det_r`): -inf at 0, NaN below."""
+    d = det_r(b, p)
+    if d > 0.0:
+        return math.log(d)
+    if d == 0.0:
+        return -math.inf
+    return math.nan
 
 
 @jitable
@@ -192,107 +391,31 @@ def chol_trace_solve(lf, db, p):
 
 
 @jitable
-def max_small_count(y, off, sj, n):
-    """The largest integer count below :data:`TABLE` of the gene, or -1 when a count is not an integer."""
-    m = 0
-    for j in range(n):
-        yj = y[off + j * sj]
-        if yj != math.floor(yj):
-            return -1
-        if yj < TABLE and yj > m:
-            m = int(yj)
-    return m
-
-
-@jitable
-def cr_from_weights(wts, n, x, p, b, db, want_db):
-    """:func:`cr_matrices` from the weights W already in ``wts[0:n]`` (:func:`log_posterior_k` keeps them), one
-    element of ``b`` (and ``db``) at a time in a scalar: each element adds the same terms in the same order as
-    :func:`cr_matrices` (samples whose row entry is 0 skipped alike), so the sums are the same to the bit.
-    """
-    for r in range(p):
-        for c in range(p):
-            s = 0.0
-            ds = 0.0
-            for j in range(n):
-                xr = x[j * p + r]
-                if xr == 0.0:
-                    continue
-                t = xr * x[j * p + c]
-                w = wts[j]
-                s += t * w
-                if want_db:
-                    ds += t * (-(w * w))
-            b[r * p + c] = s
-            if want_db:
-                db[r * p + c] = ds
-
-
-@jitable
-def cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, want_db, cache, kept):
-    """:func:`cr_matrices`, from the weights in ``cache[n:2n]`` where ``kept`` (:func:`log_posterior_k` put them
-    there at this alpha), else from the means.
-    """
-    if kept:
-        cr_from_weights(cache[n:], n, x, p, b, db, want_db)
-    else:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db)
-
-
-@jitable
 def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
     """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
-    is scratch of p * p + :data:`TABLE` values; ``cache``: see :func:`log_posterior_k`.
-    """
-    k = max_small_count(y, off, sj, n)
-    return log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k)
+    is scratch of p * p values. ``cache`` (3 n values, or fewer for none) receives per sample, for
+    :func:`dlog_posterior` at the same point, log(1 + mu alpha) and, for counts whose y + 1/alpha exceeds 10,
+    log(y + 1/alpha): the same values the derivative would compute afresh.
 
-
-@jitable
-def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, kmax):
-    """:func:`log_posterior` with the gene's :func:`max_small_count` ``kmax`` (it depends on the counts only, so the
-    search takes it once per gene). ``cache`` (3 n values, or fewer for none) receives per sample, for
-    :func:`dlog_posterior_k` at the same point: log(1 + mu alpha), the Cox-Reid weight W and, for counts whose
-    y + 1/alpha exceeds 10, log(y + 1/alpha); the same values the derivative would compute afresh.
-
-    The count terms are R's expression, operation for operation, except above :data:`TABLE_MIN_ALPHA` (where R's
-    rounding is far below its tolerances) for the counts from 1 to :data:`TABLE` - 1 of a gene with more samples
-    than its largest such count: there lgamma(y + r) - lgamma(r) = sum_{i<y} log(r + i) comes from a
-    per-evaluation table and y log(mu + r) = y (log r + log(1 + mu alpha)), one logarithm per sample instead of
-    three, equal to R's expression to its rounding (about 1e-13 relative).
+    Every term is R's expression, operation for operation (R's ``lgammafn``, :func:`r_lgamma`; the Cox-Reid
+    determinant as Armadillo forms it, :func:`det_r`): R's search accepts or rejects a step, and stops, on the last
+    bits of these values.
     """
     alpha = math.exp(la)
     keep = cache.shape[0] >= 3 * n
     r = 1.0 / alpha
     lgr = r_lgamma(r)
     ll = 0.0
-    k = kmax if alpha >= TABLE_MIN_ALPHA else -1
-    table = k > 0 and k < n
-    lr = 0.0
-    t = p * p  # b[t + c]: sum_{i<c} log(r + i)
-    if table:
-        acc = 0.0  # the running sum in a register (the same additions)
-        b[t] = acc
-        for c in range(1, k + 1):
-            acc = acc + math.log(r + (c - 1))
-            b[t + c] = acc
-        lr = math.log(r)
     for j in range(n):
         yj = y[off + j * sj]
         mj = mu[off + j * sj]
-        u = 1.0 + mj * alpha
-        l1 = math.log(u)
+        l1 = math.log(1.0 + mj * alpha)
         if keep:
             cache[j] = l1
-            if use_cr:
-                # R: w = 1 / (1/mu + alpha); the same value up to the last bit (see cr_matrices)
-                cache[n + j] = mj / u
         if yj == 0.0:
             # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
             ll += 0.0 - r * l1
-        elif table and yj < TABLE:
-            ll += b[t + int(yj)] - yj * lr - (yj + r) * l1
-        else:  # R's expression (for the large counts, whose rounding is the largest, also in the table case)
+        else:
             xg = yj + r
             if xg > 10.0:
                 lx = math.log(xg)
@@ -300,12 +423,12 @@ def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, c
                     cache[2 * n + j] = lx
                 lg = r_lgamma_log(xg, lx)
             else:
-                lg = math.lgamma(xg)
+                lg = r_lgamma(xg)
             ll += lg - lgr - yj * math.log(mj + r) - r * l1
     cr = 0.0
     if use_cr:
-        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, b, False, cache, keep)
-        cr = -0.5 * cholesky_logdet(b, p)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False)
+        cr = -0.5 * log_det_r(b, p)
     prior = 0.0
     if use_prior:
         d = la - pm
@@ -314,38 +437,52 @@ def log_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, c
 
 
 @jitable
-def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached):
-    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``; see
-    :func:`dlog_posterior_k`.
+def cr_derivative(b, db, p):
+    """R's Cox-Reid part of the derivative in alpha, ``-0.5 det(b) trace(b^-1 db) / det(b)``, as Armadillo forms it
+    for one or two coefficients (the closed-form inverse, then the trace of the product summed in two interleaved
+    accumulators). Larger designs, and a 2 x 2 ``b`` whose determinant Armadillo would hand to LAPACK, take the
+    Cholesky factor instead (equal up to rounding). Overwrites ``b`` and ``db``.
     """
-    k = max_small_count(y, off, sj, n)
-    return dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached, k)
+    if p == 1:
+        det = b[0]
+        return (-0.5 * (det * ((1.0 / det) * db[0] + 0.0))) / det
+    if p == 2:
+        a00 = b[0]
+        a01 = b[1]
+        a10 = b[2]
+        a11 = b[3]
+        dv = a00 * a11 - a01 * a10
+        if abs(dv) >= DET_EPS and abs(dv) <= 1.0 / DET_EPS:
+            acc1 = 0.0 + (a11 / dv) * db[0]
+            acc2 = 0.0 + (-a01 / dv) * db[2]
+            acc1 += (-a10 / dv) * db[1]
+            acc2 += (a00 / dv) * db[3]
+            tr = acc1 + acc2
+            det = det_r(b, p)
+            return (-0.5 * (det * tr)) / det
+    cholesky_logdet(b, p)
+    return -0.5 * chol_trace_solve(b, db, p)
 
 
 @jitable
-def dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached, kmax):
-    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``, with the gene's
-    :func:`max_small_count` ``kmax``; above :data:`TABLE_MIN_ALPHA`, for integer counts below :data:`TABLE`,
-    psi(r) - psi(y + r) is the exact sum -sum_{i<y} 1 / (r + i) (a per-evaluation table in ``b``), below it R's
-    expression. With ``cached``, ``cache`` holds the values :func:`log_posterior_k` kept at this point.
+def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached):
+    """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``, term by term as R computes
+    it (R's ``digamma``, :func:`r_digamma`; the Cox-Reid part, :func:`cr_derivative`): R's next proposal is the
+    current point plus this value, so its rounding moves R's search. With ``cached``, ``cache`` holds the values
+    :func:`log_posterior` kept at this point.
     """
     alpha = math.exp(la)
     cached = cached and cache.shape[0] >= 3 * n
     cr = 0.0
     if use_cr:
-        cr_matrices_kept(alpha, mu, off, sj, n, x, p, b, db, True, cache, cached)
-        cholesky_logdet(b, p)
-        cr = -0.5 * chol_trace_solve(b, db, p)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True)
+        cr = cr_derivative(b, db, p)
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
     dgr = r_digamma(r)
-    k = kmax if alpha >= TABLE_MIN_ALPHA else -1
-    t = p * p  # b[t + c]: sum_{i<c} 1 / (r + i)
-    acc = 0.0  # the running sum in a register (the same additions)
-    b[t] = acc
-    for c in range(1, k + 1):
-        acc = acc + 1.0 / (r + (c - 1))
-        b[t + c] = acc
+    # R takes pow(., -1) from the C library, which differs from 1 / x in the last bit for about 1 value in 1,000;
+    # LLVM rewrites pow(x, -1.0) with a constant exponent into 1 / x, so the exponent is formed at run time.
+    m1 = 0.0 * alpha - 1.0
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]
@@ -353,17 +490,14 @@ def dlog_posterior_k(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, 
         ma = mj * alpha
         u = 1.0 + ma
         lu = cache[j] if cached else math.log(u)
+        xg = yj + r
         if yj == 0.0:
-            s += lu - ma / u
-        elif k >= 0 and yj < TABLE:
-            s += lu - ma / u - b[t + int(yj)] + yj / (mj + r)
+            dg = dgr
+        elif cached and xg > 10.0:
+            dg = r_digamma_log(xg, cache[2 * n + j])
         else:
-            xg = yj + r
-            if cached and xg > 10.0:
-                dg = r_digamma_log(xg, cache[2 * n + j])
-            else:
-                dg = r_digamma(xg)
-            s += dgr + lu - ma / u - dg + yj / (mj + r)
+            dg = r_digamma(xg)
+        s += dgr + lu - ma * math.pow(u, m1) - dg + yj * math.pow(mj + r, m1)
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
@@ -379,9 +513,8 @@ def fit_disp_gene(
     :func:`log_posterior_k`).
     """
     keep = cache.shape[0] >= 3 * n
-    k = max_small_count(y, off, sj, n)
-    lp = log_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k)
-    dlp = dlog_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep, k)
+    lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)
+    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
     kappa = kappa_0
     initial_lp = lp
     it = 0
@@ -393,8 +526,8 @@ def fit_disp_gene(
             kappa = (-30.0 - a) / dlp
         if a_propose > 10.0:
             kappa = (10.0 - a) / dlp
-        theta_kappa = -1.0 * log_posterior_k(
-            a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache, k
+        theta_kappa = -1.0 * log_posterior(
+            a + kappa * dlp, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache
         )
         theta_hat_kappa = -1.0 * lp - kappa * ARMIJO * (dlp * dlp)
         if theta_kappa <= theta_hat_kappa:
@@ -409,7 +542,7 @@ def fit_disp_gene(
                 break
             lp = lpnew
             # the last log posterior evaluated was at this point: its per-sample values are in the cache
-            dlp = dlog_posterior_k(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep, k)
+            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
             kappa = min(kappa * 1.1, kappa_0)
             if accepted % 5 == 0:
                 kappa = kappa / 2.0
@@ -469,7 +602,7 @@ def block_inputs(y, mu, x):  # pragma: no cover
     """Genes, samples and coefficients of a block, its counts, means and design flat, and a gene's scratch ``b``."""
     G, n = y.shape
     p = x.shape[1]
-    return G, n, p, y.reshape(-1), mu.reshape(-1), x.reshape(-1), np.empty(p * p + TABLE)
+    return G, n, p, y.reshape(-1), mu.reshape(-1), x.reshape(-1), np.empty(p * p)
 
 
 @njit(cache=True, nogil=True)

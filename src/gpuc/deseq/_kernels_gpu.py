@@ -31,12 +31,12 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from gpuc.deseq._fitdisp import TABLE, fit_disp_gene, fit_disp_grid_gene
+from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene
 
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
-# the line search's scratch (p x p normal matrix + the lgamma table); a module constant, as local arrays need one
-LINE_SEARCH_WORK = MAXPP + TABLE
+# the line search's scratch (the p x p normal matrix); a module constant, as local arrays need one
+LINE_SEARCH_WORK = MAXPP
 K = 64  # integer counts below this use the recurrences (per-gene tables), as the CPU kernels
 LOG_FACT = np.array([math.lgamma(k + 1.0) for k in range(K)])  # lgamma(y + 1) of the small integer counts
 THREADS = 128  # threads per block

@@ -25,6 +25,7 @@ from gpuc.deseq._dispersion import (
     rough_moments_init,
 )
 from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, nb_loglik_sum, per_gene
+from gpuc.deseq._rlinalg import r_row_sums, r_row_vars
 from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
 from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
 from gpuc.deseq._threads import map_blocks, over_gene_spans, stage_blocks
@@ -118,8 +119,8 @@ def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
 
     def span(s: slice) -> None:
         xp.divide(y[s], per_gene(gene_rows(sf, s)), out=norm[s])
-        mean[s] = norm[s].mean(axis=1)
-        var[s] = norm[s].var(axis=1, ddof=1)
+        mean[s] = r_row_sums(bk, norm[s], mean=True)  # R's rowMeans and matrixStats' rowVars
+        var[s] = r_row_vars(xp, norm[s])
 
     over_gene_spans(bk, y.shape[0], y.shape[1], span)
     return norm, mean, var

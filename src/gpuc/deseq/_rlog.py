@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuc._backend import Backend
+from gpuc._backend import Backend, get_backend
+from gpuc.deseq._rlinalg import r_row_sums
 from gpuc.deseq._shrink import weighted_upper_quantile_var
 
 LN2 = float(np.log(2.0))
@@ -221,7 +222,10 @@ def regularized_log(
     nonzero = np.flatnonzero(y_host.sum(axis=1) > 0)
     yz = y_host[nonzero]
     norm = yz / sf_host[None, :]
-    base_mean = norm.mean(axis=1) if base_mean is None else np.asarray(base_mean, dtype=np.float64)[nonzero]
+    if base_mean is None:  # R's rowMeans of the normalised counts (host values)
+        base_mean = r_row_sums(get_backend("cpu"), norm, mean=True)
+    else:
+        base_mean = np.asarray(base_mean, dtype=np.float64)[nonzero]
     if disp_fit is None:
         disp_fit = np.asarray(trend(base_mean), dtype=np.float64)
     else:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc.deseq._rlinalg import r_mean, r_row_sums
 from gpuc.deseq._threads import column_blocks, map_blocks, over_gene_spans
 
 
@@ -31,9 +32,30 @@ def sample_medians(bk: Backend, ratio: Any, *, complete: bool) -> Any:
     return np.concatenate(map_blocks(blocks, lambda s: median(ratio[:, s], axis=0)))
 
 
+def log_geo_means(bk: Backend, y: Any, kind: str) -> Any:
+    """Per gene log geometric mean of gene-major counts as R forms it for ``type="ratio"`` (``rowMeans(log(y))``,
+    -inf for a gene with a zero count) or ``"poscounts"`` (``log(exp(sum(log(y[y > 0])) / n))``, -inf for a gene of
+    zeros).
+    """
+    xp = bk.xp
+    if kind == "ratio":
+        with np.errstate(divide="ignore"):
+            return r_row_sums(bk, xp.log(y), mean=True)
+    with np.errstate(divide="ignore"):
+        logpos = xp.where(y > 0, xp.log(xp.maximum(y, 1.0)), 0.0)
+    allzero = ~(y > 0).any(axis=1)
+    return xp.where(allzero, -xp.inf, xp.log(xp.exp(r_row_sums(bk, logpos) / y.shape[1])))
+
+
+def centred_on_geometric_mean(bk: Backend, sf: Any) -> Any:
+    """``sf / exp(mean(log(sf)))`` as R rescales size factors made from given geometric means (``poscounts``)."""
+    return sf / bk.xp.exp(r_mean(bk, bk.xp.log(sf)))
+
+
 def _log_counts(bk: Backend, y: Any) -> tuple[Any, Any]:
-    """``log(y)`` of gene-major counts and its per-gene mean (the log geometric mean; -inf for a gene with a zero
-    count). On the CPU the genes run in spans in parallel (each gene's values are its own).
+    """``log(y)`` of gene-major counts and its per-gene mean as R's ``rowMeans`` forms it (:func:`r_row_sums`; the
+    log geometric mean, -inf for a gene with a zero count). On the CPU the genes run in spans in parallel (each
+    gene's values are its own).
     """
     xp = bk.xp
     logy, loggeo = xp.empty(y.shape), xp.empty(y.shape[0])
@@ -41,7 +63,7 @@ def _log_counts(bk: Backend, y: Any) -> tuple[Any, Any]:
     def span(s: slice) -> None:
         with np.errstate(divide="ignore"):
             xp.log(y[s], out=logy[s])
-        loggeo[s] = logy[s].mean(axis=1)
+        loggeo[s] = r_row_sums(bk, logy[s], mean=True)
 
     over_gene_spans(bk, y.shape[0], y.shape[1], span)
     return logy, loggeo
@@ -77,15 +99,9 @@ def size_factors_ratio(bk: Backend, y: Any, control: Any = None) -> Any:
 
 def size_factors_poscounts(bk: Backend, y: Any, control: Any = None) -> Any:
     """R's ``type="poscounts"``: geometric means over positive counts divided by n, then geometric-mean-1 scaling."""
-    xp = bk.xp
     yc = y if control is None else y[control]
-    n = yc.shape[1]
-    with np.errstate(divide="ignore"):
-        logpos = xp.where(yc > 0, xp.log(xp.maximum(yc, 1.0)), 0.0)
-    allzero = ~(yc > 0).any(axis=1)
-    loggeo = xp.where(allzero, -xp.inf, logpos.sum(axis=1) / n)
-    sf = _median_of_ratios(bk, yc, loggeo)
-    return sf / xp.exp(xp.log(sf).mean())
+    sf = _median_of_ratios(bk, yc, log_geo_means(bk, yc, "poscounts"))
+    return centred_on_geometric_mean(bk, sf)
 
 
 def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quant: float = 0.95, min_disp: float = 1e-8) -> Any:

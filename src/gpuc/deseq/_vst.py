@@ -9,6 +9,7 @@ import numpy as np
 from gpuc._backend import Backend
 from gpuc._utils import threaded
 from gpuc.deseq._dispersion import DispersionFunction, dispersion_mu, fit_log_alpha, fit_trend, rough_moments_init
+from gpuc.deseq._rlinalg import r_row_sums
 
 
 def vst_fit(
@@ -24,7 +25,7 @@ def vst_fit(
     a0 = rough_moments_init(bk, yn, sf, xd, min_disp=min_disp, max_disp=max_disp)
     mu = dispersion_mu(bk, yn, sf, xd, a0)
     gw = fit_log_alpha(bk, yn, mu, xd, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True).alpha
-    means = np.asarray(bk.to_host((yn / sf[None, :]).mean(axis=1)))
+    means = np.asarray(bk.to_host(r_row_sums(bk, yn / sf[None, :], mean=True)))
     return fit_trend(means, np.asarray(bk.to_host(gw)), fit_type=fit_type, min_disp=min_disp)
 
 
