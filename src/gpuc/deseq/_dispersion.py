@@ -597,6 +597,7 @@ class DispersionFunction:
     grid_logdisp: np.ndarray | None = None
     min_disp: float = 1e-8
     grid_slope: np.ndarray | None = None  # local: locfit's derivative at each vertex (cubic Hermite interpolation)
+    grid_curvature: float = 0.0  # local: locfit's parametric component's quadratic coefficient (extrapolation)
 
     def __call__(self, means: np.ndarray) -> np.ndarray:
         """Evaluate the trend at ``means`` (host numpy)."""
@@ -611,7 +612,7 @@ class DispersionFunction:
             lm = np.log(means)
         if self.grid_slope is None:  # a constant (no gene-wise estimate above 10 min_disp: R's minDisp)
             return np.exp(np.interp(lm, self.grid_logmean, self.grid_logdisp))  # type: ignore[arg-type]
-        return np.exp(locfit_predict(self.grid_logmean, self.grid_logdisp, self.grid_slope, lm))
+        return np.exp(locfit_predict(self.grid_logmean, self.grid_logdisp, self.grid_slope, lm, self.grid_curvature))
 
     @classmethod
     def from_dict(cls, d: dict) -> DispersionFunction:
@@ -623,6 +624,7 @@ class DispersionFunction:
             grid_logmean=np.asarray(d["grid_logmean"]) if "grid_logmean" in d else None,
             grid_logdisp=np.asarray(d["grid_logdisp"]) if "grid_logdisp" in d else None,
             grid_slope=np.asarray(d["grid_slope"]) if "grid_slope" in d else None,
+            grid_curvature=float(d.get("grid_curvature", 0.0)),
         )
 
     def to_dict(self) -> dict:
@@ -637,6 +639,7 @@ class DispersionFunction:
             d["grid_logdisp"] = np.asarray(self.grid_logdisp)
         if self.grid_slope is not None:
             d["grid_slope"] = np.asarray(self.grid_slope)
+            d["grid_curvature"] = float(self.grid_curvature)
         return d
 
 
@@ -709,8 +712,25 @@ def local_trend(means: np.ndarray, disps: np.ndarray, *, min_disp: float) -> Dis
         return DispersionFunction(
             "local", grid_logmean=np.array([0.0, 1.0]), grid_logdisp=np.log([min_disp, min_disp]), min_disp=min_disp
         )
-    vx, vf, vd = locfit_tree(np.log(means[use]), np.log(disps[use]), means[use])
-    return DispersionFunction("local", grid_logmean=vx, grid_logdisp=vf, grid_slope=vd, min_disp=min_disp)
+    x, y, w = np.log(means[use]), np.log(disps[use]), means[use]
+    vx, vf, vd = locfit_tree(x, y, w)
+    return DispersionFunction(
+        "local", grid_logmean=vx, grid_logdisp=vf, grid_slope=vd, grid_curvature=_global_curvature(x, y, w),
+        min_disp=min_disp,
+    )  # fmt: skip
+
+
+def _global_curvature(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    """The quadratic coefficient of the weighted least-squares quadratic of ``y`` on ``x``: locfit's "parametric
+    component" (a global fit of the local model's degree, which locfit subtracts before interpolating and adds back
+    after; inside the data's range it cancels, beyond it the extrapolation bends by it).
+    """
+    if x.shape[0] < 3:
+        return 0.0
+    dx = x - np.sum(w * x) / np.sum(w)
+    sw = np.sqrt(w)
+    coef, *_ = np.linalg.lstsq(np.column_stack([np.ones_like(dx), dx, dx * dx]) * sw[:, None], y * sw, rcond=None)
+    return float(coef[2])
 
 
 def _locfit_vertex(x: np.ndarray, y: np.ndarray, w: np.ndarray, x0: float, k: int) -> tuple[float, float, float]:
@@ -765,9 +785,13 @@ def locfit_tree(
     return vx, np.array([verts[v][0] for v in vx]), np.array([verts[v][1] for v in vx])
 
 
-def locfit_predict(vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarray) -> np.ndarray:
+def locfit_predict(
+    vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarray, curvature: float = 0.0
+) -> np.ndarray:
     """Locfit's interpolation between the tree's vertices (``predict.locfit``): cubic Hermite from the values and
-    slopes at a cell's two ends, linear with the end slope beyond the data's range.
+    slopes at a cell's two ends; beyond the data's range, linear with the end slope plus ``curvature`` times the
+    squared distance from the end (locfit extrapolates the vertex values less its parametric component linearly,
+    then adds that quadratic back; see :func:`_global_curvature`).
     """
     at = np.asarray(at, dtype=np.float64)
     i = np.clip(np.searchsorted(vx, at, side="right") - 1, 0, vx.shape[0] - 2)
@@ -783,7 +807,19 @@ def locfit_predict(vx: np.ndarray, vf: np.ndarray, vd: np.ndarray, at: np.ndarra
     p2, p3 = np.where(below, t, np.where(above, 0.0, p2)), np.where(below, 0.0, np.where(above, t - 1.0, p3))
     p2, p3 = p2 * width, p3 * width
     out = p0 * vf[i] + p1 * vf[i + 1] + p2 * vd[i] + p3 * vd[i + 1]
+    beyond = np.where(below, at - ll, np.where(above, at - ur, 0.0))
+    out = out + curvature * (beyond * beyond)
     return np.where(np.isfinite(at), out, np.nan)
+
+
+def _trimmed_mean(v: np.ndarray, trim: float) -> float:
+    """R's ``mean(v, trim = trim)``: the ``floor(n trim)`` smallest and largest values dropped, then R's ``mean``."""
+    from gpuc._backend import get_backend
+
+    n = v.shape[0]
+    lo = math.floor(n * trim)
+    kept = np.sort(v)[lo : n - lo]
+    return r_mean(get_backend("cpu"), kept)
 
 
 def fit_trend(
@@ -791,15 +827,12 @@ def fit_trend(
 ) -> tuple[DispersionFunction, str | None]:
     """R's ``estimateDispersionsFit``: returns the dispersion function and a warning message if it fell back."""
     if fit_type == "mean":
-        import scipy.stats  # here: the other fit types never need it, and it costs a quarter of a second to load
-
-        use = genewise > 10 * min_disp
-        return DispersionFunction(
-            "mean", mean=float(scipy.stats.trim_mean(genewise[use], 0.001)), min_disp=min_disp
-        ), None
-    if fit_type == "local":
-        return local_trend(means, genewise, min_disp=min_disp), None
+        return DispersionFunction("mean", mean=_trimmed_mean(genewise[genewise > 10 * min_disp], 0.001)), None
+    # R fits the parametric and the local trend to the genes with an estimate above 100 minDisp (the local fit then
+    # keeps those of at least 10 minDisp, all of them)
     use = genewise > 100 * min_disp
+    if fit_type == "local":
+        return local_trend(means[use], genewise[use], min_disp=min_disp), None
     if use.sum() == 0:
         msg = "all gene-wise dispersion estimates are within 2 orders of magnitude of the minimum value; the data have no overdispersion to model (consider a different test, e.g. Poisson)."
         raise ValueError(msg)
@@ -808,7 +841,7 @@ def fit_trend(
         return DispersionFunction("parametric", coefs=coefs, min_disp=min_disp), None
     except (TrendFitError, np.linalg.LinAlgError) as err:
         return local_trend(
-            means, genewise, min_disp=min_disp
+            means[use], genewise[use], min_disp=min_disp
         ), f"the parametric dispersion fit failed ({err}); using fit_type='local' instead, as R DESeq2 does."
 
 
