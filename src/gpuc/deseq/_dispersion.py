@@ -28,7 +28,16 @@ import scipy.special
 
 from gpuc._backend import Backend
 from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, per_gene
-from gpuc.deseq._rlinalg import linear_model_fit, r_col_means, r_mean, r_row_sums, r_row_vars
+from gpuc.deseq._rlinalg import (
+    least_squares_coef,
+    linear_model_fit,
+    r_col_means,
+    r_mean,
+    r_median,
+    r_row_sums,
+    r_row_vars,
+    r_sum,
+)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -646,37 +655,51 @@ class DispersionFunction:
 def _gamma_identity_glm(
     y: np.ndarray, xcol: np.ndarray, start: np.ndarray, *, maxit: int = 25, eps: float = 1e-8
 ) -> tuple[np.ndarray, bool]:
-    """R ``glm(y ~ xcol, family=Gamma("identity"), start=)``: IRLS with weights 1/mu^2 and step halving on invalid mu."""
-    xm = np.column_stack([np.ones_like(xcol), xcol])
-    coef = start.astype(np.float64)
-    eta = xm @ coef
-    if np.any(eta <= 0):
+    """R's ``glm(y ~ xcol, family = Gamma("identity"), start = start)`` (``glm.fit``), operation for operation.
+
+    Each IRLS step: working response ``z = eta + (y - mu)``, weights ``w = sqrt(1 / mu^2)``, the least-squares
+    coefficients of ``z w`` on ``X w`` by LINPACK (:func:`gpuc.deseq._rlinalg.least_squares_coef`, tolerance 1e-11),
+    ``eta = X b`` as reference BLAS ``dgemv`` forms it, the deviance ``sum(-2 (log(y / mu) - (y - mu) / mu))`` as
+    R's ``sum``; a step that leaves mu > 0 is halved towards the previous coefficients; convergence when the
+    deviance changes by less than ``eps`` relative (``abs(dev - devold) / (abs(dev) + 0.1)``).
+    """
+    x1 = np.ones_like(xcol)
+
+    def linear_predictor(b: np.ndarray) -> np.ndarray:
+        return (0.0 + b[0] * x1) + b[1] * xcol  # dgemv: y = 0, then y += b_j x_j column by column
+
+    def deviance(mu: np.ndarray) -> float:
+        return r_sum(-2.0 * (np.log(y / mu) - (y - mu) / mu))
+
+    coef = np.asarray(start, dtype=np.float64).copy()
+    eta = linear_predictor(coef)
+    if not (np.all(np.isfinite(eta)) and np.all(eta > 0)):
         raise TrendFitError("invalid start for the Gamma fit")
     mu = eta
-
-    def dev(mu: np.ndarray) -> float:
-        return float(2.0 * np.sum(-np.log(y / mu) + (y - mu) / mu))
-
-    devold = dev(mu)
+    devold = deviance(mu)
+    coefold = coef
     conv = False
     for _ in range(maxit):
-        wts = 1.0 / mu**2
-        sw = np.sqrt(wts)
-        new, *_ = np.linalg.lstsq(xm * sw[:, None], y * sw, rcond=None)
-        eta = xm @ new
-        k = 0
-        while np.any(eta <= 0) and k < 30:
-            new = (new + coef) / 2.0
-            eta = xm @ new
-            k += 1
-        if np.any(eta <= 0):
-            raise TrendFitError("Gamma fit left the valid region")
-        coef, mu = new, eta
-        d = dev(mu)
-        if abs(d - devold) / (abs(d) + 0.1) < eps:
+        z = eta + (y - mu)
+        w = np.sqrt(1.0 / (mu * mu))
+        new = least_squares_coef(np.column_stack([x1 * w, xcol * w]), z * w, min(1e-7, eps / 1000.0))
+        eta = linear_predictor(new)
+        mu = eta
+        halvings = 0
+        while not (np.all(np.isfinite(mu)) and np.all(mu > 0)):
+            if halvings >= maxit:
+                raise TrendFitError("Gamma fit left the valid region")
+            halvings += 1
+            new = (new + coefold) / 2.0
+            eta = linear_predictor(new)
+            mu = eta
+        dev = deviance(mu)
+        if abs(dev - devold) / (abs(dev) + 0.1) < eps:
             conv = True
+            coef = new
             break
-        devold = d
+        devold = dev
+        coef = coefold = new
     return coef, conv
 
 
@@ -694,7 +717,7 @@ def parametric_trend(means: np.ndarray, disps: np.ndarray) -> tuple[float, float
         coefs = new
         if not np.all(coefs > 0):
             raise TrendFitError("parametric dispersion fit failed (non-positive coefficient)")
-        if np.sum(np.log(coefs / old) ** 2) < 1e-6 and conv:
+        if r_sum(np.log(coefs / old) ** 2) < 1e-6 and conv:
             break
         it += 1
         if it > 10:
@@ -852,7 +875,7 @@ def log_residual_variance(genewise: np.ndarray, fitted: np.ndarray, *, min_disp:
     """R's varLogDispEsts: squared MAD of log genewise - log trend over genes with genewise >= 100 min_disp."""
     above = genewise >= min_disp * 100
     resid = np.log(genewise[above]) - np.log(fitted[above])
-    mad = 1.4826 * np.median(np.abs(resid - np.median(resid)))
+    mad = 1.4826 * r_median(np.abs(resid - r_median(resid)))  # R's mad
     return float(mad**2), resid
 
 

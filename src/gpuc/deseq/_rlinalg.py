@@ -32,18 +32,18 @@ from gpuc._backend import Backend
 QR_TOL = 1e-7
 
 
-def _norm(v: np.ndarray) -> float:
-    s = 0.0
-    for a in v:
-        s += a * a
-    return float(np.sqrt(s))
-
-
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    s = 0.0
-    for u, w in zip(a, b, strict=True):
-        s += u * w
-    return float(s)
+    """Reference BLAS ``ddot``: the products added in index order (a cumulative sum adds in order; a plain sum would
+    pair them).
+    """
+    if a.shape[0] == 0:
+        return 0.0
+    return float(np.cumsum(a * b)[-1])
+
+
+def _norm(v: np.ndarray) -> float:
+    """Reference BLAS (3.10+) ``dnrm2`` for entries of moderate size: the square root of the ordered sum of squares."""
+    return float(np.sqrt(_dot(v, v)))
 
 
 def householder_qr(x: np.ndarray, tol: float = QR_TOL) -> tuple[np.ndarray, np.ndarray, int]:
@@ -103,6 +103,31 @@ def _apply_q(qr: np.ndarray, qraux: np.ndarray, rank: int, y: np.ndarray) -> np.
         t = -_dot(h, out[j:]) / h[0]
         out[j:] = out[j:] + t * h
     return out
+
+
+def least_squares_coef(x: np.ndarray, y: np.ndarray, tol: float) -> np.ndarray:
+    """R's ``.Call(C_Cdqrls, x, y, tol)$coefficients`` for a full-rank ``x``: LINPACK ``dqrls`` (``dqrdc2``, then
+    ``dqrsl`` forming Q'y and back-substituting ``R b = (Q'y)[:p]``), as ``glm.fit`` solves each IRLS step.
+    """
+    qr, qraux, rank = householder_qr(x, tol)
+    n, p = qr.shape
+    if rank < p:
+        msg = f"the least-squares problem has rank {rank} < {p}."
+        raise np.linalg.LinAlgError(msg)
+    qty = np.array(y, dtype=np.float64, copy=True)
+    for j in range(min(rank, n - 1)):
+        if qraux[j] == 0.0:
+            continue
+        h = qr[j:, j].copy()
+        h[0] = qraux[j]
+        t = -_dot(h, qty[j:]) / h[0]
+        qty[j:] = qty[j:] + t * h
+    b = qty[:rank].copy()
+    for j in reversed(range(rank)):
+        b[j] = b[j] / qr[j, j]
+        if j > 0:
+            b[:j] = b[:j] + (-b[j]) * qr[:j, j]
+    return b
 
 
 def _upper_inverse(r: np.ndarray) -> np.ndarray:
@@ -191,6 +216,27 @@ def r_col_means(bk: Backend, v: Any, *, rows: int = 4096) -> Any:
         # a reduction over the leading axis adds the rows one after another, starting here from the running sums
         acc = np.add.reduce(np.vstack([acc[None, :], host[lo : lo + rows].astype(np.longdouble)]), axis=0)
     return bk.asarray((acc / host.shape[0]).astype(np.float64))
+
+
+def r_sum(v: np.ndarray) -> float:
+    """R's ``sum`` of a host double vector: added in order in extended precision, rounded once."""
+    if v.shape[0] == 0:
+        return 0.0
+    if not _extended():
+        return float(np.cumsum(v)[-1])
+    return float(np.cumsum(v, dtype=np.longdouble)[-1])
+
+
+def r_median(v: np.ndarray) -> float:
+    """R's ``median``: the middle value, or R's ``mean`` of the two middle values."""
+    s = np.sort(np.asarray(v, dtype=np.float64))
+    n = s.shape[0]
+    half = (n + 1) // 2
+    if n % 2 == 1:
+        return float(s[half - 1])
+    from gpuc._backend import get_backend
+
+    return r_mean(get_backend("cpu"), s[half - 1 : half + 1])
 
 
 def r_mean(bk: Backend, v: Any) -> float:
