@@ -198,10 +198,12 @@ def r_digamma_log(x, lx):
 
 
 @jitable
-def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db):
+def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db, cache):
     """``b = X' W X`` and (``want_db``) ``db = -X' W^2 X`` (flat p x p), W = pow(pow(mu, -1) + alpha, -1), for the
-    gene whose means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major.
+    gene whose means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major; ``cache``: empty, or
+    the gene's table (:func:`gene_cache`) holding pow(mu, -1).
     """
+    keep = cache.shape[0] >= 6 * n + 1
     m1 = 0.0 * alpha - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
     for k in range(p * p):
         b[k] = 0.0
@@ -209,8 +211,7 @@ def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db):
             db[k] = 0.0
     for j in range(n):
         # R: w = pow(pow(mu, -1) + alpha, -1), b = X' (X .* w): entry (r, c) sums x_jr (x_jc w_j) over the samples in order
-        mj = mu[off + j * sj]
-        v = math.pow(mj, m1) + alpha
+        v = (cache[5 * n + j] if keep else math.pow(mu[off + j * sj], m1)) + alpha
         w = math.pow(v, m1)
         dw = -1.0 * math.pow(v, m1 - 1.0) if want_db else 0.0
         for r in range(p):
@@ -391,20 +392,67 @@ def chol_trace_solve(lf, db, p):
 
 
 @jitable
+def cache_size(n):
+    """Scratch for one gene's search over ``n`` samples (:func:`gene_cache` gives its layout)."""
+    return 6 * n + 1
+
+
+@jitable
+def gene_cache(y, mu, off, sj, n, cache):
+    """Fill ``cache`` (:func:`cache_size` values) with what the search over one gene can reuse: R takes lgamma and
+    digamma of ``y_j + 1/alpha`` sample by sample, and equal counts give equal values, so they are evaluated once
+    per distinct count; ``pow(mu_j, -1)`` does not depend on alpha. Layout, n values each: [0] log(1 + mu_j alpha)
+    per sample, [1] the sample's distinct-count slot, [2] log(y_k + 1/alpha) per distinct count (where above 10),
+    [3] the distinct counts, [4] lgamma (or digamma) of y_k + 1/alpha, [5] pow(mu_j, -1); then the number of
+    distinct counts.
+    """
+    m1 = 0.0 * y[off] - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
+    for j in range(n):
+        cache[5 * n + j] = math.pow(mu[off + j * sj], m1)
+    kk = 0
+    for j in range(n):
+        yj = y[off + j * sj]
+        slot = -1
+        for k in range(kk):
+            if cache[3 * n + k] == yj:
+                slot = k
+                break
+        if slot < 0:
+            cache[3 * n + kk] = yj
+            slot = kk
+            kk += 1
+        cache[n + j] = slot
+    cache[6 * n] = kk
+
+
+@jitable
 def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
     """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
-    is scratch of p * p values. ``cache`` (3 n values, or fewer for none) receives per sample, for
-    :func:`dlog_posterior` at the same point, log(1 + mu alpha) and, for counts whose y + 1/alpha exceeds 10,
-    log(y + 1/alpha): the same values the derivative would compute afresh.
+    is scratch of p * p values. ``cache`` is either empty (every term computed per sample) or holds the gene's
+    :func:`gene_cache` table; it then also receives, for :func:`dlog_posterior` at the same point, log(1 + mu
+    alpha) per sample and log(y + 1/alpha) per distinct count: the values the derivative would compute afresh.
 
     Every term is R's expression, operation for operation (R's ``lgammafn``, :func:`r_lgamma`; the Cox-Reid
     determinant as Armadillo forms it, :func:`det_r`): R's search accepts or rejects a step, and stops, on the last
     bits of these values.
     """
     alpha = math.exp(la)
-    keep = cache.shape[0] >= 3 * n
+    keep = cache.shape[0] >= 6 * n + 1
     r = 1.0 / alpha
     lgr = r_lgamma(r)
+    if keep:
+        for k in range(int(cache[6 * n])):
+            v = cache[3 * n + k]
+            xg = v + r
+            if v == 0.0:
+                lg = 0.0  # unused: a zero count's terms are exactly 0 (below)
+            elif xg > 10.0:
+                lx = math.log(xg)
+                cache[2 * n + k] = lx
+                lg = r_lgamma_log(xg, lx)
+            else:
+                lg = r_lgamma(xg)
+            cache[4 * n + k] = lg
     ll = 0.0
     for j in range(n):
         yj = y[off + j * sj]
@@ -416,18 +464,15 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
             # lgamma(0 + r) - lgamma(r) and 0 * log(mu + r) are exactly 0 in R's sum too
             ll += 0.0 - r * l1
         else:
-            xg = yj + r
-            if xg > 10.0:
-                lx = math.log(xg)
-                if keep:
-                    cache[2 * n + j] = lx
-                lg = r_lgamma_log(xg, lx)
+            if keep:
+                lg = cache[4 * n + int(cache[n + j])]
             else:
-                lg = r_lgamma(xg)
+                xg = yj + r
+                lg = r_lgamma_log(xg, math.log(xg)) if xg > 10.0 else r_lgamma(xg)
             ll += lg - lgr - yj * math.log(mj + r) - r * l1
     cr = 0.0
     if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False, cache)
         cr = -0.5 * log_det_r(b, p)
     prior = 0.0
     if use_prior:
@@ -469,13 +514,13 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``, term by term as R computes
     it (R's ``digamma``, :func:`r_digamma`; the Cox-Reid part, :func:`cr_derivative`): R's next proposal is the
     current point plus this value, so its rounding moves R's search. With ``cached``, ``cache`` holds the values
-    :func:`log_posterior` kept at this point.
+    :func:`log_posterior` kept at this point (and its distinct-count table).
     """
     alpha = math.exp(la)
-    cached = cached and cache.shape[0] >= 3 * n
+    cached = cached and cache.shape[0] >= 6 * n + 1
     cr = 0.0
     if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True, cache)
         cr = cr_derivative(b, db, p)
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
@@ -483,6 +528,17 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     # R takes pow(., -1) from the C library, which differs from 1 / x in the last bit for about 1 value in 1,000;
     # LLVM rewrites pow(x, -1.0) with a constant exponent into 1 / x, so the exponent is formed at run time.
     m1 = 0.0 * alpha - 1.0
+    if cached:
+        for k in range(int(cache[6 * n])):
+            v = cache[3 * n + k]
+            xg = v + r
+            if v == 0.0:
+                dg = dgr
+            elif xg > 10.0:
+                dg = r_digamma_log(xg, cache[2 * n + k])
+            else:
+                dg = r_digamma(xg)
+            cache[4 * n + k] = dg
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]
@@ -490,13 +546,12 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
         ma = mj * alpha
         u = 1.0 + ma
         lu = cache[j] if cached else math.log(u)
-        xg = yj + r
-        if yj == 0.0:
+        if cached:
+            dg = cache[4 * n + int(cache[n + j])]
+        elif yj == 0.0:
             dg = dgr
-        elif cached and xg > 10.0:
-            dg = r_digamma_log(xg, cache[2 * n + j])
         else:
-            dg = r_digamma(xg)
+            dg = r_digamma(yj + r)
         s += dgr + lu - ma * math.pow(u, m1) - dg + yj * math.pow(mj + r, m1)
     prior = 0.0
     if use_prior:
@@ -509,10 +564,11 @@ def fit_disp_gene(
     a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, cache, res
 ):
     """R's ``fitDisp`` line search for one gene from log alpha ``a``; writes ``res[0:4]`` = (log alpha, proposals
-    made, initial log posterior, last log posterior). ``cache``: 3 n values of scratch, or fewer for none (see
-    :func:`log_posterior_k`).
+    made, initial log posterior, last log posterior). ``cache``: :func:`cache_size` values of scratch, or none.
     """
-    keep = cache.shape[0] >= 3 * n
+    keep = cache.shape[0] >= 6 * n + 1
+    if keep:
+        gene_cache(y, mu, off, sj, n, cache)
     lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)
     dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
     kappa = kappa_0
@@ -610,7 +666,7 @@ def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, 
     """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
     G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     db = np.empty(p * p)
-    cache = np.empty(3 * n)
+    cache = np.empty(cache_size(n))
     res = np.empty(4)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
