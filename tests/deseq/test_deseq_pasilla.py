@@ -66,15 +66,22 @@ def test_pasilla_vs_r(pasilla_fits, tag):
     assert list(res.index) == list(ref.index)
     np.testing.assert_allclose(res["baseMean"], ref["baseMean"], rtol=1e-6)
     _gates(res, ref)
-    # gene by gene (R's values are rounded to 7 digits here: 1.5e-6 is the tightest meaningful tolerance). gpuc runs
-    # R's dispersion search; where one of R's decisions hinged on the last bits of its log posterior (R's mu, from its
-    # own arithmetic, differs from gpuc's there), a gene ends elsewhere: 3 of 12,355 gene-wise estimates with
-    # ~condition, none with ~type + condition. Those 3 move the trend by 5e-6 (~condition), and with it every MAP.
+    # gene by gene (R's values are rounded to 7 digits here: 1.5e-6 is the tightest meaningful tolerance). gpuc
+    # computes R's dispersions with R's arithmetic: every gene-wise estimate and trend value equals R's to the
+    # references' rounding, and with ~condition (linear-model means, bit for bit R's) every column of every gene.
+    # With ~type + condition the MAP search starts from R's IRLS means, which gpuc's IRLS matches to rounding only:
+    # 3 genes' final dispersions end a step elsewhere (up to 2.6e-6), and 5 genes refitted by R's optim differ more.
     ok = np.isfinite(ref["dispFit"].to_numpy())
     rel = lambda f: np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1)  # noqa: E731
-    assert (rel("dispGeneEst") > 1.5e-6).sum() <= (3 if tag == "condition" else 0)
-    assert rel("dispFit").max() < (1e-5 if tag == "condition" else 1.5e-6)
-    assert np.percentile(rel("dispersion"), 99.9) < (1e-4 if tag == "condition" else 1.5e-6)
+    assert rel("dispGeneEst").max() < 1.5e-6
+    assert rel("dispFit").max() < 1.5e-6
+    assert (rel("dispersion") > 1.5e-6).sum() <= (0 if tag == "condition" else 3)
+    if tag == "condition":
+        for col in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
+            m, r = res[col].to_numpy(), ref[col].to_numpy()
+            np.testing.assert_array_equal(np.isnan(m), np.isnan(r))
+            fin = np.isfinite(r)
+            np.testing.assert_allclose(m[fin], r[fin], rtol=1.5e-6, atol=0, err_msg=col)
     sig, sig_r = set(res.index[res["padj"] < 0.1]), set(ref.index[ref["padj"] < 0.1])
     assert sig == sig_r, (sorted(sig - sig_r), sorted(sig_r - sig))
 
