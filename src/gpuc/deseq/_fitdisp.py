@@ -226,6 +226,25 @@ def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db, cache):
 
 
 @jitable
+def pivot_rows(a, p, k):
+    """Step ``k`` of partial pivoting on the p x p ``a`` (flat, row-major): swaps row k with the row at or below it
+    holding the first largest magnitude in column k (LAPACK's choice) and returns that row.
+    """
+    piv = k
+    big = abs(a[k * p + k])
+    for i in range(k + 1, p):
+        if abs(a[i * p + k]) > big:
+            big = abs(a[i * p + k])
+            piv = i
+    if piv != k:
+        for c in range(p):
+            t = a[k * p + c]
+            a[k * p + c] = a[piv * p + c]
+            a[piv * p + c] = t
+    return piv
+
+
+@jitable
 def det_lu(a, p):
     """The determinant of the p x p ``a`` (flat, row-major; overwritten) as LAPACK ``dgetrf`` and Armadillo form it:
     LU with partial pivoting (first largest magnitude), the column below each pivot scaled by its reciprocal, then
@@ -233,18 +252,8 @@ def det_lu(a, p):
     """
     sign = 1.0
     for k in range(p):
-        piv = k
-        big = abs(a[k * p + k])
-        for i in range(k + 1, p):
-            if abs(a[i * p + k]) > big:
-                big = abs(a[i * p + k])
-                piv = i
-        if piv != k:
+        if pivot_rows(a, p, k) != k:
             sign = -sign
-            for c in range(p):
-                t = a[k * p + c]
-                a[k * p + c] = a[piv * p + c]
-                a[piv * p + c] = t
         d = a[k * p + k]
         if d != 0.0:
             if abs(d) >= 2.2250738585072014e-308:
@@ -426,6 +435,29 @@ def gene_cache(y, mu, off, sj, n, cache):
 
 
 @jitable
+def distinct_count_terms(cache, n, r, zero_value, digamma):
+    """Into slot [4] of the gene's table (:func:`gene_cache`), per distinct count y_k: lgamma(y_k + r), keeping
+    log(y_k + r) in slot [2] where y_k + r > 10, or (``digamma``) digamma(y_k + r) from that kept logarithm;
+    ``zero_value`` for a zero count.
+    """
+    for k in range(int(cache[6 * n])):
+        v = cache[3 * n + k]
+        xg = v + r
+        if v == 0.0:
+            t = zero_value
+        elif xg > 10.0:
+            if digamma:
+                t = r_digamma_log(xg, cache[2 * n + k])
+            else:
+                lx = math.log(xg)
+                cache[2 * n + k] = lx
+                t = r_lgamma_log(xg, lx)
+        else:
+            t = r_digamma(xg) if digamma else r_lgamma(xg)
+        cache[4 * n + k] = t
+
+
+@jitable
 def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache):
     """R's ``log_posterior`` of one gene (counts ``y[off + j * sj]``, means ``mu[...]``) at log alpha ``la``; ``b``
     is scratch of p * p values. ``cache`` is either empty (every term computed per sample) or holds the gene's
@@ -441,18 +473,7 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
     r = 1.0 / alpha
     lgr = r_lgamma(r)
     if keep:
-        for k in range(int(cache[6 * n])):
-            v = cache[3 * n + k]
-            xg = v + r
-            if v == 0.0:
-                lg = 0.0  # unused: a zero count's terms are exactly 0 (below)
-            elif xg > 10.0:
-                lx = math.log(xg)
-                cache[2 * n + k] = lx
-                lg = r_lgamma_log(xg, lx)
-            else:
-                lg = r_lgamma(xg)
-            cache[4 * n + k] = lg
+        distinct_count_terms(cache, n, r, 0.0, False)  # a zero count's lgamma terms cancel exactly (below)
     ll = 0.0
     for j in range(n):
         yj = y[off + j * sj]
@@ -529,16 +550,7 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     # LLVM rewrites pow(x, -1.0) with a constant exponent into 1 / x, so the exponent is formed at run time.
     m1 = 0.0 * alpha - 1.0
     if cached:
-        for k in range(int(cache[6 * n])):
-            v = cache[3 * n + k]
-            xg = v + r
-            if v == 0.0:
-                dg = dgr
-            elif xg > 10.0:
-                dg = r_digamma_log(xg, cache[2 * n + k])
-            else:
-                dg = r_digamma(xg)
-            cache[4 * n + k] = dg
+        distinct_count_terms(cache, n, r, dgr, True)
     s = 0.0
     for j in range(n):
         yj = y[off + j * sj]

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene
+from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene, pivot_rows
 
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
@@ -58,17 +58,8 @@ def solve_pivoted(a, rhs, p, q, want_logdet, want_solve):  # pragma: no cover - 
     """
     logdet = 0.0
     for c in range(p):
-        piv = c
-        best = abs(a[c * p + c])
-        for r_ in range(c + 1, p):
-            if abs(a[r_ * p + c]) > best:
-                best = abs(a[r_ * p + c])
-                piv = r_
+        piv = pivot_rows(a, p, c)
         if piv != c:
-            for v in range(p):
-                tmp = a[c * p + v]
-                a[c * p + v] = a[piv * p + v]
-                a[piv * p + v] = tmp
             for k in range(q):
                 tmp = rhs[c * q + k]
                 rhs[c * q + k] = rhs[piv * q + k]

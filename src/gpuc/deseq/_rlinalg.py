@@ -91,11 +91,14 @@ def householder_qr(x: np.ndarray, tol: float = QR_TOL) -> tuple[np.ndarray, np.n
     return a, qraux, min(k - 1, n)
 
 
-def _apply_q(qr: np.ndarray, qraux: np.ndarray, rank: int, y: np.ndarray) -> np.ndarray:
-    """Q times the vector ``y`` from the compact factor (LINPACK ``dqrsl``, job ``qy``)."""
+def _apply_q(qr: np.ndarray, qraux: np.ndarray, rank: int, y: np.ndarray, *, transpose: bool = False) -> np.ndarray:
+    """Q (or, ``transpose``, Q') times the vector ``y`` from the compact factor (LINPACK ``dqrsl``, job ``qy`` or
+    ``qty``: the reflections applied last to first, or first to last).
+    """
     n = qr.shape[0]
     out = np.array(y, dtype=np.float64, copy=True)
-    for j in reversed(range(min(rank, n - 1))):
+    steps = range(min(rank, n - 1))
+    for j in steps if transpose else reversed(steps):
         if qraux[j] == 0.0:
             continue
         h = qr[j:, j].copy()
@@ -110,19 +113,11 @@ def least_squares_coef(x: np.ndarray, y: np.ndarray, tol: float) -> np.ndarray:
     ``dqrsl`` forming Q'y and back-substituting ``R b = (Q'y)[:p]``), as ``glm.fit`` solves each IRLS step.
     """
     qr, qraux, rank = householder_qr(x, tol)
-    n, p = qr.shape
+    p = qr.shape[1]
     if rank < p:
         msg = f"the least-squares problem has rank {rank} < {p}."
         raise np.linalg.LinAlgError(msg)
-    qty = np.array(y, dtype=np.float64, copy=True)
-    for j in range(min(rank, n - 1)):
-        if qraux[j] == 0.0:
-            continue
-        h = qr[j:, j].copy()
-        h[0] = qraux[j]
-        t = -_dot(h, qty[j:]) / h[0]
-        qty[j:] = qty[j:] + t * h
-    b = qty[:rank].copy()
+    b = _apply_q(qr, qraux, rank, y, transpose=True)[:rank]
     for j in reversed(range(rank)):
         b[j] = b[j] / qr[j, j]
         if j > 0:
