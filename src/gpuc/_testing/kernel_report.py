@@ -64,10 +64,11 @@ BOUNDS: dict[str, tuple[int, int, int]] = {
     "gpuc.metacells._kernels_gpu.compact_columns": (128, 0, 0),
     "gpuc.deseq._kernels_gpu.irls": (255, 16384, 64),
     "gpuc.deseq._kernels_gpu.nb_const": (128, 16384, 64),
-    # R's line search keeps per-sample terms for the derivative (1.26x on the CPU): CUDA 12.9's NVVM gives it 132
-    # registers on sm_80 (124 on sm_90), 3 blocks of 128 threads per SM instead of 4; launch bounds of 4 blocks made
-    # it spill 80 B instead, which costs more than the occupancy (not yet timed on a device)
-    "gpuc.deseq._kernels_gpu.fit_disp": (136, 16384, 64),
+    # R's line search with R's own lgamma / digamma (Chebyshev series) and the C library's pow: CUDA 13.5's NVVM gives
+    # it 144 registers on sm_80 (122 on sm_90; 132 / 124 before R's arithmetic). At 128 threads per block up to 170
+    # registers keep the 3 blocks per SM that 132 gave (4 blocks would need 128; launch bounds of 4 blocks made the
+    # earlier version spill 80 B, which costs more than the occupancy; not yet timed on a device)
+    "gpuc.deseq._kernels_gpu.fit_disp": (168, 16384, 64),
     "gpuc.deseq._kernels_gpu.fit_disp_grid": (128, 16384, 64),
 }
 
