@@ -4,7 +4,9 @@ with DESeq2 1.38.3 and the reference BLAS).
 R DESeq2's gene-wise dispersion search accepts or rejects a step, and stops, on the last bits of its log posterior,
 and steps by its derivative; its linear-model means and size factors feed both. These tests pin each piece to R's
 exact doubles: R's ``lgammafn`` and ``digamma``, ``linearModelMuNormalized`` (LINPACK QR, reference BLAS), the
-median-of-ratios size factors (``rowMeans`` in extended precision), and ``fitDisp``'s log posterior and derivative.
+median-of-ratios size factors (``rowMeans`` in extended precision), ``fitDisp``'s log posterior and derivative, the
+starting values of the search (``rowVars``, the moments estimate), the parametric trend (``glm.fit``) and the prior
+variance, and the dispersions that follow from them.
 """
 
 from __future__ import annotations
@@ -165,3 +167,20 @@ def test_dispersion_start_and_genewise_estimates_are_r_bit_for_bit():
     off = np.abs(got - want) > 1e-6 * want
     assert off.sum() == 0, off.sum()
     assert (got == want).mean() > 0.999  # measured: all but 10 of 11,955 to the bit
+
+
+def test_parametric_trend_and_prior_variance_are_r_bit_for_bit():
+    """pasilla ~condition: R's parametricDispersionFit (glm.fit with LINPACK's dqrls, R's sum) and dispPriorVar (R's
+    mad) to the bit, and R's gene-wise, trend, MAP and final dispersions of the 300 reference genes to the bit too."""
+    import gpuc
+
+    t = pd.read_csv(DATA / "trend_pasilla_condition.csv", index_col=0)
+    a = gpuc.datasets.pasilla()
+    gpuc.tl.deseq(a, "~condition", contrast=["condition", "treated", "untreated"], device="cpu")
+    tr = a.uns["deseq"]["trend"]
+    assert float(tr["asymptDisp"]) == float.fromhex(t.loc["asymptDisp", "dispersion"])
+    assert float(tr["extraPois"]) == float.fromhex(t.loc["extraPois", "dispersion"])
+    assert float(a.uns["deseq"]["prior_disp_var"]) == float.fromhex(t.loc["dispPriorVar", "dispersion"])
+    genes = t.index[3:]
+    for col in ("dispGeneEst", "dispFit", "dispMAP", "dispersion"):
+        np.testing.assert_array_equal(a.var.loc[genes, f"deseq_{col}"].to_numpy(), _hex(t.loc[genes, col]), col)

@@ -8,6 +8,8 @@
 #   start_pbmc_cd14.csv.gz  per gene of the CD14 pseudobulk (../prefit, 24 samples, ~group) with a count: baseMean,
 #                 baseVar, the rough and moments starting values and their bounded minimum (estimateDispersionsGeneEst's
 #                 alpha_init), and R's dispGeneEst with its dispGeneIter
+#   trend_pasilla_condition.csv  pasilla ~condition after estimateDispersions: the parametric trend's coefficients
+#                 and dispPriorVar, and the 300 genes' dispGeneEst, dispFit, dispMAP and final dispersion
 # Run: Rscript make_reference.R /path/to/shared/data/bulk/pasilla
 suppressMessages(library(DESeq2))
 args <- commandArgs(trailingOnly = TRUE)
@@ -68,4 +70,16 @@ write.csv(data.frame(gene = rownames(nz), baseMean = hx(mcols(nz)$baseMean), bas
                      alpha_init = hx(pmin(pmax(1e-8, pmin(rough, mom)), max(10, ncol(nz)))),
                      dispGeneEst = hx(mcols(nz)$dispGeneEst), dispGeneIter = mcols(nz)$dispGeneIter),
           gzfile("start_pbmc_cd14.csv.gz"), row.names = FALSE, quote = FALSE)
+cts <- as.matrix(read.csv(file.path(src, "counts.csv"), row.names = 1, check.names = FALSE))
+md <- read.csv(file.path(src, "metadata.csv"), row.names = 1)
+md$condition <- factor(md$condition, levels = c("untreated", "treated"))
+dds <- estimateDispersions(estimateSizeFactors(DESeqDataSetFromMatrix(cts, md, ~condition)), quiet = TRUE)
+fn <- dispersionFunction(dds)
+co <- attr(fn, "coefficients")
+g <- mcols(dds)[keep, ]
+write.csv(rbind(data.frame(gene = c("asymptDisp", "extraPois", "dispPriorVar"), dispGeneEst = NA, dispFit = NA,
+                           dispMAP = NA, dispersion = hx(c(co[[1]], co[[2]], attr(fn, "dispPriorVar")))),
+                data.frame(gene = rownames(g), dispGeneEst = hx(g$dispGeneEst), dispFit = hx(g$dispFit),
+                           dispMAP = hx(g$dispMAP), dispersion = hx(g$dispersion))),
+          "trend_pasilla_condition.csv", row.names = FALSE, quote = FALSE)
 writeLines(capture.output(sessionInfo()), "sessionInfo.txt")
