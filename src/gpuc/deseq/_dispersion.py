@@ -489,12 +489,15 @@ def _cr_derivative(xp: Any, b: Any, db: Any) -> Any:
     from gpuc.deseq._fitdisp import DET_EPS
 
     p = b.shape[1]
-    fallback = -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
     if p == 1:
         det = b[:, 0, 0]
         return (-0.5 * (det * ((1.0 / det) * db[:, 0, 0] + 0.0))) / det
+
+    def fallback() -> Any:  # the solve, for designs and matrices Armadillo hands to LAPACK
+        return -0.5 * xp.trace(xp.linalg.solve(b, db), axis1=1, axis2=2)
+
     if p != 2:
-        return fallback
+        return fallback()
     a00, a01, a10, a11 = b[:, 0, 0], b[:, 0, 1], b[:, 1, 0], b[:, 1, 1]
     dv = a00 * a11 - a01 * a10
     ok = (xp.abs(dv) >= DET_EPS) & (xp.abs(dv) <= 1.0 / DET_EPS)
@@ -503,7 +506,8 @@ def _cr_derivative(xp: Any, b: Any, db: Any) -> Any:
     acc1 = acc1 + (-a10 / dv) * db[:, 0, 1]
     acc2 = acc2 + (a00 / dv) * db[:, 1, 1]
     det = _det_r(xp, b)
-    return xp.where(ok, (-0.5 * (det * (acc1 + acc2))) / det, fallback)
+    closed = (-0.5 * (det * (acc1 + acc2))) / det
+    return closed if bool(ok.all()) else xp.where(ok, closed, fallback())
 
 
 def _r_dlogpost(
@@ -850,7 +854,8 @@ def fit_trend(
 ) -> tuple[DispersionFunction, str | None]:
     """R's ``estimateDispersionsFit``: returns the dispersion function and a warning message if it fell back."""
     if fit_type == "mean":
-        return DispersionFunction("mean", mean=_trimmed_mean(genewise[genewise > 10 * min_disp], 0.001)), None
+        trimmed = _trimmed_mean(genewise[genewise > 10 * min_disp], 0.001)
+        return DispersionFunction("mean", mean=trimmed, min_disp=min_disp), None
     # R fits the parametric and the local trend to the genes with an estimate above 100 minDisp (the local fit then
     # keeps those of at least 10 minDisp, all of them)
     use = genewise > 100 * min_disp

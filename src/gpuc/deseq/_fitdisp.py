@@ -203,7 +203,7 @@ def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db, cache):
     gene whose means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major; ``cache``: empty, or
     the gene's table (:func:`gene_cache`) holding pow(mu, -1).
     """
-    keep = cache.shape[0] >= 6 * n + 1
+    keep = cache.shape[0] >= cache_size(n)
     m1 = 0.0 * alpha - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
     for k in range(p * p):
         b[k] = 0.0
@@ -469,7 +469,7 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
     bits of these values.
     """
     alpha = math.exp(la)
-    keep = cache.shape[0] >= 6 * n + 1
+    keep = cache.shape[0] >= cache_size(n)
     r = 1.0 / alpha
     lgr = r_lgamma(r)
     if keep:
@@ -538,7 +538,7 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     :func:`log_posterior` kept at this point (and its distinct-count table).
     """
     alpha = math.exp(la)
-    cached = cached and cache.shape[0] >= 6 * n + 1
+    cached = cached and cache.shape[0] >= cache_size(n)
     cr = 0.0
     if use_cr:
         cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True, cache)
@@ -578,7 +578,7 @@ def fit_disp_gene(
     """R's ``fitDisp`` line search for one gene from log alpha ``a``; writes ``res[0:4]`` = (log alpha, proposals
     made, initial log posterior, last log posterior). ``cache``: :func:`cache_size` values of scratch, or none.
     """
-    keep = cache.shape[0] >= 6 * n + 1
+    keep = cache.shape[0] >= cache_size(n)
     if keep:
         gene_cache(y, mu, off, sj, n, cache)
     lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)

@@ -213,13 +213,14 @@ def r_col_means(bk: Backend, v: Any, *, rows: int = 4096) -> Any:
     return bk.asarray((acc / host.shape[0]).astype(np.float64))
 
 
+def _ordered_sum(v: np.ndarray, dtype: Any) -> Any:
+    """The values added one after another from 0 in ``dtype`` (a cumulative sum adds in order; a plain sum pairs)."""
+    return np.cumsum(v, dtype=dtype)[-1] if v.shape[0] else dtype(0.0)
+
+
 def r_sum(v: np.ndarray) -> float:
     """R's ``sum`` of a host double vector: added in order in extended precision, rounded once."""
-    if v.shape[0] == 0:
-        return 0.0
-    if not _extended():
-        return float(np.cumsum(v)[-1])
-    return float(np.cumsum(v, dtype=np.longdouble)[-1])
+    return float(_ordered_sum(v, np.longdouble if _extended() else np.float64))
 
 
 def r_median(v: np.ndarray) -> float:
@@ -241,15 +242,10 @@ def r_mean(bk: Backend, v: Any) -> float:
     if not _extended():
         return float(v.mean())
     x = np.asarray(bk.to_host(v), dtype=np.longdouble)
-    m = np.longdouble(0.0)
-    for value in x:  # in order, as R adds
-        m += value
-    m /= len(x)
+    with np.errstate(invalid="ignore"):  # an empty vector's mean is NaN, as R's
+        m = _ordered_sum(x, np.longdouble) / np.longdouble(len(x))
     if np.isfinite(np.float64(m)):
-        t = np.longdouble(0.0)
-        for value in x:
-            t += value - m
-        m += t / len(x)
+        m += _ordered_sum(x - m, np.longdouble) / np.longdouble(len(x))
     return float(np.float64(m))
 
 
