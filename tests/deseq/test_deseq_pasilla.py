@@ -67,21 +67,19 @@ def test_pasilla_vs_r(pasilla_fits, tag):
     np.testing.assert_allclose(res["baseMean"], ref["baseMean"], rtol=1e-6)
     _gates(res, ref)
     # gene by gene (R's values are rounded to 7 digits here: 1.5e-6 is the tightest meaningful tolerance). gpuc
-    # computes R's dispersions with R's arithmetic: every gene-wise estimate and trend value equals R's to the
-    # references' rounding, and with ~condition (linear-model means, bit for bit R's) every column of every gene.
-    # With ~type + condition the MAP search starts from R's IRLS means, which gpuc's IRLS matches to rounding only:
-    # 3 genes' final dispersions end a step elsewhere (up to 2.6e-6), and 5 genes refitted by R's optim differ more.
+    # computes R's dispersions, trend and fits with R's arithmetic: every dispersion column of every gene equals R's
+    # to the references' rounding, and every result column too except, with ~type + condition, the 5 genes whose
+    # IRLS reached 100 iterations (R refits them by optim's L-BFGS-B, gpuc by a bounded Fisher scoring).
     ok = np.isfinite(ref["dispFit"].to_numpy())
-    rel = lambda f: np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1)  # noqa: E731
-    assert rel("dispGeneEst").max() < 1.5e-6
-    assert rel("dispFit").max() < 1.5e-6
-    assert (rel("dispersion") > 1.5e-6).sum() <= (0 if tag == "condition" else 3)
-    if tag == "condition":
-        for col in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
-            m, r = res[col].to_numpy(), ref[col].to_numpy()
-            np.testing.assert_array_equal(np.isnan(m), np.isnan(r))
-            fin = np.isfinite(r)
-            np.testing.assert_allclose(m[fin], r[fin], rtol=1.5e-6, atol=0, err_msg=col)
+    for f in ("dispGeneEst", "dispFit", "dispersion"):
+        assert np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1).max() < 1.5e-6, f
+    optim = a.var["deseq_betaIter"].to_numpy() >= 100
+    assert optim.sum() == (0 if tag == "condition" else 5)
+    for col in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
+        m, r = res[col].to_numpy(), ref[col].to_numpy()
+        np.testing.assert_array_equal(np.isnan(m), np.isnan(r))
+        fin = np.isfinite(r) & ~optim
+        np.testing.assert_allclose(m[fin], r[fin], rtol=1.5e-6, atol=0, err_msg=col)
     sig, sig_r = set(res.index[res["padj"] < 0.1]), set(ref.index[ref["padj"] < 0.1])
     assert sig == sig_r, (sorted(sig - sig_r), sorted(sig_r - sig))
 

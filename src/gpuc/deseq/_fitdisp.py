@@ -11,7 +11,8 @@ operation where the order changes rounding:
 - log posterior in log alpha: ``sum_j [lgamma(y_j + 1/a) - lgamma(1/a) - y_j log(mu_j + 1/a)
   - (1/a) log(1 + mu_j a)]`` (R's own ``lgammafn``, see :func:`r_lgamma`), plus the log-normal prior
   ``-(log a - m)^2 / (2 s2)`` for MAP, plus the Cox-Reid term ``-log det(X' W X) / 2`` with
-  ``W = pow(pow(mu, -1) + a, -1)`` (the C library's pow, as R takes it). The count terms lose digits at small
+  ``W = 1 / (1 / mu + a)`` (R's ``pow(pow(mu, -1) + a, -1)``, which the compiler turns into divisions; see
+  :func:`cr_matrices`). The count terms lose digits at small
   alpha (differences of large lgamma values); R's search, and its stopping decisions, see exactly those rounded
   values, so gpuc computes them the same way.
 - derivative in log alpha: ``a^-1 * sum_j [psi(1/a) + log(1 + mu_j a) - mu_j a / (1 + mu_j a) - psi(y_j + 1/a)
@@ -31,24 +32,39 @@ import math
 
 import numpy as np
 from numba import njit
-
-try:  # numba-cuda registers a function for both targets (the CPU's numba registry too)
-    from numba.cuda.extending import overload as _cuda_overload
-except ImportError:  # pragma: no cover - without numba-cuda only the CPU kernels exist
-    _cuda_overload = None
 from numba.extending import register_jitable as _register_jitable
 
 LN_SQRT_2PI = 0.918938533204672741780329736406  # log(sqrt(2 pi)), R's M_LN_SQRT_2PI
 ARMIJO = 1.0e-4  # R's epsilon in fitDisp
+_JITABLE: list = []  # every function registered by :func:`jitable`, for :func:`register_for_cuda`
 
 
 def jitable(fn):
-    """Register ``fn`` (plain Python) so that numba CPU and numba-cuda kernels can both call it; returns ``fn``."""
-    if _cuda_overload is not None:
-        _cuda_overload(fn, target="generic", strict=False, inline="never")(lambda *args: fn)
-    else:  # pragma: no cover
-        _register_jitable(fn)
+    """Register ``fn`` (plain Python) so that numba CPU kernels can call it, and list it for numba-cuda's
+    (:func:`register_for_cuda`); returns ``fn``.
+    """
+    _register_jitable(fn)
+    _JITABLE.append(fn)
     return fn
+
+
+def register_for_cuda() -> None:
+    """Make every :func:`jitable` function callable from numba-cuda kernels (called once, by
+    :mod:`gpuc.deseq._kernels_gpu`). Deferred to the first GPU use: importing numba-cuda costs a CPU-only call
+    about 0.4 s.
+    """
+    if not _JITABLE:
+        return
+    from numba.cuda.extending import overload
+
+    for fn in _JITABLE:
+        overload(fn, target="cuda", strict=False, inline="never")(_returns(fn))
+    _JITABLE.clear()
+
+
+def _returns(fn):
+    """The overload body handing numba-cuda ``fn`` itself as the implementation, whatever the argument types."""
+    return lambda *args: fn
 
 
 # R's Chebyshev coefficients (``src/nmath``, W. Fullerton's SLATEC series): the first 22 of ``gammafn``'s ``gamcs``
@@ -72,6 +88,7 @@ ALGMCS = np.array([
     +0.6221098041892605227126015543416e-13,
 ])  # fmt: skip
 LGAMMACOR_XBIG = 94906265.62425156  # above it R's lgammacor is 1 / (12 x)
+SAFE_MIN = 2.2250738585072014e-308  # LAPACK's dlamch('S'): dgetrf2 scales by the pivot's reciprocal above it
 DET_EPS = 2.220446049250313e-16  # Armadillo keeps a closed-form determinant of magnitude in (eps, 1 / eps)
 
 
@@ -197,23 +214,107 @@ def r_digamma_log(x, lx):
     return -(s - xdmln)
 
 
+# C library pow(x, -1) and pow(x, -2) without calling pow for most x. glibc's pow is within 0.54 ulp of the exact
+# power (its worst case; 0.51 for these small exponents), so where the exact value lies within POW_SAFE ulp of a double,
+# pow returns that double: the correctly rounded power, formed here from 1 / x (correctly rounded) and its exact
+# error (Dekker's product). Elsewhere, about 1 x in 10, pow itself decides.
+SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitter (halves of 26 bits)
+POW_SAFE = 0.45
+POW_RANGE = 1.0e150  # far from overflow of x^2 and of the splitter
+ULP_PHI = 2.0**-53 + 2.0**-105
+
+
 @jitable
-def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db, cache):
-    """``b = X' W X`` and (``want_db``) ``db = -X' W^2 X`` (flat p x p), W = pow(pow(mu, -1) + alpha, -1), for the
-    gene whose means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major; ``cache``: empty, or
-    the gene's table (:func:`gene_cache`) holding pow(mu, -1).
+def product_error(a, b, p):
+    """``a * b - p`` exactly, for ``p`` the rounded product (Dekker's algorithm; no fused multiply-add needed)."""
+    c = SPLIT * a
+    ah = c - (c - a)
+    al = a - ah
+    c = SPLIT * b
+    bh = c - (c - b)
+    bl = b - bh
+    return ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@jitable
+def ulp(r):
+    """The unit in the last place of the positive normal double ``r``: the gap to its successor, which ``r + phi r``
+    rounds to for phi = 2^-53 + 2^-105 (Rump, Zimmermann, Boldo and Melquiond 2009, "Computing predecessor and
+    successor in rounding to nearest"); the subtraction is exact.
+    """
+    return (r + r * ULP_PHI) - r
+
+
+@jitable
+def reciprocal_error(x, q):
+    """``1 - x q`` exactly (q = 1 / x rounded, so x q is within an ulp of 1 and 1 - x q rounds exactly)."""
+    p = x * q
+    return (1.0 - p) - product_error(x, q, p)
+
+
+@jitable
+def pow_m1(x, m1):
+    """The C library's ``pow(x, -1)`` (R's ``pow(1 + mu alpha, -1)`` in the derivative): 1 / x unless the quotient is within a hair of halfway
+    between two doubles, where glibc's pow may round the other way and is called. ``m1`` is -1 formed at run time
+    by the caller (from a value the compiler cannot prove finite; see :func:`dlog_posterior`).
+    """
+    if not (x > 1.0 / POW_RANGE and x < POW_RANGE):
+        return math.pow(x, m1)
+    q = 1.0 / x
+    e = reciprocal_error(x, q)  # 1/x = q + e / x
+    if abs(e) <= POW_SAFE * ulp(q) * x:
+        return q
+    return math.pow(x, m1)
+
+
+@jitable
+def pow_m2(x, m2):
+    """The C library's ``pow(x, -2)``: the correctly rounded x^-2 from 1 / x and its exact error (x^-2 =
+    q^2 (1 + d)^2, d = e / (x q)), unless it lies too near halfway between two doubles (then pow decides); ``m2``
+    is -2 formed at run time (as in :func:`pow_m1`).
+    """
+    if not (x > 1.0 / POW_RANGE and x < POW_RANGE):
+        return math.pow(x, m2)
+    q = 1.0 / x
+    e = reciprocal_error(x, q)
+    d = e / (1.0 - e)
+    s = q * q
+    t = product_error(q, q, s) + 2.0 * s * d  # x^-2 - s, to about 2^-100 relative (the d^2 term is below it)
+    r = s + t
+    rest = t - (r - s)  # x^-2 - r (Fast2Sum: |s| >= |t|)
+    if abs(rest) <= POW_SAFE * ulp(r):
+        return r
+    return math.pow(x, m2)
+
+
+@jitable
+def cr_matrices(alpha, mu, off, sj, n, x, p, b, db, want_db, cache, cached):
+    """``b = X' W X`` and (``want_db``) ``db = -X' W^2 X`` (flat p x p), W = 1 / (1 / mu + alpha), for the gene whose
+    means are ``mu[off + j * sj]``; ``x`` is the n x p design, flat and row-major; ``cache``: empty, or the gene's
+    table (:func:`gene_cache`) holding 1 / mu, into which W is kept (or, ``cached``, from which the W of this alpha
+    is read).
+
+    R writes W as ``pow(pow(mu, -1) + alpha, -1)`` and W^2 as ``pow(..., -2)``; the C++ compiler turns a power -1
+    with a constant exponent into a division (GCC expands integer powers -1 to 2 at every optimisation level) and
+    keeps the C library's pow for -2: gpuc does the same (checked against R's derivative on every pasilla gene).
     """
     keep = cache.shape[0] >= cache_size(n)
-    m1 = 0.0 * alpha - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
+    cached = cached and keep
+    m2 = 0.0 * alpha - 2.0  # the exponent -2, formed at run time (see :func:`dlog_posterior`)
     for k in range(p * p):
         b[k] = 0.0
         if want_db:
             db[k] = 0.0
     for j in range(n):
-        # R: w = pow(pow(mu, -1) + alpha, -1), b = X' (X .* w): entry (r, c) sums x_jr (x_jc w_j) over the samples in order
-        v = (cache[5 * n + j] if keep else math.pow(mu[off + j * sj], m1)) + alpha
-        w = math.pow(v, m1)
-        dw = -1.0 * math.pow(v, m1 - 1.0) if want_db else 0.0
+        # b = X' (X .* w): entry (r, c) sums x_jr (x_jc w_j) over the samples in order
+        v = (cache[5 * n + j] if keep else 1.0 / mu[off + j * sj]) + alpha
+        if cached:
+            w = cache[6 * n + j]
+        else:
+            w = 1.0 / v
+            if keep:
+                cache[6 * n + j] = w
+        dw = -1.0 * pow_m2(v, m2) if want_db else 0.0
         for r in range(p):
             xr = x[j * p + r]
             if xr == 0.0:
@@ -403,7 +504,7 @@ def chol_trace_solve(lf, db, p):
 @jitable
 def cache_size(n):
     """Scratch for one gene's search over ``n`` samples (:func:`gene_cache` gives its layout)."""
-    return 6 * n + 1
+    return 7 * n + 1
 
 
 @jitable
@@ -412,12 +513,11 @@ def gene_cache(y, mu, off, sj, n, cache):
     digamma of ``y_j + 1/alpha`` sample by sample, and equal counts give equal values, so they are evaluated once
     per distinct count; ``pow(mu_j, -1)`` does not depend on alpha. Layout, n values each: [0] log(1 + mu_j alpha)
     per sample, [1] the sample's distinct-count slot, [2] log(y_k + 1/alpha) per distinct count (where above 10),
-    [3] the distinct counts, [4] lgamma (or digamma) of y_k + 1/alpha, [5] pow(mu_j, -1); then the number of
-    distinct counts.
+    [3] the distinct counts, [4] lgamma (or digamma) of y_k + 1/alpha, [5] 1 / mu_j, [6] the Cox-Reid weight W_j
+    of the last log posterior; then the number of distinct counts.
     """
-    m1 = 0.0 * y[off] - 1.0  # the exponent -1, formed at run time (see :func:`dlog_posterior`)
     for j in range(n):
-        cache[5 * n + j] = math.pow(mu[off + j * sj], m1)
+        cache[5 * n + j] = 1.0 / mu[off + j * sj]
     kk = 0
     for j in range(n):
         yj = y[off + j * sj]
@@ -431,7 +531,7 @@ def gene_cache(y, mu, off, sj, n, cache):
             slot = kk
             kk += 1
         cache[n + j] = slot
-    cache[6 * n] = kk
+    cache[7 * n] = kk
 
 
 @jitable
@@ -440,7 +540,7 @@ def distinct_count_terms(cache, n, r, zero_value, digamma):
     log(y_k + r) in slot [2] where y_k + r > 10, or (``digamma``) digamma(y_k + r) from that kept logarithm;
     ``zero_value`` for a zero count.
     """
-    for k in range(int(cache[6 * n])):
+    for k in range(int(cache[7 * n])):
         v = cache[3 * n + k]
         xg = v + r
         if v == 0.0:
@@ -493,7 +593,7 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
             ll += lg - lgr - yj * math.log(mj + r) - r * l1
     cr = 0.0
     if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False, cache)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, b, False, cache, False)
         cr = -0.5 * log_det_r(b, p)
     prior = 0.0
     if use_prior:
@@ -503,11 +603,188 @@ def log_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cac
 
 
 @jitable
-def cr_derivative(b, db, p):
-    """R's Cox-Reid part of the derivative in alpha, ``-0.5 det(b) trace(b^-1 db) / det(b)``, as Armadillo forms it
-    for one or two coefficients (the closed-form inverse, then the trace of the product summed in two interleaved
-    accumulators). Larger designs, and a 2 x 2 ``b`` whose determinant Armadillo would hand to LAPACK, take the
-    Cholesky factor instead (equal up to rounding). Overwrites ``b`` and ``db``.
+def lapack_inverse(a, p, ipiv, work):
+    """Armadillo's ``inv`` of the p x p ``a`` (flat, row-major) where it calls LAPACK, in place: ``dgetrf`` (partial
+    pivoting, the first largest entry; the column scaled by the pivot's reciprocal; trailing updates a_ij + (-u_kj)
+    l_ik in pivot order, which is what the recursive ``dgetrf2`` computes) then the unblocked ``dgetri``: the
+    inverse of U column by column (``dtrti2``: ``dtrmv``, then scaled by -1/u_jj), inv(A) from inv(U) and L
+    right to left (``dgemv``), the column interchanges. ``ipiv`` and ``work``: p values of scratch. Returns False
+    for an exactly singular ``a``.
+    """
+    for k in range(p):
+        piv = k
+        best = abs(a[k * p + k])
+        for r in range(k + 1, p):
+            if abs(a[r * p + k]) > best:
+                best = abs(a[r * p + k])
+                piv = r
+        ipiv[k] = piv
+        if a[piv * p + k] == 0.0:
+            return False
+        if piv != k:
+            for c in range(p):
+                t = a[k * p + c]
+                a[k * p + c] = a[piv * p + c]
+                a[piv * p + c] = t
+        pivot = a[k * p + k]
+        if abs(pivot) >= SAFE_MIN:
+            rp = 1.0 / pivot
+            for r in range(k + 1, p):
+                a[r * p + k] = rp * a[r * p + k]
+        else:
+            for r in range(k + 1, p):
+                a[r * p + k] = a[r * p + k] / pivot
+        for c in range(k + 1, p):
+            t = -a[k * p + c]
+            for r in range(k + 1, p):
+                a[r * p + c] = a[r * p + c] + t * a[r * p + k]
+    for j in range(p):  # dtrti2: inv(U), column j from the inverted columns before it
+        a[j * p + j] = 1.0 / a[j * p + j]
+        ajj = -a[j * p + j]
+        for jj in range(j):  # dtrmv: x = U[:j, :j] x, x = column j above the diagonal
+            t = a[jj * p + j]
+            if t != 0.0:
+                for r in range(jj):
+                    a[r * p + j] = a[r * p + j] + t * a[r * p + jj]
+                a[jj * p + j] = t * a[jj * p + jj]
+        for r in range(j):
+            a[r * p + j] = ajj * a[r * p + j]
+    for j in range(p - 1, -1, -1):  # inv(A) L = inv(U), right to left
+        for r in range(j + 1, p):
+            work[r] = a[r * p + j]
+            a[r * p + j] = 0.0
+        for c in range(j + 1, p):
+            t = -work[c]
+            for r in range(p):
+                a[r * p + j] = a[r * p + j] + t * a[r * p + c]
+    for j in range(p - 2, -1, -1):
+        jp = int(ipiv[j])
+        if jp != j:
+            for r in range(p):
+                t = a[r * p + j]
+                a[r * p + j] = a[r * p + jp]
+                a[r * p + jp] = t
+    return True
+
+
+@jitable
+def likely_sympd(a, p):
+    """Armadillo's ``guess_sympd`` (four or more rows): a positive diagonal, off-diagonal entries below the largest
+    diagonal entry and below the mean of their two diagonal entries, and symmetric within 100 eps. ``a``: flat p x p,
+    entry (i, j) at a[i * p + j].
+    """
+    tol = 100.0 * DET_EPS
+    max_diag = 0.0
+    for j in range(p):
+        ajj = a[j * p + j]
+        if ajj <= 0.0:
+            return False
+        if ajj > max_diag:
+            max_diag = ajj
+    for j in range(p - 1):
+        ajj = a[j * p + j]
+        for i in range(j + 1, p):
+            aij = a[i * p + j]
+            aji = a[j * p + i]
+            if abs(aij) >= max_diag:
+                return False
+            delta = abs(aij - aji)
+            if delta > tol and delta > max(abs(aij), abs(aji)) * tol:
+                return False
+            if abs(aij) + abs(aij) >= a[i * p + i] + ajj:
+                return False
+    return True
+
+
+@jitable
+def sympd_inverse(a, p):
+    """Armadillo's ``inv_sympd`` of the p x p ``a`` (flat; entry (i, j) at a[i * p + j]) in place, from its lower
+    triangle as LAPACK 3.11 computes it for p below its block size: ``dpotrf2`` (whose recursion adds the
+    products l_ik l_jk in increasing k, takes the square root on the diagonal and scales by its reciprocal below
+    it), ``dtrti2`` (the inverse of L, columns right to left with ``dtrmv``), ``dlauu2`` (L^-T L^-1 row by row: a
+    ``ddot`` on the diagonal, a ``dgemv`` scaled by the old diagonal entry left of it), then the lower triangle
+    copied above. Returns False where the Cholesky factor fails (not positive definite).
+    """
+    for j in range(p):
+        d = a[j * p + j]
+        for k in range(j):
+            d = d - a[j * p + k] * a[j * p + k]
+        if not d > 0.0:
+            return False
+        ljj = math.sqrt(d)
+        a[j * p + j] = ljj
+        rl = 1.0 / ljj
+        for i in range(j + 1, p):
+            v = a[i * p + j]
+            for k in range(j):
+                v = v - a[j * p + k] * a[i * p + k]
+            a[i * p + j] = rl * v
+    for j in range(p - 1, -1, -1):  # dtrti2, lower: inv(L)
+        a[j * p + j] = 1.0 / a[j * p + j]
+        ajj = -a[j * p + j]
+        for c in range(p - 1, j, -1):  # dtrmv, lower: x = L[j+1:, j+1:] x, x = column j below the diagonal
+            t = a[c * p + j]
+            if t != 0.0:
+                for r in range(p - 1, c, -1):
+                    a[r * p + j] = a[r * p + j] + t * a[r * p + c]
+                a[c * p + j] = t * a[c * p + c]
+        for r in range(j + 1, p):
+            a[r * p + j] = ajj * a[r * p + j]
+    for i in range(p):  # dlauu2, lower: inv(L)' inv(L)
+        aii = a[i * p + i]
+        if i < p - 1:
+            t = 0.0
+            for k in range(i, p):
+                t += a[k * p + i] * a[k * p + i]
+            a[i * p + i] = t
+            for c in range(i):
+                a[i * p + c] = aii * a[i * p + c]
+            for c in range(i):
+                t = 0.0
+                for k in range(i + 1, p):
+                    t += a[k * p + c] * a[k * p + i]
+                a[i * p + c] = a[i * p + c] + t
+        else:
+            for c in range(p):
+                a[i * p + c] = aii * a[i * p + c]
+    for i in range(p):
+        for j in range(i + 1, p):
+            a[i * p + j] = a[j * p + i]
+    return True
+
+
+@jitable
+def inverse_scratch(p):
+    """Scratch of :func:`cr_derivative` for :func:`lapack_inverse`: the matrix, its pivots and work."""
+    return p * p + 2 * p
+
+
+@jitable
+def trace_of_product(ai, db, p):
+    """Armadillo's ``trace(A * B)`` without forming the product: row k of A times column k of B, the products of
+    even and odd inner indices added in two accumulators across all k, then summed.
+    """
+    acc1 = 0.0
+    acc2 = 0.0
+    for k in range(p):
+        j = 1
+        while j < p:
+            acc1 += ai[k * p + j - 1] * db[(j - 1) * p + k]
+            acc2 += ai[k * p + j] * db[j * p + k]
+            j += 2
+        if j - 1 < p:
+            acc1 += ai[k * p + j - 1] * db[(j - 1) * p + k]
+    return acc1 + acc2
+
+
+@jitable
+def cr_derivative(b, db, p, inv):
+    """R's Cox-Reid part of the derivative in alpha, ``-0.5 det(b) trace(b^-1 db) / det(b)``, as Armadillo forms it:
+    its determinant (:func:`det_r`); the inverse in closed form for one or two coefficients, elementwise for a
+    diagonal ``b``, by Cholesky (:func:`sympd_inverse`) for four or more coefficients where Armadillo guesses ``b``
+    positive definite (:func:`likely_sympd`), else by LU (:func:`lapack_inverse`), in ``inv``
+    (:func:`inverse_scratch` values); then :func:`trace_of_product`. Without that scratch, the Cholesky factor's
+    solves instead (equal up to rounding). Overwrites ``b`` and ``db``.
     """
     if p == 1:
         det = b[0]
@@ -526,12 +803,35 @@ def cr_derivative(b, db, p):
             tr = acc1 + acc2
             det = det_r(b, p)
             return (-0.5 * (det * tr)) / det
+    if inv.shape[0] >= inverse_scratch(p):
+        ai = inv[: p * p]
+        diagonal = True
+        for k in range(p * p):
+            ai[k] = b[k]
+            if k % (p + 1) != 0 and b[k] != 0.0:
+                diagonal = False
+        ok = False
+        if diagonal:
+            for k in range(p):
+                ai[k * (p + 1)] = 1.0 / b[k * (p + 1)]
+            ok = True
+        elif p >= 4 and likely_sympd(b, p):
+            ok = sympd_inverse(ai, p)
+            if not ok:
+                for k in range(p * p):
+                    ai[k] = b[k]
+        if not ok:
+            ok = lapack_inverse(ai, p, inv[p * p : p * p + p], inv[p * p + p : p * p + 2 * p])
+        if ok:
+            tr = trace_of_product(ai, db, p)
+            det = det_r(b, p)
+            return (-0.5 * (det * tr)) / det
     cholesky_logdet(b, p)
     return -0.5 * chol_trace_solve(b, db, p)
 
 
 @jitable
-def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, cached):
+def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, inv, cache, cached):
     """R's ``dlog_posterior`` (derivative in log alpha) of one gene at log alpha ``la``, term by term as R computes
     it (R's ``digamma``, :func:`r_digamma`; the Cox-Reid part, :func:`cr_derivative`): R's next proposal is the
     current point plus this value, so its rounding moves R's search. With ``cached``, ``cache`` holds the values
@@ -541,13 +841,14 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
     cached = cached and cache.shape[0] >= cache_size(n)
     cr = 0.0
     if use_cr:
-        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True, cache)
-        cr = cr_derivative(b, db, p)
+        cr_matrices(alpha, mu, off, sj, n, x, p, b, db, True, cache, cached)
+        cr = cr_derivative(b, db, p, inv)
     r = 1.0 / alpha
     r2 = 1.0 / (alpha * alpha)
     dgr = r_digamma(r)
-    # R takes pow(., -1) from the C library, which differs from 1 / x in the last bit for about 1 value in 1,000;
-    # LLVM rewrites pow(x, -1.0) with a constant exponent into 1 / x, so the exponent is formed at run time.
+    # here R's compiled code keeps the C library's pow(., -1), which differs from 1 / x in the last bit for about 1
+    # value in 1,000 (:func:`pow_m1`); LLVM would rewrite pow(x, -1.0) with a constant exponent into 1 / x, so the
+    # exponent is formed at run time.
     m1 = 0.0 * alpha - 1.0
     if cached:
         distinct_count_terms(cache, n, r, dgr, True)
@@ -564,7 +865,8 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
             dg = dgr
         else:
             dg = r_digamma(yj + r)
-        s += dgr + lu - ma * math.pow(u, m1) - dg + yj * math.pow(mj + r, m1)
+        # a zero count's last term is 0 * pow(mu + 1/alpha, -1) = +0 whatever the power (finite, positive)
+        s += dgr + lu - ma * pow_m1(u, m1) - dg + (yj * pow_m1(mj + r, m1) if yj != 0.0 else 0.0)
     prior = 0.0
     if use_prior:
         prior = -1.0 * (la - pm) / pv
@@ -573,16 +875,18 @@ def dlog_posterior(la, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db
 
 @jitable
 def fit_disp_gene(
-    a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, cache, res
+    a, y, mu, off, sj, n, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, inv, cache, res
 ):
     """R's ``fitDisp`` line search for one gene from log alpha ``a``; writes ``res[0:4]`` = (log alpha, proposals
-    made, initial log posterior, last log posterior). ``cache``: :func:`cache_size` values of scratch, or none.
+    made, initial log posterior, last log posterior). ``b``, ``db``: p * p values of scratch; ``inv``:
+    :func:`inverse_scratch` values (or none: the Cox-Reid derivative then takes the Cholesky factor); ``cache``:
+    :func:`cache_size` values of scratch, or none.
     """
     keep = cache.shape[0] >= cache_size(n)
     if keep:
         gene_cache(y, mu, off, sj, n, cache)
     lp = log_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, cache)
-    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
+    dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, inv, cache, keep)
     kappa = kappa_0
     initial_lp = lp
     it = 0
@@ -610,7 +914,7 @@ def fit_disp_gene(
                 break
             lp = lpnew
             # the last log posterior evaluated was at this point: its per-sample values are in the cache
-            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, cache, keep)
+            dlp = dlog_posterior(a, y, mu, off, sj, n, x, p, pm, pv, use_prior, use_cr, b, db, inv, cache, keep)
             kappa = min(kappa * 1.1, kappa_0)
             if accepted % 5 == 0:
                 kappa = kappa / 2.0
@@ -678,13 +982,14 @@ def fit_disp_cpu(la0, y, mu, x, pm, pv, use_prior, min_log_alpha, kappa_0, tol, 
     """:func:`fit_disp_gene` for every gene; ``out`` (4, G) receives log alpha, proposals, initial and last lp."""
     G, n, p, yf, mf, xf, b = block_inputs(y, mu, x)
     db = np.empty(p * p)
+    inv = np.empty(inverse_scratch(p))
     cache = np.empty(cache_size(n))
     res = np.empty(4)
     for i in range(G):
         m = pm[i] if use_prior else 0.0
         fit_disp_gene(
             la0[i], yf, mf, i * n, 1, n, xf, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db,
-            cache, res,
+            inv, cache, res,
         )  # fmt: skip
         for k in range(4):
             out[k, i] = res[k]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpuc._backend import Backend
+from gpuc.deseq._rlinalg import linear_predictor
 
 LN2 = float(np.log(2.0))
 
@@ -71,10 +72,24 @@ def gene_rows(sf: Any, rows: Any) -> Any:
 
 
 def init_beta(bk: Backend, y: Any, sf: Any, x: Any) -> Any:
-    """R's start: least squares of log(normalised counts + 0.1) on the design."""
+    """DESeq2's starting coefficients (``fitNbinomGLMs``): for a full-rank design, least squares of
+    log(normalised counts + 0.1) on it by R's QR (:func:`gpuc.deseq._rlinalg.start_coefficients`); for a
+    rank-deficient one (the expanded design of ``lfcShrink``), zeros with log(rowMeans(normalised counts)) on the
+    intercept column, or ones without an intercept.
+    """
+    from gpuc.deseq._rlinalg import householder_qr, r_row_sums, start_coefficients
+
     xp = bk.xp
-    pinv = xp.asarray(np.linalg.pinv(np.asarray(bk.to_host(x))))
-    return xp.log(y / per_gene(sf) + 0.1) @ pinv.T
+    xh = np.asarray(bk.to_host(x), dtype=np.float64)
+    norm = y / per_gene(sf)
+    if householder_qr(xh)[2] == xh.shape[1]:
+        return start_coefficients(bk, xp.log(norm + 0.1), xh)
+    intercept = np.nonzero((xh == 1.0).all(axis=0))[0]
+    if intercept.shape[0] == 0:
+        return xp.ones((y.shape[0], xh.shape[1]))
+    beta = xp.zeros((y.shape[0], xh.shape[1]))
+    beta[:, int(intercept[0])] = xp.log(r_row_sums(bk, norm, mean=True))
+    return beta
 
 
 @dataclass
@@ -149,10 +164,10 @@ def _fit_nb_glm(
     from gpuc.deseq._kernels import gpu_kernels, irls_kernel, nb_const_kernel
 
     kern = kconst = None
-    # the compiled IRLS loops take one size factor per sample; normalisation factors (one per gene and sample) run
-    # the array form below
+    # the GPU kernel takes one size factor per sample; normalisation factors (one per gene and sample) run the
+    # array form there
     gk = gpu_kernels(bk, p, y.shape[0] * y.shape[1]) if sf.ndim == 1 else None
-    if not bk.is_gpu and sf.ndim == 1:
+    if not bk.is_gpu:
         kern, kconst = irls_kernel(), nb_const_kernel()
     if gk is not None:
         # GPU: one thread per gene on sample-major counts (coalesced reads), the whole IRLS in one launch
@@ -170,16 +185,12 @@ def _fit_nb_glm(
     # what both compiled IRLS loops take after beta: the limits, and the per-gene outputs they fill
     limits_out = (float(min_mu), int(maxit), float(tol), float(large), iters, converged, failed, dev)
     if kern is not None:
-        # the same IRLS, one compiled pass per gene and iteration (CPU)
+        # R's fitBeta, one compiled pass per gene (CPU)
         beta = np.ascontiguousarray(beta, dtype=np.float64)
-        xh = np.ascontiguousarray(x, dtype=np.float64)
-        xc, cell = np.unique(xh, axis=0, return_inverse=True)
         kern(
             np.ascontiguousarray(y, dtype=np.float64),
-            np.ascontiguousarray(sf, dtype=np.float64),
-            xh,
-            cell.reshape(-1).astype(np.int64),
-            np.ascontiguousarray(xc),
+            np.ascontiguousarray(per_gene(sf), dtype=np.float64),
+            np.ascontiguousarray(x, dtype=np.float64),
             np.ascontiguousarray(alpha, dtype=np.float64),
             np.ascontiguousarray(ll_const, dtype=np.float64),
             np.ascontiguousarray(lam, dtype=np.float64),
@@ -287,7 +298,7 @@ def glm_covariance(
     xp = bk.xp
     p = x.shape[1]
     xx = outer_rows(x) if xx is None else xx
-    mu_raw = per_gene(sf) * xp.exp(beta @ x.T)
+    mu_raw = per_gene(sf) * xp.exp(linear_predictor(bk, beta, x))
     mu = xp.maximum(mu_raw, min_mu)
     w = mu / (1.0 + alpha[:, None] * mu)
     m = normal_matrix(w, xx, p)

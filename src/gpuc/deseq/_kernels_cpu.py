@@ -19,155 +19,172 @@ LOG_FACT = np.array([math.lgamma(k + 1.0) for k in range(K)])  # lgamma(y + 1) o
 
 
 @njit(cache=True, nogil=True, inline="always")
-def solve_pivoted(a, rhs, p, want_logdet, want_solve):  # pragma: no cover - compiled
-    """Gaussian elimination with partial pivoting (LAPACK's ``getrf``/``getrs`` order) of the p x p ``a`` against the
-    right-hand sides ``rhs`` (p x q), in place: with ``want_solve`` ``rhs`` ends as ``a^-1 rhs``. Returns log|det a|
-    when ``want_logdet`` (else 0). Only the upper triangle of ``a`` is kept up to date (the rest is never read).
+def householder_reflector(a, col, m):  # pragma: no cover - compiled
+    """LAPACK ``dlarfg`` on column ``col`` of ``a`` (m rows, from the diagonal down): makes H = I - tau v v' with
+    v = (1, a[col+1:, col]) and H a[col:, col] = (beta, 0, ...); returns tau, leaves beta on the diagonal.
     """
-    q = rhs.shape[1]
-    logdet = 0.0
+    alpha = a[col, col]
+    ss = 0.0  # reference BLAS 3.10+ dnrm2 for moderate entries: the square root of the ordered sum of squares
+    for r in range(col + 1, m):
+        ss += abs(a[r, col]) * abs(a[r, col])
+    xnorm = math.sqrt(ss)
+    if xnorm == 0.0:
+        return 0.0
+    # dlapy2(alpha, xnorm): sqrt(alpha^2 + xnorm^2) without overflow
+    aa = abs(alpha)
+    big = max(aa, xnorm)
+    small = min(aa, xnorm)
+    hyp = big if small == 0.0 else big * math.sqrt(1.0 + (small / big) * (small / big))
+    beta = -math.copysign(hyp, alpha)
+    tau = (beta - alpha) / beta
+    scale = 1.0 / (alpha - beta)
+    for r in range(col + 1, m):
+        a[r, col] = scale * a[r, col]
+    a[col, col] = beta
+    return tau
+
+
+@njit(cache=True, nogil=True, inline="always")
+def apply_reflector(a, col, m, p, tau, work):  # pragma: no cover - compiled
+    """LAPACK ``dlarf`` from the left: columns col+1..p-1 of ``a`` (rows col..m-1) times H = I - tau v v', v the
+    reflector stored in column ``col`` with a[col, col] taken as 1 (the caller sets it): w = C' v (``dgemv``, each
+    entry summed down the rows), then C - tau v w' (``dger``).
+    """
+    if tau == 0.0:
+        return
+    for c in range(col + 1, p):
+        t = 0.0
+        for r in range(col, m):
+            t += a[r, c] * a[r, col]
+        work[c] = t
+    for c in range(col + 1, p):
+        if work[c] != 0.0:
+            t = -tau * work[c]
+            for r in range(col, m):
+                a[r, c] = a[r, c] + a[r, col] * t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def thin_qr(a, m, p, r_out, tau, work):  # pragma: no cover - compiled
+    """Armadillo's ``qr_econ`` of the m x p ``a`` (m > p) as LAPACK 3.11 computes it for p below its block size:
+    ``dgeqr2`` (reflectors), R copied from the upper triangle, then ``dorg2r`` forms the thin Q in ``a``.
+    """
+    for i in range(p):
+        tau[i] = householder_reflector(a, i, m)
+        if i < p - 1:
+            aii = a[i, i]
+            a[i, i] = 1.0
+            apply_reflector(a, i, m, p, tau[i], work)
+            a[i, i] = aii
     for c in range(p):
-        piv = c
-        best = abs(a[c, c])
-        for r_ in range(c + 1, p):
-            if abs(a[r_, c]) > best:
-                best = abs(a[r_, c])
-                piv = r_
-        if piv != c:
-            for v in range(p):
-                tmp = a[c, v]
-                a[c, v] = a[piv, v]
-                a[piv, v] = tmp
-            for k in range(q):
-                tmp = rhs[c, k]
-                rhs[c, k] = rhs[piv, k]
-                rhs[piv, k] = tmp
-        d0 = a[c, c]
-        if want_logdet:
-            logdet += math.log(abs(d0))
-        for r_ in range(c + 1, p):
-            fct = a[r_, c] / d0
-            if fct != 0.0:
-                for v in range(c + 1, p):
-                    a[r_, v] -= fct * a[c, v]
-                for k in range(q):
-                    rhs[r_, k] -= fct * rhs[c, k]
-    if want_solve:  # back substitution, column by column
-        for k in range(q):
-            for c in range(p - 1, -1, -1):
-                acc = rhs[c, k]
-                for v in range(c + 1, p):
-                    acc -= a[c, v] * rhs[v, k]
-                rhs[c, k] = acc / a[c, c]
-    return logdet
+        for r in range(p):
+            r_out[r, c] = a[r, c] if r <= c else 0.0
+    for i in range(p - 1, -1, -1):
+        if i < p - 1:
+            a[i, i] = 1.0
+            apply_reflector(a, i, m, p, tau[i], work)
+        for r in range(i + 1, m):
+            a[r, i] = -tau[i] * a[r, i]
+        a[i, i] = 1.0 - tau[i]
+        for r in range(i):
+            a[r, i] = 0.0
 
 
 @njit(cache=True, nogil=True)
 def irls(
-    y, sf, x, cell, xc, alpha, ll_const, lam, beta, min_mu, maxit, tol, large, iters, converged, failed, dev
+    y, nf, x, alpha, ll_const, lam, beta, min_mu, maxit, tol, large, iters, converged, failed, dev
 ):  # pragma: no cover - compiled
-    """The per-gene IRLS loop of ``gpuc.deseq._glm._fit_nb_glm`` (same steps and stopping rules), in place."""
-    # x: (n, p) design; xc: (n_cells, p) its distinct rows and cell: (n,) the row of each sample, so that
-    # exp(X beta) is taken once per cell: mu_j = sf_j exp(xc[cell_j] beta), floored at min_mu
+    """R DESeq2's ``fitBeta`` (``useQR``) for every gene, in place, operation for operation: the weighted design
+    with the ridge rows sqrt(lambda) below it, its thin QR (:func:`thin_qr`), gamma = Q' (z sqrt(w)) (``dgemv``),
+    R beta = gamma by back substitution (``dtrsm``), mu = nf exp(X beta) (``dgemv``, then the C library's exp),
+    floored at ``min_mu``. ``nf``: (1, n) size factors or (G, n) normalisation factors.
+
+    The loop stops as R's: a coefficient above ``large`` in absolute value (``failed``), a deviance change under
+    ``tol`` relative after the first step (``converged``), a non-finite change (``failed``), or ``maxit`` steps. The
+    deviance (-2 log-likelihood at the floored mu) is gpuc's ``ll_const`` plus the mu terms, not R's ``dnbinom``;
+    it only decides the stop (its relative change against 1e-8) and equals R's to rounding.
+    """
     G, n = y.shape
     p = x.shape[1]
-    nc = xc.shape[0]
-    log_min_mu = math.log(min_mu)
-    logsf = np.log(sf)
-    mat = np.empty((p, p))
-    rhs = np.empty((p, 1))
+    m = n + p
+    per_gene = nf.shape[0] > 1
+    a = np.empty((m, p))
+    r_mat = np.empty((p, p))
+    tau = np.empty(p)
+    work = np.empty(p)
+    bz = np.zeros(m)
     b = np.empty(p)
-    ec = np.empty(nc)
-    lc = np.empty(nc)
-    lm = np.empty(n)  # log mu - log sf (the linear predictor, or the floor's)
-    mb = np.empty(n)
-    ib = np.empty(n)  # 1 / (1 + alpha mu)
+    mu = np.empty(n)
+    sqrt_lam = np.sqrt(lam)
     for i in range(G):
-        a = alpha[i]
-        inv_a = 1.0 / a
-        loga = math.log(a)
-        for c in range(nc):
-            e = 0.0
-            for u in range(p):
-                e += beta[i, u] * xc[c, u]
-            lc[c] = e
-            ec[c] = math.exp(e)
+        k = i if per_gene else 0
+        al = alpha[i]
+        inv_a = 1.0 / al
+        loga = math.log(al)
         for j in range(n):
-            m_ = sf[j] * ec[cell[j]]
-            if m_ < min_mu:
-                m_ = min_mu
-                lm[j] = log_min_mu - logsf[j]
-            else:
-                lm[j] = lc[cell[j]]
-            mb[j] = m_
-            ib[j] = 1.0 / (1.0 + a * m_)
+            e = 0.0
+            for c in range(p):
+                e = e + beta[i, c] * x[j, c]
+            v = nf[k, j] * math.exp(e)
+            mu[j] = v if v >= min_mu else min_mu  # fmax(mu, minmu)
         dev_old = 0.0
+        d = 0.0
         conv = False
         bad = False
         for t in range(maxit):
-            for u in range(p):
-                rhs[u, 0] = 0.0
-                for v in range(p):
-                    mat[u, v] = 0.0
-            for j in range(n):
-                m_ = mb[j]
-                inv_one = ib[j]
-                w = m_ * inv_one
-                # w z = w (log mu - log sf) + w (y - mu) / mu
-                wz = w * lm[j] + (y[i, j] - m_) * inv_one
-                for u in range(p):
-                    xu = x[j, u]
-                    rhs[u, 0] += wz * xu
-                    wxu = w * xu
-                    for v in range(u, p):
-                        mat[u, v] += wxu * x[j, v]
-            for u in range(p):
-                mat[u, u] += lam[u]
-                for v in range(u):
-                    mat[u, v] = mat[v, u]
-            solve_pivoted(mat, rhs, p, False, True)  # as LAPACK gesv
-            for u in range(p):
-                b[u] = rhs[u, 0]
             iters[i] += 1
+            for j in range(n):
+                w = mu[j] / (1.0 + al * mu[j])
+                sw = math.sqrt(w)
+                for c in range(p):
+                    a[j, c] = x[j, c] * sw
+                z = math.log(mu[j] / nf[k, j]) + (y[i, j] - mu[j]) / mu[j]
+                bz[j] = z * sw
+            for r in range(p):
+                for c in range(p):
+                    a[n + r, c] = sqrt_lam[c] if r == c else 0.0
+            thin_qr(a, m, p, r_mat, tau, work)
+            for c in range(p):
+                g = 0.0
+                for r in range(m):
+                    g += a[r, c] * bz[r]
+                b[c] = g
+            for kk in range(p - 1, -1, -1):
+                if b[kk] != 0.0:
+                    b[kk] = b[kk] / r_mat[kk, kk]
+                    for r in range(kk):
+                        b[r] = b[r] - b[kk] * r_mat[r, kk]
+            for c in range(p):
+                beta[i, c] = b[c]
             big = False
-            for u in range(p):
-                if not (abs(b[u]) <= large):
+            for c in range(p):
+                if abs(b[c]) > large:
                     big = True
-            for c in range(nc):
-                e = 0.0
-                for u in range(p):
-                    e += b[u] * xc[c, u]
-                lc[c] = e
-                ec[c] = math.exp(e)
+            if big:
+                bad = True
+                break
             acc = 0.0
             for j in range(n):
-                m_ = sf[j] * ec[cell[j]]
-                if m_ < min_mu:
-                    m_ = min_mu
-                    e = log_min_mu - logsf[j]
-                else:
-                    e = lc[cell[j]]
-                mb[j] = m_
-                lm[j] = e
-                # log1p(a mu) as log(u) + (a mu - (u - 1)) / u, u = 1 + a mu, sharing 1/u with the weights
-                am = a * m_
-                u1 = 1.0 + am
-                iu = 1.0 / u1
-                ib[j] = iu
-                l1p = math.log(u1) + (am - (u1 - 1.0)) * iu
-                acc += -l1p * inv_a + y[i, j] * (loga + e + logsf[j] - l1p)
+                e = 0.0
+                for c in range(p):
+                    e = e + b[c] * x[j, c]
+                v = nf[k, j] * math.exp(e)
+                v = v if v >= min_mu else min_mu
+                mu[j] = v
+                l1p = math.log1p(al * v)
+                acc += -l1p * inv_a + y[i, j] * (loga + math.log(v) - l1p)
             d = -2.0 * (ll_const[i] + acc)
             ct = abs(d - dev_old) / (abs(d) + 0.1)
-            bad = big or not math.isfinite(ct)
-            conv = (not bad) and ct < tol and t > 0
-            for u in range(p):
-                beta[i, u] = b[u]
-            dev_old = d
-            if conv or bad:
+            if not math.isfinite(ct):
+                bad = True
                 break
+            if t > 0 and ct < tol:
+                conv = True
+                break
+            dev_old = d
         converged[i] = conv
         failed[i] = bad
-        dev[i] = dev_old
+        dev[i] = d
 
 
 @njit(cache=True, nogil=True)

@@ -31,12 +31,15 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene, pivot_rows
+from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene, pivot_rows, register_for_cuda
+
+register_for_cuda()
 
 MAXP = 16  # widest design the kernels take (local p x p arrays)
 MAXPP = MAXP * MAXP
 # the line search's scratch (the p x p normal matrix); a module constant, as local arrays need one
 LINE_SEARCH_WORK = MAXPP
+INVERSE_WORK = MAXPP + 2 * MAXP  # the Cox-Reid derivative's LAPACK-order inverse (_fitdisp.inverse_scratch)
 K = 64  # integer counts below this use the recurrences (per-gene tables), as the CPU kernels
 LOG_FACT = np.array([math.lgamma(k + 1.0) for k in range(K)])  # lgamma(y + 1) of the small integer counts
 THREADS = 128  # threads per block
@@ -250,12 +253,14 @@ def fit_disp(la0, y, mu, x, p, pm, pv, use_prior, min_log_alpha, kappa_0, tol, m
     n = y.shape[0] // G
     b = cuda.local.array(LINE_SEARCH_WORK, float64)
     db = cuda.local.array(MAXPP, float64)
+    inv = cuda.local.array(INVERSE_WORK, float64)
     res = cuda.local.array(4, float64)
     m = pm[i] if use_prior else 0.0
     # no per-sample cache on the GPU (n is not known at compile time): the derivative takes its logarithms afresh
     fit_disp_gene(
-        la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, res[:0], res
-    )
+        la0[i], y, mu, i, G, n, x, p, m, pv, use_prior, min_log_alpha, kappa_0, tol, maxit, use_cr, b, db, inv,
+        res[:0], res,
+    )  # fmt: skip
     for k in range(4):
         out[k, i] = res[k]
 

@@ -148,8 +148,10 @@ def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
-def hat_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``Q`` and ``x %*% solve(R)`` of R's ``qr(x)``: the fitted values of ``v`` are ``(v Q) (x R^-1)^T``."""
+def qr_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """R's ``qr.Q(qr(x))`` and ``qr.R(qr(x))`` of a full-rank design (``qr.Q`` applies the reflections to the
+    identity's first p columns).
+    """
     x = np.asarray(x, dtype=np.float64)
     n, p = x.shape
     qr, qraux, rank = householder_qr(x)
@@ -159,8 +161,45 @@ def hat_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     eye = np.zeros((n, p))
     eye[np.arange(p), np.arange(p)] = 1.0
     q = np.column_stack([_apply_q(qr, qraux, rank, eye[:, c]) for c in range(p)])
-    r = np.triu(qr[:p, :p])
-    return q, _matmul(x, _upper_inverse(r))
+    return q, np.triu(qr[:p, :p])
+
+
+def hat_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``Q`` and ``x %*% solve(R)`` of R's ``qr(x)``: the fitted values of ``v`` are ``(v Q) (x R^-1)^T``."""
+    q, r = qr_factors(x)
+    return q, _matmul(np.asarray(x, dtype=np.float64), _upper_inverse(r))
+
+
+def start_coefficients(bk: Backend, v: Any, x: np.ndarray) -> Any:
+    """DESeq2's starting coefficients of the GLM fit, ``t(solve(R, t(Q) %*% t(v)))`` from ``qr(x)``, for each row
+    of ``v`` (genes x samples; DESeq2 passes log(normalised counts + 0.1)): Q'v summed over the samples in order
+    (``dgemm``), then back substitution as LAPACK ``dgesv`` does on the upper-triangular R (``dtrsm``).
+    """
+    q, r = qr_factors(np.asarray(bk.to_host(x)))
+    xp = bk.xp
+    if bk.is_gpu:  # one product (a launch per sample would grow with the samples); equal up to rounding
+        b = v @ bk.asarray(q)
+    else:
+        b = xp.zeros((v.shape[0], q.shape[1]))
+        for k in range(q.shape[0]):
+            b = b + v[:, k : k + 1] * bk.asarray(q[k : k + 1, :])
+    for k in reversed(range(q.shape[1])):
+        b[:, k] = b[:, k] / float(r[k, k])
+        for i in range(k):
+            b[:, i] = b[:, i] - b[:, k] * float(r[i, k])
+    return b
+
+
+def linear_predictor(bk: Backend, beta: Any, x: Any) -> Any:
+    """``X beta`` for each gene's coefficients (rows of ``beta``), summed over the coefficients in order from zero,
+    as reference BLAS ``dgemv``/``dgemm`` form DESeq2's ``x * beta_hat`` and ``modelMatrix %*% t(betaMatrix)``.
+    """
+    xp = bk.xp
+    xd = bk.asarray(x)
+    out = xp.zeros((beta.shape[0], xd.shape[0]))
+    for c in range(xd.shape[1]):
+        out = out + beta[:, c : c + 1] * xd[:, c][None, :]
+    return out
 
 
 def linear_model_fit(bk: Backend, v: Any, x: np.ndarray) -> Any:
