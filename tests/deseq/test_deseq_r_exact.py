@@ -130,20 +130,28 @@ def test_pydeseq2_sets_vs_r_1_38_3_intermediates(case):
 def test_pasilla_condition_gene_by_gene(shared_data):
     """pasilla ~condition against R's full-precision output: every column of every gene equals R's to 1e-6 (measured:
     6e-14 for the dispersions, 2e-11 for the fold changes), the trend's coefficients to 1e-12."""
-    ref_dir = shared_data / "bulk" / "pasilla" / "deseq2_R_reference"
-    a = gpuc.datasets.pasilla()
-    gpuc.tl.deseq(a, "~condition", contrast=["condition", "treated", "untreated"], alpha=0.1, device="cpu")
-    g = pd.read_csv(ref_dir / "gene_fit_condition.csv.gz", index_col=0)
-    r = pd.read_csv(ref_dir / "results_condition.csv", index_col=0)
-    for col in DISP:
-        _close(a.var[f"deseq_{col}"], g[col], 1e-6, col)
-    tr = a.uns["deseq"]["trend"]
-    assert tr["asymptDisp"] == pytest.approx(0.0139582879764355, rel=1e-12)
-    assert tr["extraPois"] == pytest.approx(2.72303937826357, rel=1e-12)
-    res = gpuc.get.deseq_results(a)
+    _, res, r = _pasilla_vs_r_output(shared_data, "condition", (0.0139582879764355, 2.72303937826357))
     for col in RES:
         _close(res[col], r[col], 1e-6, col)
     _padj_sets_equal(res, r)
+
+
+def _pasilla_vs_r_output(shared: Path, tag: str, trend: tuple[float, float]):
+    """pasilla fitted with the design of ``tag`` (type's reference level paired-end, as R's), its dispersions and
+    trend checked against R's full-precision output (1e-6 on every gene, the coefficients to 1e-12); returns the
+    fit, its results and R's results."""
+    ref_dir = shared / "bulk" / "pasilla" / "deseq2_R_reference"
+    a = gpuc.datasets.pasilla()
+    a.obs["type"] = a.obs["type"].cat.reorder_categories(["paired-end", "single-read"])
+    design = {"condition": "~condition", "type_condition": "~type + condition"}[tag]
+    gpuc.tl.deseq(a, design, contrast=["condition", "treated", "untreated"], alpha=0.1, device="cpu")
+    g = pd.read_csv(ref_dir / f"gene_fit_{tag}.csv.gz", index_col=0)
+    for col in DISP:
+        _close(a.var[f"deseq_{col}"], g[col], 1e-6, col)
+    tr = a.uns["deseq"]["trend"]
+    assert tr["asymptDisp"] == pytest.approx(trend[0], rel=1e-12)
+    assert tr["extraPois"] == pytest.approx(trend[1], rel=1e-12)
+    return a, gpuc.get.deseq_results(a), pd.read_csv(ref_dir / f"results_{tag}.csv", index_col=0)
 
 
 def test_pasilla_type_condition_gene_by_gene(shared_data):
@@ -152,18 +160,7 @@ def test_pasilla_type_condition_gene_by_gene(shared_data):
     coefficients to 1e-12, and the results too except for the 5 genes whose IRLS reached 100 iterations: R refits
     them by optim's L-BFGS-B, which gpuc replaces by a bounded Fisher scoring (their LFCs differ by up to 2e-3
     relative)."""
-    ref_dir = shared_data / "bulk" / "pasilla" / "deseq2_R_reference"
-    a = gpuc.datasets.pasilla()
-    a.obs["type"] = a.obs["type"].cat.reorder_categories(["paired-end", "single-read"])
-    gpuc.tl.deseq(a, "~type + condition", contrast=["condition", "treated", "untreated"], alpha=0.1, device="cpu")
-    g = pd.read_csv(ref_dir / "gene_fit_type_condition.csv.gz", index_col=0)
-    r = pd.read_csv(ref_dir / "results_type_condition.csv", index_col=0)
-    for col in DISP:
-        _close(a.var[f"deseq_{col}"], g[col], 1e-6, col)
-    tr = a.uns["deseq"]["trend"]
-    assert tr["asymptDisp"] == pytest.approx(0.00798417862402958, rel=1e-12)
-    assert tr["extraPois"] == pytest.approx(2.56858439454833, rel=1e-12)
-    res = gpuc.get.deseq_results(a)
+    a, res, r = _pasilla_vs_r_output(shared_data, "type_condition", (0.00798417862402958, 2.56858439454833))
     optim = a.var["deseq_betaIter"].to_numpy() >= 100
     assert optim.sum() == 5
     for col in RES:

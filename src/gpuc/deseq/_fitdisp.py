@@ -31,7 +31,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
 from numba.extending import register_jitable as _register_jitable
 
 LN_SQRT_2PI = 0.918938533204672741780329736406  # log(sqrt(2 pi)), R's M_LN_SQRT_2PI
@@ -57,9 +59,17 @@ def register_for_cuda() -> None:
         return
     from numba.cuda.extending import overload
 
+    # on a device the C library is CUDA's, not glibc's: the power is the device's pow itself (the emulation of
+    # glibc's rounding would only cost registers)
+    device = {pow_m1: _device_pow, pow_m2: _device_pow}
     for fn in _JITABLE:
-        overload(fn, target="cuda", strict=False, inline="never")(_returns(fn))
+        overload(fn, target="cuda", strict=False, inline="never")(_returns(device.get(fn, fn)))
     _JITABLE.clear()
+
+
+def _device_pow(x, m):
+    """``pow(x, m)`` on a CUDA device (:func:`register_for_cuda`)."""
+    return math.pow(x, m)
 
 
 def _returns(fn):
@@ -224,9 +234,10 @@ POW_RANGE = 1.0e150  # far from overflow of x^2 and of the splitter
 ULP_PHI = 2.0**-53 + 2.0**-105
 
 
-@jitable
 def product_error(a, b, p):
-    """``a * b - p`` exactly, for ``p`` the rounded product (Dekker's algorithm; no fused multiply-add needed)."""
+    """``a * b - p`` exactly, for ``p`` the rounded product: Dekker's algorithm as Python (the GPU simulator's
+    path); compiled for the CPU, one fused multiply-add (:func:`_product_error_fma`), the same double.
+    """
     c = SPLIT * a
     ah = c - (c - a)
     al = a - ah
@@ -234,6 +245,25 @@ def product_error(a, b, p):
     bh = c - (c - b)
     bl = b - bh
     return ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):  # pragma: no cover - compiled
+    """LLVM's fused multiply-add of three doubles (one instruction where the CPU has it, else the C library's)."""
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        d = ir.DoubleType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@overload(product_error, target="cpu")
+def _product_error_fma(a, b, p):  # pragma: no cover - compiled
+    """:func:`product_error` in numba's CPU kernels: fma(a, b, -p) is exact (a product's error is a double)."""
+    return lambda a, b, p: _fma(a, b, -p)
 
 
 @jitable
@@ -338,26 +368,38 @@ def pivot_rows(a, p, k):
             big = abs(a[i * p + k])
             piv = i
     if piv != k:
-        for c in range(p):
-            t = a[k * p + c]
-            a[k * p + c] = a[piv * p + c]
-            a[piv * p + c] = t
+        swap_lines(a, p, k, piv, p, 1)
     return piv
 
 
 @jitable
-def det_lu(a, p):
-    """The determinant of the p x p ``a`` (flat, row-major; overwritten) as LAPACK ``dgetrf`` and Armadillo form it:
-    LU with partial pivoting (first largest magnitude), the column below each pivot scaled by its reciprocal, then
-    the product of U's diagonal from the first entry, negated once per row swap.
+def swap_lines(a, m, i, j, line_stride, step):
+    """Swaps lines ``i`` and ``j`` of ``m`` entries of the flat ``a``: entry t of line i is a[i * line_stride + t *
+    step] (rows of a row-major matrix: stride its width, step 1; columns: stride 1, step its width).
     """
-    sign = 1.0
+    for t in range(m):
+        u = a[i * line_stride + t * step]
+        a[i * line_stride + t * step] = a[j * line_stride + t * step]
+        a[j * line_stride + t * step] = u
+
+
+@jitable
+def lu_factor(a, p, ipiv):
+    """LAPACK ``dgetrf`` of the p x p ``a`` (flat, row-major) in place, as the recursive ``dgetrf2`` computes it:
+    partial pivoting (:func:`pivot_rows`), the column below each non-zero pivot scaled by its reciprocal (by the
+    pivot itself below LAPACK's safe minimum), the trailing entries updated a_ic + (-u_kc) l_ik in pivot order.
+    Records the pivot rows in ``ipiv`` when it has room for them; returns the number of row swaps.
+    """
+    swaps = 0
     for k in range(p):
-        if pivot_rows(a, p, k) != k:
-            sign = -sign
+        piv = pivot_rows(a, p, k)
+        if ipiv.shape[0] >= p:
+            ipiv[k] = piv
+        if piv != k:
+            swaps += 1
         d = a[k * p + k]
         if d != 0.0:
-            if abs(d) >= 2.2250738585072014e-308:
+            if abs(d) >= SAFE_MIN:
                 rd = 1.0 / d
                 for i in range(k + 1, p):
                     a[i * p + k] = a[i * p + k] * rd
@@ -368,10 +410,19 @@ def det_lu(a, p):
             lik = a[i * p + k]
             for c in range(k + 1, p):
                 a[i * p + c] = a[i * p + c] + (-a[k * p + c]) * lik
+    return swaps
+
+
+@jitable
+def det_lu(a, p):
+    """The determinant of the p x p ``a`` (flat, row-major; overwritten) as LAPACK ``dgetrf`` and Armadillo form it:
+    :func:`lu_factor`, then the product of U's diagonal from the first entry, negated once per row swap.
+    """
+    swaps = lu_factor(a, p, a[:0])
     val = a[0]
     for i in range(1, p):
         val *= a[i * p + i]
-    return val if sign > 0 else -val
+    return val if swaps % 2 == 0 else -val
 
 
 @jitable
@@ -611,33 +662,10 @@ def lapack_inverse(a, p, ipiv, work):
     right to left (``dgemv``), the column interchanges. ``ipiv`` and ``work``: p values of scratch. Returns False
     for an exactly singular ``a``.
     """
+    lu_factor(a, p, ipiv)
     for k in range(p):
-        piv = k
-        best = abs(a[k * p + k])
-        for r in range(k + 1, p):
-            if abs(a[r * p + k]) > best:
-                best = abs(a[r * p + k])
-                piv = r
-        ipiv[k] = piv
-        if a[piv * p + k] == 0.0:
+        if a[k * p + k] == 0.0:
             return False
-        if piv != k:
-            for c in range(p):
-                t = a[k * p + c]
-                a[k * p + c] = a[piv * p + c]
-                a[piv * p + c] = t
-        pivot = a[k * p + k]
-        if abs(pivot) >= SAFE_MIN:
-            rp = 1.0 / pivot
-            for r in range(k + 1, p):
-                a[r * p + k] = rp * a[r * p + k]
-        else:
-            for r in range(k + 1, p):
-                a[r * p + k] = a[r * p + k] / pivot
-        for c in range(k + 1, p):
-            t = -a[k * p + c]
-            for r in range(k + 1, p):
-                a[r * p + c] = a[r * p + c] + t * a[r * p + k]
     for j in range(p):  # dtrti2: inv(U), column j from the inverted columns before it
         a[j * p + j] = 1.0 / a[j * p + j]
         ajj = -a[j * p + j]
@@ -660,10 +688,7 @@ def lapack_inverse(a, p, ipiv, work):
     for j in range(p - 2, -1, -1):
         jp = int(ipiv[j])
         if jp != j:
-            for r in range(p):
-                t = a[r * p + j]
-                a[r * p + j] = a[r * p + jp]
-                a[r * p + jp] = t
+            swap_lines(a, p, j, jp, 1, p)
     return True
 
 

@@ -244,6 +244,8 @@ def _fit_nb_glm(
         converged[idx] = conv
         failed[idx] = bad
         idx = idx[~(conv | bad)]
+    # R counts a fit stopped by a diverging coefficient or a non-finite deviance change as maxit iterations
+    iters = xp.where(failed, maxit, iters)
     refit = ~converged
     if use_fallback and bool(refit.any()):
         ridx = xp.nonzero(refit)[0]

@@ -115,18 +115,34 @@ def irls(
     bz = np.zeros(m)
     b = np.empty(p)
     mu = np.empty(n)
+    lin = np.empty(n)  # X beta per sample
+    ex = np.empty(n)  # exp(X beta)
+    lnf = np.empty(n)
     sqrt_lam = np.sqrt(lam)
+    log_min_mu = math.log(min_mu)
+    # samples with equal design rows have equal X beta (the same operations on the same values): each distinct row
+    # is evaluated once, at its first sample
+    first = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        first[j] = j
+        for jj in range(j):
+            same = True
+            for c in range(p):
+                if x[jj, c] != x[j, c]:
+                    same = False
+                    break
+            if same:
+                first[j] = jj
+                break
     for i in range(G):
         k = i if per_gene else 0
         al = alpha[i]
         inv_a = 1.0 / al
         loga = math.log(al)
-        for j in range(n):
-            e = 0.0
-            for c in range(p):
-                e = e + beta[i, c] * x[j, c]
-            v = nf[k, j] * math.exp(e)
-            mu[j] = v if v >= min_mu else min_mu  # fmax(mu, minmu)
+        if i == 0 or per_gene:
+            for j in range(n):
+                lnf[j] = math.log(nf[k, j])
+        linear_means(beta[i], x, nf[k], first, min_mu, lin, ex, mu)
         dev_old = 0.0
         d = 0.0
         conv = False
@@ -163,16 +179,13 @@ def irls(
             if big:
                 bad = True
                 break
+            linear_means(b, x, nf[k], first, min_mu, lin, ex, mu)
             acc = 0.0
             for j in range(n):
-                e = 0.0
-                for c in range(p):
-                    e = e + b[c] * x[j, c]
-                v = nf[k, j] * math.exp(e)
-                v = v if v >= min_mu else min_mu
-                mu[j] = v
+                v = mu[j]
+                lv = lin[j] + lnf[j] if v > min_mu else log_min_mu  # log mu (to rounding)
                 l1p = math.log1p(al * v)
-                acc += -l1p * inv_a + y[i, j] * (loga + math.log(v) - l1p)
+                acc += -l1p * inv_a + y[i, j] * (loga + lv - l1p)
             d = -2.0 * (ll_const[i] + acc)
             ct = abs(d - dev_old) / (abs(d) + 0.1)
             if not math.isfinite(ct):
@@ -185,6 +198,27 @@ def irls(
         converged[i] = conv
         failed[i] = bad
         dev[i] = d
+
+
+@njit(cache=True, nogil=True, inline="always")
+def linear_means(beta, x, nf, first, min_mu, lin, ex, mu):  # pragma: no cover - compiled
+    """R's mu = fmax(nf exp(X beta), min_mu) sample by sample, X beta summed over the coefficients in order
+    (``dgemv``); the linear predictor and its exp taken once per distinct design row (``first``: a sample's first
+    sample with the same row).
+    """
+    for j in range(x.shape[0]):
+        f = first[j]
+        if f == j:
+            e = 0.0
+            for c in range(x.shape[1]):
+                e = e + beta[c] * x[j, c]
+            lin[j] = e
+            ex[j] = math.exp(e)
+        else:
+            lin[j] = lin[f]
+            ex[j] = ex[f]
+        v = nf[j] * ex[j]
+        mu[j] = v if v >= min_mu else min_mu  # fmax(mu, minmu)
 
 
 @njit(cache=True, nogil=True)

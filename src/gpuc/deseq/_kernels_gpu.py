@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene, pivot_rows, register_for_cuda
+from gpuc.deseq._fitdisp import fit_disp_gene, fit_disp_grid_gene, pivot_rows, register_for_cuda, swap_lines
 
 register_for_cuda()
 
@@ -56,17 +56,14 @@ def blocks_for(n: int) -> int:
 @cuda.jit(device=True, cache=True)
 def solve_pivoted(a, rhs, p, q, want_logdet, want_solve):  # pragma: no cover - device code
     """Gaussian elimination with partial pivoting of the p x p ``a`` (flat, row-major) against ``q`` right-hand sides
-    ``rhs`` (flat p x q, row-major), in place, as ``_kernels_cpu.solve_pivoted``; returns log|det a| when
+    ``rhs`` (flat p x q, row-major), in place, in LAPACK ``getrf``/``getrs`` order; returns log|det a| when
     ``want_logdet``. Only the upper triangle of ``a`` is kept up to date.
     """
     logdet = 0.0
     for c in range(p):
         piv = pivot_rows(a, p, c)
         if piv != c:
-            for k in range(q):
-                tmp = rhs[c * q + k]
-                rhs[c * q + k] = rhs[piv * q + k]
-                rhs[piv * q + k] = tmp
+            swap_lines(rhs, q, c, piv, q, 1)
         d0 = a[c * p + c]
         if want_logdet:
             logdet += math.log(abs(d0))
