@@ -284,9 +284,10 @@ def reciprocal_error(x, q):
 
 @jitable
 def pow_m1(x, m1):
-    """The C library's ``pow(x, -1)`` (R's ``pow(1 + mu alpha, -1)`` in the derivative): 1 / x unless the quotient is within a hair of halfway
-    between two doubles, where glibc's pow may round the other way and is called. ``m1`` is -1 formed at run time
-    by the caller (from a value the compiler cannot prove finite; see :func:`dlog_posterior`).
+    """The C library's ``pow(x, -1)`` (R's ``pow(1 + mu alpha, -1)`` in the derivative): 1 / x unless the quotient
+    is within a hair of halfway between two doubles, where glibc's pow may round the other way and is called. ``m1``
+    is -1 formed at run time by the caller (from a value the compiler cannot prove finite; see
+    :func:`dlog_posterior`).
     """
     if not (x > 1.0 / POW_RANGE and x < POW_RANGE):
         return math.pow(x, m1)
@@ -562,7 +563,7 @@ def cache_size(n):
 def gene_cache(y, mu, off, sj, n, cache):
     """Fill ``cache`` (:func:`cache_size` values) with what the search over one gene can reuse: R takes lgamma and
     digamma of ``y_j + 1/alpha`` sample by sample, and equal counts give equal values, so they are evaluated once
-    per distinct count; ``pow(mu_j, -1)`` does not depend on alpha. Layout, n values each: [0] log(1 + mu_j alpha)
+    per distinct count; ``1 / mu_j`` does not depend on alpha. Layout, n values each: [0] log(1 + mu_j alpha)
     per sample, [1] the sample's distinct-count slot, [2] log(y_k + 1/alpha) per distinct count (where above 10),
     [3] the distinct counts, [4] lgamma (or digamma) of y_k + 1/alpha, [5] 1 / mu_j, [6] the Cox-Reid weight W_j
     of the last log posterior; then the number of distinct counts.

@@ -1,10 +1,14 @@
 """CPU only: compiled (numba, a scanpy dependency) per-gene loops of the NB GLM (IRLS) and its likelihood constant.
 
-R's dispersion search has its compiled CPU loops beside its per-gene source, in :mod:`gpuc.deseq._fitdisp`. For
-integer counts below ``K``, :func:`nb_const` takes lgamma(y + r) - lgamma(r) from the exact recurrence
-log prod_{k<y} (r + k) at r = 1/alpha, free of the cancellation of large lgamma values at small alpha.
+:func:`irls` is R DESeq2's ``fitBeta`` (C++, ``useQR``) with the linear algebra it calls done in the order of
+Armadillo 12 and reference LAPACK / BLAS 3.11 (Householder QR by ``dgeqr2`` and ``dorg2r``, ``dgemv``, the
+triangular solve), so that its coefficients, and the means the dispersion searches start from, are R's doubles
+(Golub & Van Loan, *Matrix Computations*, 4th ed., 5.1-5.2; Anderson et al., *LAPACK Users' Guide*). R's
+dispersion search has its compiled CPU loops beside its per-gene source, in :mod:`gpuc.deseq._fitdisp`. For integer
+counts below ``K``, :func:`nb_const` takes lgamma(y + r) - lgamma(r) from the exact recurrence log prod_{k<y} (r + k)
+at r = 1/alpha, free of the cancellation of large lgamma values at small alpha.
 
-The GPU runs the same per-gene code as numba-cuda kernels (:mod:`gpuc.deseq._kernels_gpu`, one thread per gene).
+The GPU runs the same steps as numba-cuda kernels (:mod:`gpuc.deseq._kernels_gpu`, one thread per gene).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ data-dependent branches (step halving, bounds, convergence). As CuPy array code 
 masks and every iteration dozens of launches plus synchronising reads; written once per gene, a whole solve is one
 launch and keeps its state in registers and local memory. numba-cuda compiles the same Python as the CPU kernels
 (the dispersion search is one source for both, :mod:`gpuc.deseq._fitdisp`; the IRLS follows
-:mod:`gpuc.deseq._kernels_cpu` line by line, so that the GPU gives the CPU's answers), caches the compiled kernels on disk (``cache=True``: a fresh process does not compile them again),
+:mod:`gpuc.deseq._kernels_cpu`'s steps, stopping rule and deviance, solving the normal equations where the CPU
+reproduces R's QR: equal to rounding), caches the compiled kernels on disk (``cache=True``: a fresh process does not compile them again),
 queues them on CuPy's stream (:meth:`gpuc._backend.Backend.launch`) and runs them without a GPU under its CUDA
 simulator (``NUMBA_ENABLE_CUDASIM=1``; CPU CI runs them there on the stand-in device of :mod:`gpuc._testing.standin`).
 This module imports ``numba.cuda`` only; it needs neither CuPy nor a device to be imported.
@@ -180,8 +181,9 @@ def _irls_pass(b, y, i, sf, x, a, inv_a, loga, min_mu, log_min_mu, mat, rhs):  #
 def irls(y, sf, x, alpha, ll_const, lam, beta, min_mu, maxit, tol, large, iters, converged, failed, dev):
     # pragma: no cover - device code
     """The IRLS loop of ``_glm._fit_nb_glm`` for gene ``i`` (column of the sample-major counts ``y``), in place on
-    ``beta`` (G, p), as ``_kernels_cpu.irls``: same normal equations, solve, divergence test, deviance and stopping
-    rule.
+    ``beta`` (G, p), as ``_kernels_cpu.irls``: the same working weights and response, divergence test, deviance and
+    stopping rule, the step from the ridge-penalised normal equations (the CPU solves R's QR form, which gives the
+    same step up to rounding; a (n + p) x p matrix per thread would not fit a GPU thread's local memory).
     """
     i = cuda.grid(1)
     G = y.shape[1]
