@@ -30,6 +30,7 @@ from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, per_gene
 from gpuc.deseq._rlinalg import (
     least_squares_coef,
     linear_model_fit,
+    ordered_matmul,
     r_col_means,
     r_mean,
     r_median,
@@ -675,9 +676,10 @@ def _gamma_identity_glm(
     deviance changes by less than ``eps`` relative (``abs(dev - devold) / (abs(dev) + 0.1)``).
     """
     x1 = np.ones_like(xcol)
+    design_t = np.vstack([x1, xcol])
 
     def linear_predictor(b: np.ndarray) -> np.ndarray:
-        return (0.0 + b[0] * x1) + b[1] * xcol  # dgemv: y = 0, then y += b_j x_j column by column
+        return ordered_matmul(np, b[None, :], design_t)[0]  # dgemv: y = 0, then y += b_j x_j column by column
 
     def deviance(mu: np.ndarray) -> float:
         return r_sum(-2.0 * (np.log(y / mu) - (y - mu) / mu))

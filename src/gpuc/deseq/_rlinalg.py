@@ -118,31 +118,26 @@ def least_squares_coef(x: np.ndarray, y: np.ndarray, tol: float) -> np.ndarray:
         msg = f"the least-squares problem has rank {rank} < {p}."
         raise np.linalg.LinAlgError(msg)
     b = _apply_q(qr, qraux, rank, y, transpose=True)[:rank]
-    for j in reversed(range(rank)):
-        b[j] = b[j] / qr[j, j]
-        if j > 0:
-            b[:j] = b[:j] + (-b[j]) * qr[:j, j]
-    return b
+    return back_substitute(qr[:rank, :rank], b[None, :])[0]
 
 
-def _upper_inverse(r: np.ndarray) -> np.ndarray:
-    """The inverse of an upper-triangular matrix as LAPACK ``dgesv`` forms it (LU leaves it as it is; then the
-    column-oriented back substitution of ``dtrsm``).
+def back_substitute(r: Any, b: Any) -> Any:
+    """Solves ``R x = b`` for the upper-triangular ``r`` (p x p, host; only its upper triangle is read) and each row
+    of ``b`` (right-hand sides as rows, p columns; overwritten and returned), in the order of LINPACK ``dqrsl`` and
+    reference LAPACK's ``dtrsm``: from the last unknown to the first, x_k = b_k / r_kk, then b_i - x_k r_ik for i < k.
     """
-    p = r.shape[0]
-    b = np.eye(p)
-    for j in range(p):
-        for k in reversed(range(p)):
-            if b[k, j] != 0.0:
-                b[k, j] = b[k, j] / r[k, k]
-                for i in range(k):
-                    b[i, j] = b[i, j] - b[k, j] * r[i, k]
+    for k in reversed(range(r.shape[0])):
+        b[:, k] = b[:, k] / float(r[k, k])
+        for i in range(k):
+            b[:, i] = b[:, i] - b[:, k] * float(r[i, k])
     return b
 
 
-def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Reference-BLAS ``dgemm`` for small host matrices: each entry summed over the inner index in order."""
-    c = np.zeros((a.shape[0], b.shape[1]))
+def ordered_matmul(xp: Any, a: Any, b: Any) -> Any:
+    """``a @ b`` as reference BLAS ``dgemm`` / ``dgemv`` form each entry: the products a_ik b_kj added in order of k,
+    from zero (NumPy's and CuPy's products pair them, or fuse multiply and add). ``a``, ``b``: arrays of ``xp``.
+    """
+    c = xp.zeros((a.shape[0], b.shape[1]))
     for k in range(a.shape[1]):
         c = c + a[:, k : k + 1] * b[k : k + 1, :]
     return c
@@ -167,7 +162,9 @@ def qr_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def hat_factors(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``Q`` and ``x %*% solve(R)`` of R's ``qr(x)``: the fitted values of ``v`` are ``(v Q) (x R^-1)^T``."""
     q, r = qr_factors(x)
-    return q, _matmul(np.asarray(x, dtype=np.float64), _upper_inverse(r))
+    # solve(R) as LAPACK dgesv forms it: LU leaves an upper-triangular R as it is, then dtrsm on the identity
+    r_inv = back_substitute(r, np.eye(r.shape[0])).T
+    return q, ordered_matmul(np, np.asarray(x, dtype=np.float64), r_inv)
 
 
 def start_coefficients(bk: Backend, v: Any, x: np.ndarray) -> Any:
@@ -176,30 +173,16 @@ def start_coefficients(bk: Backend, v: Any, x: np.ndarray) -> Any:
     (``dgemm``), then back substitution as LAPACK ``dgesv`` does on the upper-triangular R (``dtrsm``).
     """
     q, r = qr_factors(np.asarray(bk.to_host(x)))
-    xp = bk.xp
-    if bk.is_gpu:  # one product (a launch per sample would grow with the samples); equal up to rounding
-        b = v @ bk.asarray(q)
-    else:
-        b = xp.zeros((v.shape[0], q.shape[1]))
-        for k in range(q.shape[0]):
-            b = b + v[:, k : k + 1] * bk.asarray(q[k : k + 1, :])
-    for k in reversed(range(q.shape[1])):
-        b[:, k] = b[:, k] / float(r[k, k])
-        for i in range(k):
-            b[:, i] = b[:, i] - b[:, k] * float(r[i, k])
-    return b
+    # one product on a GPU (a launch per sample would grow with the samples); equal up to rounding
+    b = v @ bk.asarray(q) if bk.is_gpu else ordered_matmul(bk.xp, v, bk.asarray(q))
+    return back_substitute(r, b)
 
 
 def linear_predictor(bk: Backend, beta: Any, x: Any) -> Any:
     """``X beta`` for each gene's coefficients (rows of ``beta``), summed over the coefficients in order from zero,
     as reference BLAS ``dgemv``/``dgemm`` form DESeq2's ``x * beta_hat`` and ``modelMatrix %*% t(betaMatrix)``.
     """
-    xp = bk.xp
-    xd = bk.asarray(x)
-    out = xp.zeros((beta.shape[0], xd.shape[0]))
-    for c in range(xd.shape[1]):
-        out = out + beta[:, c : c + 1] * xd[:, c][None, :]
-    return out
+    return ordered_matmul(bk.xp, beta, bk.asarray(x).T)
 
 
 def linear_model_fit(bk: Backend, v: Any, x: np.ndarray) -> Any:
@@ -207,14 +190,7 @@ def linear_model_fit(bk: Backend, v: Any, x: np.ndarray) -> Any:
     with each entry summed in R's order (samples, then design columns), one pass over ``v`` per sample.
     """
     q, xr = hat_factors(np.asarray(bk.to_host(x)))
-    xp = bk.xp
-    vq = xp.zeros((v.shape[0], q.shape[1]))
-    for k in range(q.shape[0]):
-        vq = vq + v[:, k : k + 1] * bk.asarray(q[k : k + 1, :])
-    fit = xp.zeros(v.shape)
-    for c in range(q.shape[1]):
-        fit = fit + vq[:, c : c + 1] * bk.asarray(xr[:, c][None, :])
-    return fit
+    return ordered_matmul(bk.xp, ordered_matmul(bk.xp, v, bk.asarray(q)), bk.asarray(xr.T))
 
 
 def _extended() -> bool:
