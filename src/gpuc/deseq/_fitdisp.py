@@ -804,54 +804,55 @@ def trace_of_product(ai, db, p):
 
 
 @jitable
-def cr_derivative(b, db, p, inv):
-    """R's Cox-Reid part of the derivative in alpha, ``-0.5 det(b) trace(b^-1 db) / det(b)``, as Armadillo forms it:
-    its determinant (:func:`det_r`); the inverse in closed form for one or two coefficients, elementwise for a
-    diagonal ``b``, by Cholesky (:func:`sympd_inverse`) for four or more coefficients where Armadillo guesses ``b``
-    positive definite (:func:`likely_sympd`), else by LU (:func:`lapack_inverse`), in ``inv``
-    (:func:`inverse_scratch` values); then :func:`trace_of_product`. Without that scratch, the Cholesky factor's
-    solves instead (equal up to rounding). Overwrites ``b`` and ``db``.
+def armadillo_inverse(b, p, ai, ipiv, work):
+    """Armadillo 12's ``inv(b)`` of the p x p ``b`` (flat, row-major) into ``ai``, by its rules: the reciprocal for
+    1 x 1; the closed form for 2 x 2 when its determinant lies in (eps, 1 / eps); elementwise for a diagonal ``b``;
+    Cholesky (:func:`sympd_inverse`) for four or more rows where Armadillo guesses ``b`` positive definite
+    (:func:`likely_sympd`); else LU (:func:`lapack_inverse`, with ``ipiv`` and ``work``: p values each). Returns
+    False where LAPACK fails (an exactly singular ``b``).
     """
     if p == 1:
-        det = b[0]
-        return (-0.5 * (det * ((1.0 / det) * db[0] + 0.0))) / det
+        ai[0] = 1.0 / b[0]
+        return True
     if p == 2:
-        a00 = b[0]
-        a01 = b[1]
-        a10 = b[2]
-        a11 = b[3]
-        dv = a00 * a11 - a01 * a10
+        dv = b[0] * b[3] - b[1] * b[2]
         if abs(dv) >= DET_EPS and abs(dv) <= 1.0 / DET_EPS:
-            acc1 = 0.0 + (a11 / dv) * db[0]
-            acc2 = 0.0 + (-a01 / dv) * db[2]
-            acc1 += (-a10 / dv) * db[1]
-            acc2 += (a00 / dv) * db[3]
-            tr = acc1 + acc2
-            det = det_r(b, p)
-            return (-0.5 * (det * tr)) / det
-    if inv.shape[0] >= inverse_scratch(p):
-        ai = inv[: p * p]
-        diagonal = True
+            ai[0] = b[3] / dv
+            ai[1] = -b[1] / dv
+            ai[2] = -b[2] / dv
+            ai[3] = b[0] / dv
+            return True
+    diagonal = True
+    for k in range(p * p):
+        ai[k] = b[k]
+        if k % (p + 1) != 0 and b[k] != 0.0:
+            diagonal = False
+    if diagonal:
+        for k in range(p):
+            ai[k * (p + 1)] = 1.0 / b[k * (p + 1)]
+        return True
+    if p >= 4 and likely_sympd(b, p):
+        if sympd_inverse(ai, p):
+            return True
         for k in range(p * p):
             ai[k] = b[k]
-            if k % (p + 1) != 0 and b[k] != 0.0:
-                diagonal = False
-        ok = False
-        if diagonal:
-            for k in range(p):
-                ai[k * (p + 1)] = 1.0 / b[k * (p + 1)]
-            ok = True
-        elif p >= 4 and likely_sympd(b, p):
-            ok = sympd_inverse(ai, p)
-            if not ok:
-                for k in range(p * p):
-                    ai[k] = b[k]
-        if not ok:
-            ok = lapack_inverse(ai, p, inv[p * p : p * p + p], inv[p * p + p : p * p + 2 * p])
-        if ok:
-            tr = trace_of_product(ai, db, p)
-            det = det_r(b, p)
-            return (-0.5 * (det * tr)) / det
+    return lapack_inverse(ai, p, ipiv, work)
+
+
+@jitable
+def cr_derivative(b, db, p, inv):
+    """R's Cox-Reid part of the derivative in alpha, ``-0.5 det(b) trace(b^-1 db) / det(b)``, as Armadillo forms it:
+    the inverse (:func:`armadillo_inverse`, in ``inv``: :func:`inverse_scratch` values), the trace of its product
+    with ``db`` (:func:`trace_of_product`), the determinant (:func:`det_r`). Without that scratch, or for an exactly
+    singular ``b``, the Cholesky factor's solves instead (equal up to rounding). Overwrites ``b`` and ``db``.
+    """
+    pp = p * p
+    if inv.shape[0] >= inverse_scratch(p) and armadillo_inverse(
+        b, p, inv[:pp], inv[pp : pp + p], inv[pp + p : pp + 2 * p]
+    ):
+        tr = trace_of_product(inv, db, p)
+        det = det_r(b, p)
+        return (-0.5 * (det * tr)) / det
     cholesky_logdet(b, p)
     return -0.5 * chol_trace_solve(b, db, p)
 
