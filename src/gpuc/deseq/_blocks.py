@@ -211,10 +211,7 @@ def fit_block(
     xd = bk.asarray(design)
     norm, base_mean, base_var = gene_moments(bk, yz, sf)
     g = globals_
-    _, mu_disp = dispersion_start(
-        bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu, xim=g.xim,
-        moments=(base_mean, base_var),
-    )  # fmt: skip
+    _, mu_disp = dispersion_start(bk, yz, sf, xd, min_disp=g.min_disp, max_disp=g.max_disp, min_mu=g.min_mu, xim=g.xim)
     parts = fit_genes(
         bk,
         yz,

@@ -44,22 +44,13 @@ from gpuc.deseq._rlinalg import (
 # initial estimates and mu
 # --------------------------------------------------------------------------------------------------------------------
 def rough_moments_init(
-    bk: Backend,
-    y: Any,
-    sf: Any,
-    x: Any,
-    *,
-    min_disp: float,
-    max_disp: float,
-    xim: float | None = None,
-    moments: tuple[Any, Any] | None = None,
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, xim: float | None = None
 ) -> Any:
     """R: min(rough (linear-model) estimate, moments estimate), clipped to [min_disp, max_disp].
 
     ``xim``: R's mean of 1 / size factors; with normalisation factors ((G, n) ``sf``) R's
     ``mean(1 / colMeans(normalizationFactors))`` over all genes with a count, which the caller passes (a block of
-    genes cannot form it). ``moments``: the genes' baseMean and baseVar where the caller has them
-    (:func:`gpuc.deseq._pipeline.gene_moments`), else computed here.
+    genes cannot form it).
     """
     xp = bk.xp
     n, p = x.shape
@@ -68,7 +59,8 @@ def rough_moments_init(
     fitted = xp.maximum(linear_model_fit(bk, norm, x), 1.0)
     rough = xp.maximum(r_row_sums(bk, ((norm - fitted) ** 2 - fitted) / fitted**2) / (n - p), 0.0)
     # R's momentsDispEstimate: (baseVar - xim baseMean) / baseMean^2, baseMean by rowMeans, baseVar by rowVars
-    bm, bv = (r_row_sums(bk, norm, mean=True), r_row_vars(xp, norm)) if moments is None else moments
+    bm = r_row_sums(bk, norm, mean=True)
+    bv = r_row_vars(xp, norm)
     if xim is None:
         xim = r_mean(bk, 1.0 / sf) if sf.ndim == 1 else r_mean(bk, 1.0 / r_col_means(bk, sf))
     with np.errstate(divide="ignore", invalid="ignore"):

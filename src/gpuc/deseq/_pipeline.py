@@ -127,58 +127,30 @@ def gene_moments(bk: Backend, y: Any, sf: Any) -> tuple[Any, Any, Any]:
 
 
 def dispersion_start(
-    bk: Backend,
-    y: Any,
-    sf: Any,
-    x: Any,
-    *,
-    min_disp: float,
-    max_disp: float,
-    min_mu: float,
-    xim: float | None = None,
-    moments: tuple[Any, Any] | None = None,
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float, xim: float | None = None
 ) -> tuple[Any, Any]:
-    """The genewise fit's starting dispersions and its (floored) mu, per gene (``xim``, ``moments``: see
+    """The genewise fit's starting dispersions and its (floored) mu, per gene (``xim``: see
     :func:`gpuc.deseq._dispersion.rough_moments_init`).
     """
-    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, xim=xim, moments=moments)
+    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, xim=xim)
     return a0, dispersion_mu(bk, y, sf, x, a0, min_mu=min_mu)
 
 
 def _fit_dispersions(
-    bk: Backend,
-    y: Any,
-    sf: Any,
-    x: Any,
-    *,
-    min_disp: float,
-    max_disp: float,
-    min_mu: float,
-    xim: float | None = None,
-    moments: tuple[Any, Any] | None = None,
+    bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float, max_disp: float, min_mu: float, xim: float | None = None
 ) -> tuple[Any, Any, Any, Any]:
     blocks = stage_blocks(bk, y.shape[0], y.shape[1])
     if blocks is not None:  # CPU: the whole stage per gene span, spans in parallel
         parts = map_blocks(
             blocks,
             lambda s: _fit_dispersions(
-                bk,
-                y[s],
-                gene_rows(sf, s),
-                x,
-                min_disp=min_disp,
-                max_disp=max_disp,
-                min_mu=min_mu,
-                xim=xim,
-                moments=None if moments is None else (moments[0][s], moments[1][s]),
+                bk, y[s], gene_rows(sf, s), x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim
             ),
         )
         cat = np.concatenate
         state = tuple(cat([q[3][i] for q in parts]) for i in range(4))
         return cat([q[0] for q in parts]), cat([q[1] for q in parts]), cat([q[2] for q in parts]), state
-    a0, mu = dispersion_start(
-        bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim, moments=moments
-    )
+    a0, mu = dispersion_start(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim)
     gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True)
     return gw.alpha, gw.converged, mu, gw.state
 
@@ -277,7 +249,7 @@ def run_deseq(
 
     # ---- dispersions
     gw, gw_conv, mu_disp, gw_state = _fit_dispersions(
-        bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim, moments=(base_mean, base_var)
+        bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu, xim=xim
     )
     prior = dispersion_prior(
         np.asarray(bk.to_host(base_mean)),
@@ -494,15 +466,7 @@ def fit_genes(
                 yr = y_new[ridx]
                 sfr = gene_rows(sf, ridx)
                 gw_r, gwc_r, mu_r, gw_state_r = _fit_dispersions(
-                    bk,
-                    yr,
-                    sfr,
-                    xd,
-                    min_disp=glob.min_disp,
-                    max_disp=glob.max_disp,
-                    min_mu=min_mu,
-                    xim=glob.xim,
-                    moments=(base_mean[ridx], base_var[ridx]),
+                    bk, yr, sfr, xd, min_disp=glob.min_disp, max_disp=glob.max_disp, min_mu=min_mu, xim=glob.xim
                 )
                 fitted_r = bk.asarray(glob.trend(np.asarray(bk.to_host(base_mean[ridx]))))
                 dmap_r, mapc_r, out_r, disp_r, fit_r = _fit_map(bk, yr, sfr, mu_r, xd, gw_r, fitted_r, gw_state_r, glob)
