@@ -3,8 +3,8 @@
 Arrays are gene-major: counts ``y`` (G, n), size factors ``sf`` (n,), design ``x`` (n, p), dispersions ``alpha``
 (G,). Each IRLS step solves G small p x p ridge-regularised weighted normal equations in one batched call; the
 normal matrices are built with a single GEMM ``w @ xx`` where ``xx`` holds the n outer products x_i x_i^T.
-Genes that diverge or do not converge are refitted by a bounded, step-halving Fisher scoring on the penalised
-likelihood (R uses ``optim`` L-BFGS-B there); none is dropped.
+Genes that diverge or do not converge within ``maxit`` iterations are refitted as R refits them, by ``optim``'s
+L-BFGS-B on the log2-scale posterior (:mod:`gpuc.deseq._optim`); none is dropped.
 
 The IRLS itself runs per gene in compiled loops where it can: on the CPU a numba kernel (``_kernels_cpu.irls``), on
 the GPU one numba-cuda launch with a thread per gene (``_kernels_gpu.irls``, the same per-gene code), so that both
@@ -23,6 +23,8 @@ from gpuc._backend import Backend
 from gpuc.deseq._rlinalg import linear_predictor
 
 LN2 = float(np.log(2.0))
+LOG2E = float(np.log2(np.exp(1.0)))  # R's log2(exp(1)), which scales the IRLS coefficients to log2
+OPTIM_BOUND = 30.0  # R's bound on the log2 coefficients in the optim refit
 
 
 def outer_rows(x: Any) -> Any:
@@ -132,7 +134,7 @@ def _fit_nb_glm(
     x: Any,
     alpha: Any,
     *,
-    lam: Any = None,
+    lambda_log2: Any = None,
     beta_init: Any = None,
     min_mu: float = 0.5,
     maxit: int = 100,
@@ -142,13 +144,15 @@ def _fit_nb_glm(
 ) -> GLMFit:
     """Fit the NB GLM for every gene by IRLS (R ``fitBeta`` rules) with a fallback for failing genes.
 
-    ``lam`` is the ridge on the natural-log scale (default 1e-6 / ln(2)^2 as R); ``large`` bounds |beta|
-    (natural log) before a gene counts as diverged.
+    ``lambda_log2`` is the prior precision of the log2 coefficients (R's ``lambda``, default 1e-6 each); the IRLS
+    takes it as the ridge ``lambda / log(2)^2`` on the natural-log scale. ``large`` bounds |beta| (natural log)
+    before a gene counts as diverged.
     """
     xp = bk.xp
     G = y.shape[0]
     p = x.shape[1]
-    lam = xp.full(p, 1e-6 / LN2**2) if lam is None else xp.asarray(lam, dtype=xp.float64)
+    lambda_log2 = np.full(p, 1e-6) if lambda_log2 is None else np.asarray(bk.to_host(lambda_log2), dtype=np.float64)
+    lam = xp.asarray(lambda_log2 / LN2**2)
     xx = outer_rows(x)
     ridge = xp.diag(lam)
     beta = init_beta(bk, y, sf, x) if beta_init is None else xp.array(beta_init, dtype=xp.float64)
@@ -246,22 +250,13 @@ def _fit_nb_glm(
         idx = idx[~(conv | bad)]
     # R counts a fit stopped by a diverging coefficient or a non-finite deviance change as maxit iterations
     iters = xp.where(failed, maxit, iters)
-    refit = ~converged
+    # R refits the genes whose IRLS used all its iterations (a diverging one counts so) or left a coefficient not
+    # finite; the non-positive variances R also sends there cannot occur with the ridge in the covariance below
+    refit = (iters >= maxit) | ~xp.isfinite(beta).all(axis=1)
     if use_fallback and bool(refit.any()):
         ridx = xp.nonzero(refit)[0]
-        start = xp.clip(xp.where(xp.isfinite(beta[ridx]), beta[ridx], 0.0), -large, large)
-        start = xp.where(failed[ridx][:, None], init_beta(bk, y[ridx], gene_rows(sf, ridx), x), start)
-        start = xp.clip(start, -large, large)
-        b, b_conv = fit_nb_glm_bounded(
-            bk,
-            y[ridx],
-            gene_rows(sf, ridx),
-            x,
-            alpha[ridx],
-            lam=lam,
-            beta_init=start,
-            bound=large * LN2,
-            maxit=2 * maxit,
+        b, b_conv = refit_with_optim(
+            bk, y[ridx], gene_rows(sf, ridx), x, alpha[ridx], beta[ridx], lambda_log2=lambda_log2
         )
         beta[ridx] = b
         converged[ridx] = b_conv
@@ -313,70 +308,36 @@ def glm_covariance(
     return cov, hat, mu_raw, dev
 
 
-def fit_nb_glm_bounded(
-    bk: Backend,
-    y: Any,
-    sf: Any,
-    x: Any,
-    alpha: Any,
-    *,
-    lam: Any,
-    beta_init: Any,
-    bound: float = 30.0 * LN2,
-    maxit: int = 200,
-    tol: float = 1e-10,
+def refit_with_optim(
+    bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta_irls: Any, *, lambda_log2: np.ndarray
 ) -> tuple[Any, Any]:
-    """Maximise the ridge-penalised NB log-likelihood with |beta| <= ``bound`` for every gene at once.
+    """R's ``fitNbinomGLMsOptim`` for genes the IRLS left unconverged: per gene, ``optim`` L-BFGS-B on the log2
+    coefficients within +-30 (:func:`gpuc.deseq._optim.lbfgsb`), started from the IRLS coefficients where all are
+    finite and below 30 in log2 units, else from R's QR start. Returns natural-log coefficients and whether each
+    search converged (optim's code 0), which R makes the gene's ``betaConv``.
 
-    Fisher scoring steps with step halving (the penalised likelihood must not decrease) and projection on the box;
-    this plays the role of R's ``optim`` refit of unstable or non-converged rows. Returns the coefficients and, per
-    gene, whether the refit converged (its steps or likelihood gains fell below the tolerances, or no ascent step
-    remained, before ``maxit``), which becomes the gene's ``betaConv`` as R's optim convergence code does.
+    The searches run on the host one gene at a time (R's order of operations in Python); they are few.
     """
+    from gpuc.deseq._optim import NegativeLogPosterior, lbfgsb
+
     xp = bk.xp
-    G = y.shape[0]
-    p = x.shape[1]
-    xx = outer_rows(x)
-    ridge = xp.diag(lam)
-    beta = xp.array(beta_init, dtype=xp.float64)
-
-    def objective(b: Any, yy: Any, aa: Any, ss: Any) -> Any:
-        mu = per_gene(ss) * xp.exp(b @ x.T)
-        return nb_loglik_sum(bk, yy, mu, aa) - 0.5 * (b * b * lam[None, :]).sum(axis=1)
-
-    idx = xp.arange(G)
-    f = objective(beta, y, alpha, sf)
-    for _ in range(maxit):
-        if idx.shape[0] == 0:
-            break
-        b, ya, aa, sa = beta[idx], y[idx], alpha[idx], gene_rows(sf, idx)
-        mu = per_gene(sa) * xp.exp(b @ x.T)
-        mu = xp.maximum(mu, 1e-300)
-        w = mu / (1.0 + aa[:, None] * mu)
-        score = ((ya - mu) / (1.0 + aa[:, None] * mu)) @ x - lam[None, :] * b
-        info = normal_matrix(xp.maximum(w, 1e-12), xx, p) + ridge
-        step = bk.solve_batched(info, score)
-        step = xp.where(xp.isfinite(step), step, 0.0)
-        fa = f[idx]
-        scale = xp.ones(idx.shape[0])
-        newb = b
-        accepted = xp.zeros(idx.shape[0], dtype=bool)
-        fn = fa
-        for _h in range(30):
-            cand = xp.clip(b + scale[:, None] * step, -bound, bound)
-            fc = objective(cand, ya, aa, sa)
-            ok = (fc >= fa - 1e-12 * xp.abs(fa)) & ~accepted & xp.isfinite(fc)
-            newb = xp.where(ok[:, None], cand, newb)
-            fn = xp.where(ok, fc, fn)
-            accepted |= ok
-            if bool(accepted.all()):
-                break
-            scale = xp.where(accepted, scale, scale * 0.5)
-        delta = xp.abs(newb - b).max(axis=1)
-        beta[idx] = newb
-        f[idx] = fn
-        done = (delta < 1e-9) | ~accepted | (xp.abs(fn - fa) <= tol * (xp.abs(fa) + 0.1))
-        idx = idx[~done]
-    converged = xp.ones(G, dtype=bool)
-    converged[idx] = False
-    return beta, converged
+    G, p = y.shape[0], x.shape[1]
+    y_h = np.asarray(bk.to_host(y), dtype=np.float64)
+    nf_h = np.broadcast_to(np.asarray(bk.to_host(per_gene(sf)), dtype=np.float64), y.shape)
+    x_h = np.asarray(bk.to_host(x), dtype=np.float64)
+    alpha_h = np.asarray(bk.to_host(alpha), dtype=np.float64)
+    log2_beta = LOG2E * np.asarray(bk.to_host(beta_irls), dtype=np.float64)
+    usable = np.isfinite(log2_beta).all(axis=1) & (np.abs(log2_beta) < OPTIM_BOUND).all(axis=1)
+    start = log2_beta.copy()
+    if not usable.all():
+        qr_start = np.asarray(bk.to_host(init_beta(bk, y, sf, x)), dtype=np.float64)
+        start[~usable] = qr_start[~usable]
+    lower, upper = np.full(p, -OPTIM_BOUND), np.full(p, OPTIM_BOUND)
+    out = np.empty((G, p))
+    converged = np.empty(G, dtype=bool)
+    for g in range(G):
+        objective = NegativeLogPosterior(y_h[g], nf_h[g], x_h, alpha_h[g], lambda_log2)
+        res = lbfgsb(objective, start[g], lower, upper)
+        out[g] = res.par * LN2
+        converged[g] = res.convergence == 0
+    return xp.asarray(out), xp.asarray(converged)

@@ -118,7 +118,7 @@ def shrink_normal_coef(bk: Backend, fit: Any, j: int, design: Any) -> tuple[np.n
         bk.asarray(gene_rows(fit.size_factors, nz)),
         bk.asarray(fit.design),
         bk.asarray(fit.genes["dispersion"][nz]),
-        lam=bk.xp.asarray((1.0 / prior) / LN2**2),
+        lambda_log2=1.0 / prior,
     )
     lfc = np.full(nz.shape[0], np.nan)
     se = np.full(nz.shape[0], np.nan)
@@ -132,7 +132,6 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
     matched to the upper 5% weighted quantile of the MLE fold changes (``estimateBetaPriorVar``), then a ridge
     NB GLM fit; returns shrunken log2 fold changes and their SEs for contrast ``c``.
     """
-    xp = bk.xp
     fac, cont = _term_columns(design)
     nz = ~fit.genes["allZero"]
     mle = fit.beta[nz] / LN2
@@ -158,12 +157,11 @@ def shrink_normal(bk: Backend, fit: Any, c: np.ndarray, design: Any) -> tuple[np
             prior[names.index(f"{f}[{lvl}]")] = v
     for v_name, j in cont.items():
         prior[names.index(v_name)] = pv(mle[:, j])
-    lam = (1.0 / prior) / LN2**2
     ce = _expanded_contrast(design, c, names)
     y = bk.asarray(fit.counts[nz])
     sf = bk.asarray(gene_rows(fit.size_factors, nz))
     disp = bk.asarray(fit.genes["dispersion"][nz])
-    res = fit_nb_glm(bk, y, sf, bk.asarray(xe), disp, lam=xp.asarray(lam))
+    res = fit_nb_glm(bk, y, sf, bk.asarray(xe), disp, lambda_log2=1.0 / prior)
     beta = np.asarray(bk.to_host(res.beta))
     cov = np.asarray(bk.to_host(res.cov))
     lfc = np.full(nz.shape[0], np.nan)
