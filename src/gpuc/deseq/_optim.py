@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
+from numba.extending import register_jitable
 
 from gpuc.deseq._fitdisp import r_lgamma
 
@@ -35,38 +37,40 @@ DBL_EPSILON = 2.220446049250313e-16
 DBL_MIN = 2.2250738585072014e-308
 
 # Stirling's error log(n!) - log(sqrt(2 pi n) (n/e)^n) at n = 0, 0.5, ..., 15 (Loader 2000; n = 0 unused)
-STIRLING_ERROR_HALVES = (
-    0.0,
-    0.1534264097200273452913848,
-    0.0810614667953272582196702,
-    0.0548141210519176538961390,
-    0.0413406959554092940938221,
-    0.03316287351993628748511048,
-    0.02767792568499833914878929,
-    0.02374616365629749597132920,
-    0.02079067210376509311152277,
-    0.01848845053267318523077934,
-    0.01664469118982119216319487,
-    0.01513497322191737887351255,
-    0.01387612882307074799874573,
-    0.01281046524292022692424986,
-    0.01189670994589177009505572,
-    0.01110455975820691732662991,
-    0.010411265261972096497478567,
-    0.009799416126158803298389475,
-    0.009255462182712732917728637,
-    0.008768700134139385462952823,
-    0.008330563433362871256469318,
-    0.007934114564314020547248100,
-    0.007573675487951840794972024,
-    0.007244554301320383179543912,
-    0.006942840107209529865664152,
-    0.006665247032707682442354394,
-    0.006408994188004207068439631,
-    0.006171712263039457647532867,
-    0.005951370112758847735624416,
-    0.005746216513010115682023589,
-    0.005554733551962801371038690,
+STIRLING_ERROR_HALVES = np.array(
+    [
+        0.0,
+        0.1534264097200273452913848,
+        0.0810614667953272582196702,
+        0.0548141210519176538961390,
+        0.0413406959554092940938221,
+        0.03316287351993628748511048,
+        0.02767792568499833914878929,
+        0.02374616365629749597132920,
+        0.02079067210376509311152277,
+        0.01848845053267318523077934,
+        0.01664469118982119216319487,
+        0.01513497322191737887351255,
+        0.01387612882307074799874573,
+        0.01281046524292022692424986,
+        0.01189670994589177009505572,
+        0.01110455975820691732662991,
+        0.010411265261972096497478567,
+        0.009799416126158803298389475,
+        0.009255462182712732917728637,
+        0.008768700134139385462952823,
+        0.008330563433362871256469318,
+        0.007934114564314020547248100,
+        0.007573675487951840794972024,
+        0.007244554301320383179543912,
+        0.006942840107209529865664152,
+        0.006665247032707682442354394,
+        0.006408994188004207068439631,
+        0.006171712263039457647532867,
+        0.005951370112758847735624416,
+        0.005746216513010115682023589,
+        0.005554733551962801371038690,
+    ]
 )
 S0, S1, S2, S3, S4 = (
     0.083333333333333333333,
@@ -82,13 +86,14 @@ S0, S1, S2, S3, S4 = (
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@register_jitable
 def stirling_error(n: float) -> float:
     """Loader's ``stirlerr(n)``: the table at half-integers up to 15, else lgamma or the asymptotic series."""
     if n <= 15.0:
         nn = n + n
         if nn == int(nn):
             return STIRLING_ERROR_HALVES[int(nn)]
-        return float(r_lgamma(n + 1.0)) - (n + 0.5) * math.log(n) + n - LN_SQRT_2PI
+        return r_lgamma(n + 1.0) - (n + 0.5) * math.log(n) + n - LN_SQRT_2PI
     nn = n * n
     if n > 500:
         return (S0 - S1 / nn) / n
@@ -99,6 +104,7 @@ def stirling_error(n: float) -> float:
     return (S0 - (S1 - (S2 - (S3 - S4 / nn) / nn) / nn) / nn) / n
 
 
+@register_jitable
 def deviance_term(x: float, np_: float) -> float:
     """Loader's ``bd0(x, np) = x log(x/np) + np - x``, by its Taylor series where x is near np."""
     if not (math.isfinite(x) and math.isfinite(np_)) or np_ == 0.0:
@@ -119,6 +125,7 @@ def deviance_term(x: float, np_: float) -> float:
     return x * math.log(x / np_) + np_ - x
 
 
+@register_jitable
 def log_binomial_raw(x: float, n: float, p: float, q: float) -> float:
     """R's ``dbinom_raw(x, n, p, q, log = TRUE)`` (Loader's saddle-point form)."""
     if p == 0:
@@ -144,6 +151,7 @@ def log_binomial_raw(x: float, n: float, p: float, q: float) -> float:
     return lc - 0.5 * lf
 
 
+@register_jitable
 def log_nbinom_mu(x: float, size: float, mu: float) -> float:
     """R's ``dnbinom(x, size = size, mu = mu, log = TRUE)`` for a count ``x`` >= 0."""
     if math.isnan(x) or math.isnan(size) or math.isnan(mu):
@@ -154,7 +162,7 @@ def log_nbinom_mu(x: float, size: float, mu: float) -> float:
         return -math.inf
     if x == 0 and size == 0:
         return 0.0
-    x = float(round(x))
+    # (R rounds x to the nearest integer here; DESeq2's counts are integers already)
     if not math.isfinite(size):
         raise ValueError("dnbinom with an infinite size (zero dispersion) is not reached by DESeq2's refit")
     if x == 0:
@@ -162,21 +170,35 @@ def log_nbinom_mu(x: float, size: float, mu: float) -> float:
     if x < 1e-10 * size:
         # R's lgamma1p(x) is lgammafn(x + 1) for |x| >= 0.5, so for every positive count
         p = math.log(size / (1 + size / mu)) if size < mu else math.log(mu / (1 + mu / size))
-        return x * p - mu - float(r_lgamma(x + 1.0)) + math.log1p(x * (x - 1) / (2 * size))
+        return x * p - mu - r_lgamma(x + 1.0) + math.log1p(x * (x - 1) / (2 * size))
     p = math.log1p(-x / (size + x)) if x < size else math.log(size / (size + x))
     return p + log_binomial_raw(size, x + size, size / (size + mu), mu / (size + mu))
 
 
-def extended_sum(values: list[float]) -> float:
-    """R's ``sum()`` of doubles: accumulated in x87 extended precision, then rounded to double."""
-    s = np.longdouble(0.0)
-    for v in values:
-        s += np.longdouble(v)
+def extended_sum(values) -> float:
+    """R's ``sum()`` of doubles: accumulated left to right in x87 extended precision, then rounded to double."""
+    if len(values) == 0:
+        return 0.0
+    s = np.cumsum(np.asarray(values, dtype=np.longdouble))[-1]
     if s > np.longdouble(np.finfo(np.float64).max):
         return math.inf
     if s < -np.longdouble(np.finfo(np.float64).max):
         return -math.inf
     return float(s)
+
+
+@njit(cache=True, nogil=True)
+def log_likelihood_terms(counts, nf, x, par, size, base, out):  # pragma: no cover - compiled
+    """R's ``dnbinom(counts, mu = nf * base^(x %*% par), size = size, log = TRUE)`` into ``out``; ``x %*% par`` in
+    reference ``dgemv`` order, the power the C library's (``base`` is 2, passed at run time so that the compiler
+    cannot turn ``pow(2, .)`` into ``exp2``).
+    """
+    n, p = x.shape
+    for i in range(n):
+        eta = 0.0
+        for j in range(p):
+            eta = eta + par[j] * x[i, j]
+        out[i] = log_nbinom_mu(counts[i], size, nf[i] * math.pow(base, eta))
 
 
 @dataclass
@@ -195,31 +217,23 @@ class NegativeLogPosterior:
     lambda_log2: np.ndarray
 
     def __post_init__(self) -> None:
+        self.counts = np.ascontiguousarray(self.counts, dtype=np.float64)
+        self.nf = np.ascontiguousarray(self.nf, dtype=np.float64)
+        self.x = np.ascontiguousarray(self.x, dtype=np.float64)
         self.size = 1.0 / float(self.alpha)
         self.sigma = [math.sqrt(1.0 / float(v)) for v in self.lambda_log2]
-        self._k = [float(v) for v in self.counts]
-        self._nf = [float(v) for v in self.nf]
-        self._x = [[float(v) for v in row] for row in self.x]
-
-    def means(self, par: np.ndarray) -> list[float]:
-        """The means nf * 2^(X par), with X par in reference ``dgemv`` order (column by column)."""
-        pv = [float(v) for v in par]
-        out = []
-        for nf, row in zip(self._nf, self._x, strict=True):
-            eta = 0.0
-            for xv, bv in zip(row, pv, strict=True):
-                eta = eta + bv * xv
-            out.append(nf * math.pow(2.0, eta))  # R's 2^eta is libc pow (exact at eta = 0 and 2)
-        return out
+        self._terms = np.empty(self.counts.shape[0])
 
     def __call__(self, par: np.ndarray) -> float:
-        mu = self.means(par)
-        log_like = extended_sum([log_nbinom_mu(k, self.size, m) for k, m in zip(self._k, mu, strict=True)])
-        terms = []
+        log_likelihood_terms(
+            self.counts, self.nf, self.x, np.asarray(par, dtype=np.float64), self.size, 2.0, self._terms
+        )
+        log_like = extended_sum(self._terms)
+        prior = []
         for bv, sigma in zip(par, self.sigma, strict=True):
             z = abs(float(bv) / sigma)
-            terms.append(-(LN_SQRT_2PI + 0.5 * z * z + math.log(sigma)))
-        value = -1.0 * (log_like + extended_sum(terms))
+            prior.append(-(LN_SQRT_2PI + 0.5 * z * z + math.log(sigma)))
+        value = -1.0 * (log_like + extended_sum(prior))
         return value if math.isfinite(value) else 1e300
 
 
