@@ -102,7 +102,7 @@ class GLMFit:
     cov: Any  # (G, p, p) sandwich covariance (H M H), natural log scale
     hat: Any  # (G, n) hat diagonals
     mu: Any  # (G, n) sf * exp(X beta), not floored
-    deviance: Any  # (G,) -2 log-likelihood at floored mu
+    deviance: Any  # (G,) -2 x R's logLike (unfloored means; floored for genes refitted by optim)
     iters: Any  # (G,)
     converged: Any  # (G,) IRLS reached the tolerance
     refit: Any  # (G,) solved by the fallback
@@ -141,12 +141,15 @@ def _fit_nb_glm(
     tol: float = 1e-8,
     large: float = 30.0,
     use_fallback: bool = True,
+    exact_log_like: bool = False,
 ) -> GLMFit:
     """Fit the NB GLM for every gene by IRLS (R ``fitBeta`` rules) with a fallback for failing genes.
 
     ``lambda_log2`` is the prior precision of the log2 coefficients (R's ``lambda``, default 1e-6 each); the IRLS
     takes it as the ridge ``lambda / log(2)^2`` on the natural-log scale. ``large`` bounds |beta| (natural log)
-    before a gene counts as diverged.
+    before a gene counts as diverged. The deviance is -2 x DESeq2's ``logLike``; with ``exact_log_like`` (the
+    likelihood-ratio test, a difference of two of them) R's own densities and sums on the CPU
+    (:func:`r_log_likelihood`).
     """
     xp = bk.xp
     G = y.shape[0]
@@ -253,32 +256,54 @@ def _fit_nb_glm(
     # R refits the genes whose IRLS used all its iterations (a diverging one counts so) or left a coefficient not
     # finite; the non-positive variances R also sends there cannot occur with the ridge in the covariance below
     refit = (iters >= maxit) | ~xp.isfinite(beta).all(axis=1)
-    if use_fallback and bool(refit.any()):
-        ridx = xp.nonzero(refit)[0]
-        b, b_conv = refit_with_optim(
-            bk, y[ridx], gene_rows(sf, ridx), x, alpha[ridx], beta[ridx], lambda_log2=lambda_log2
+    ridx = xp.nonzero(refit)[0] if use_fallback else idx[:0]
+    if ridx.shape[0]:
+        b, b_conv, ll_refit = refit_with_optim(
+            bk, y[ridx], gene_rows(sf, ridx), x, alpha[ridx], beta[ridx], lambda_log2=lambda_log2, min_mu=min_mu
         )
         beta[ridx] = b
         converged[ridx] = b_conv
-    cov, hat, mu_unfloored, mu_fl = glm_covariance(
-        bk, y, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx, deviance=False
-    )
-    # the deviance at the final beta: the compiled IRLS (CPU or GPU) returns it with beta (the last iteration's), so
-    # only genes refitted by the fallback need it afresh
-    redo = xp.nonzero(refit)[0] if kern is not None or gk is not None else xp.arange(G)
-    if redo.shape[0]:
-        a_r = alpha[redo][:, None]
-        mf = mu_fl[redo]
-        l1p = xp.log1p(a_r * mf)
-        dev[redo] = -2.0 * (
-            ll_const[redo] + (-l1p / a_r + y[redo] * (loga[redo][:, None] + xp.log(mf) - l1p)).sum(axis=1)
-        )
+    cov, hat, mu_unfloored = glm_covariance(bk, sf, x, alpha, beta, lam=lam, min_mu=min_mu, xx=xx)
+    # the deviance is -2 x DESeq2's logLike: the likelihood at the unfloored means (fitNbinomGLMs), except for a gene
+    # refitted by optim, whose logLike fitNbinomGLMsOptim takes at the floored ones
+    if exact_log_like and not bk.is_gpu:
+        dev = -2.0 * r_log_likelihood(bk, y, sf, x, beta, alpha)
+    else:
+        # the compiled IRLS (CPU or GPU) returns the deviance at the floored means with beta (the last iteration's):
+        # the same wherever no mean is below the floor
+        compiled = kern is not None or gk is not None
+        redo = xp.nonzero((mu_unfloored < min_mu).any(axis=1))[0] if compiled else xp.arange(G)
+        if redo.shape[0]:
+            dev[redo] = -2.0 * nb_loglik_sum(bk, y[redo], mu_unfloored[redo], alpha[redo])
+    if ridx.shape[0]:
+        dev[ridx] = -2.0 * ll_refit
     return GLMFit(beta, cov, hat, mu_unfloored, dev, iters, converged, refit)
+
+
+def r_log_likelihood(bk: Backend, y: Any, sf: Any, x: Any, beta: Any, alpha: Any) -> Any:
+    """DESeq2's ``nbinomLogLike`` at the coefficients ``beta`` (natural log): ``rowSums(dnbinom(counts, mu = nf *
+    exp(X beta), size = 1 / alpha, log = TRUE))`` with R's density, R's order of products and R's extended-precision
+    row sums, so that a difference of two (the likelihood-ratio statistic) is R's to the bit. CPU arrays.
+    """
+    from gpuc.deseq._optim import gene_log_likelihood_terms
+    from gpuc.deseq._rlinalg import r_row_sums
+
+    y_h = np.ascontiguousarray(y, dtype=np.float64)
+    terms = np.empty(y_h.shape)
+    nf = np.broadcast_to(np.asarray(per_gene(sf), dtype=np.float64), y_h.shape)
+    gene_log_likelihood_terms(
+        y_h,
+        nf,
+        np.ascontiguousarray(x, dtype=np.float64),
+        np.ascontiguousarray(beta, dtype=np.float64),
+        np.ascontiguousarray(alpha, dtype=np.float64),
+        terms,
+    )
+    return r_row_sums(bk, terms)
 
 
 def glm_covariance(
     bk: Backend,
-    y: Any,
     sf: Any,
     x: Any,
     alpha: Any,
@@ -287,10 +312,9 @@ def glm_covariance(
     lam: Any,
     min_mu: float = 0.5,
     xx: Any = None,
-    deviance: bool = True,
-) -> tuple[Any, Any, Any, Any]:
-    """Sandwich covariance H M H, hat diagonals, unfloored mu and deviance at ``beta`` (W from mu floored at
-    min_mu); with ``deviance=False`` the floored mu is returned in place of the deviance.
+) -> tuple[Any, Any, Any]:
+    """Sandwich covariance H M H, hat diagonals and the unfloored means at ``beta`` (W from the means floored at
+    ``min_mu``).
     """
     xp = bk.xp
     p = x.shape[1]
@@ -302,19 +326,17 @@ def glm_covariance(
     h = xp.linalg.inv(m + xp.diag(lam))
     cov = h @ m @ h
     hat = w * (h.reshape(h.shape[0], p * p) @ xx.T)
-    if not deviance:
-        return cov, hat, mu_raw, mu
-    dev = -2.0 * nb_loglik_sum(bk, y, mu, alpha)
-    return cov, hat, mu_raw, dev
+    return cov, hat, mu_raw
 
 
 def refit_with_optim(
-    bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta_irls: Any, *, lambda_log2: np.ndarray
-) -> tuple[Any, Any]:
+    bk: Backend, y: Any, sf: Any, x: Any, alpha: Any, beta_irls: Any, *, lambda_log2: np.ndarray, min_mu: float = 0.5
+) -> tuple[Any, Any, Any]:
     """R's ``fitNbinomGLMsOptim`` for genes the IRLS left unconverged: per gene, ``optim`` L-BFGS-B on the log2
     coefficients within +-30 (:func:`gpuc.deseq._optim.lbfgsb`), started from the IRLS coefficients where all are
-    finite and below 30 in log2 units, else from R's QR start. Returns natural-log coefficients and whether each
-    search converged (optim's code 0), which R makes the gene's ``betaConv``.
+    finite and below 30 in log2 units, else from R's QR start. Returns natural-log coefficients, whether each
+    search converged (optim's code 0), which R makes the gene's ``betaConv``, and the log-likelihood at the means
+    floored at ``min_mu`` (R's ``logLike`` for these genes).
 
     The searches run on the host one gene at a time (R's order of operations in Python); they are few.
     """
@@ -335,9 +357,11 @@ def refit_with_optim(
     lower, upper = np.full(p, -OPTIM_BOUND), np.full(p, OPTIM_BOUND)
     out = np.empty((G, p))
     converged = np.empty(G, dtype=bool)
+    log_like = np.empty(G)
     for g in range(G):
         objective = NegativeLogPosterior(y_h[g], nf_h[g], x_h, alpha_h[g], lambda_log2)
         res = lbfgsb(objective, start[g], lower, upper)
         out[g] = res.par * LN2
         converged[g] = res.convergence == 0
-    return xp.asarray(out), xp.asarray(converged)
+        log_like[g] = objective.log_likelihood(res.par, min_mu)
+    return xp.asarray(out), xp.asarray(converged), xp.asarray(log_like)

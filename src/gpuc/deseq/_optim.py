@@ -30,6 +30,7 @@ from numba import njit
 from numba.extending import register_jitable
 
 from gpuc.deseq._fitdisp import r_lgamma
+from gpuc.deseq._rlinalg import r_sum
 
 LN_2PI = 1.837877066409345483560659472811  # log(2 pi)
 LN_SQRT_2PI = 0.918938533204672741780329736406  # log(sqrt(2 pi))
@@ -175,30 +176,35 @@ def log_nbinom_mu(x: float, size: float, mu: float) -> float:
     return p + log_binomial_raw(size, x + size, size / (size + mu), mu / (size + mu))
 
 
-def extended_sum(values) -> float:
-    """R's ``sum()`` of doubles: accumulated left to right in x87 extended precision, then rounded to double."""
-    if len(values) == 0:
-        return 0.0
-    s = np.cumsum(np.asarray(values, dtype=np.longdouble))[-1]
-    if s > np.longdouble(np.finfo(np.float64).max):
-        return math.inf
-    if s < -np.longdouble(np.finfo(np.float64).max):
-        return -math.inf
-    return float(s)
-
-
 @njit(cache=True, nogil=True)
-def log_likelihood_terms(counts, nf, x, par, size, base, out):  # pragma: no cover - compiled
-    """R's ``dnbinom(counts, mu = nf * base^(x %*% par), size = size, log = TRUE)`` into ``out``; ``x %*% par`` in
-    reference ``dgemv`` order, the power the C library's (``base`` is 2, passed at run time so that the compiler
-    cannot turn ``pow(2, .)`` into ``exp2``).
+def log_likelihood_terms(counts, nf, x, par, size, base, min_mu, out):  # pragma: no cover - compiled
+    """R's ``dnbinom(counts, mu = pmax(nf * base^(x %*% par), min_mu), size = size, log = TRUE)`` into ``out``;
+    ``x %*% par`` in reference ``dgemv`` order, the power the C library's (``base`` is 2, passed at run time so that
+    the compiler cannot turn ``pow(2, .)`` into ``exp2``).
     """
     n, p = x.shape
     for i in range(n):
         eta = 0.0
         for j in range(p):
             eta = eta + par[j] * x[i, j]
-        out[i] = log_nbinom_mu(counts[i], size, nf[i] * math.pow(base, eta))
+        mu = nf[i] * math.pow(base, eta)
+        out[i] = log_nbinom_mu(counts[i], size, min_mu if mu < min_mu else mu)
+
+
+@njit(cache=True, nogil=True)
+def gene_log_likelihood_terms(y, nf, x, beta, alpha, out):  # pragma: no cover - compiled
+    """R's ``dnbinom(counts, mu = nf * t(exp(x %*% t(beta))), size = 1 / alpha, log = TRUE)`` for every gene (rows),
+    the products in reference ``dgemm`` order and the C library's ``exp``: the terms of DESeq2's ``nbinomLogLike``.
+    """
+    G, n = y.shape
+    p = x.shape[1]
+    for g in range(G):
+        size = 1.0 / alpha[g]
+        for s in range(n):
+            eta = 0.0
+            for k in range(p):
+                eta = eta + beta[g, k] * x[s, k]
+            out[g, s] = log_nbinom_mu(y[g, s], size, nf[g, s] * math.exp(eta))
 
 
 @dataclass
@@ -225,16 +231,23 @@ class NegativeLogPosterior:
         self._terms = np.empty(self.counts.shape[0])
 
     def __call__(self, par: np.ndarray) -> float:
-        log_likelihood_terms(
-            self.counts, self.nf, self.x, np.asarray(par, dtype=np.float64), self.size, 2.0, self._terms
-        )
-        log_like = extended_sum(self._terms)
+        log_like = self.log_likelihood(par, 0.0)
         prior = []
         for bv, sigma in zip(par, self.sigma, strict=True):
             z = abs(float(bv) / sigma)
             prior.append(-(LN_SQRT_2PI + 0.5 * z * z + math.log(sigma)))
-        value = -1.0 * (log_like + extended_sum(prior))
+        value = -1.0 * (log_like + r_sum(np.array(prior)))
         return value if math.isfinite(value) else 1e300
+
+    def log_likelihood(self, par: np.ndarray, min_mu: float) -> float:
+        """The gene's log-likelihood at ``par`` with the means floored at ``min_mu``, as DESeq2 records it for a
+        refitted gene (``logLike``, hence the deviance and the likelihood-ratio statistic).
+        """
+        terms = self._terms
+        log_likelihood_terms(
+            self.counts, self.nf, self.x, np.asarray(par, dtype=np.float64), self.size, 2.0, min_mu, terms
+        )
+        return r_sum(terms)
 
 
 def central_gradient(fn, par: np.ndarray, lower: np.ndarray, upper: np.ndarray, step: float = 1e-3) -> np.ndarray:

@@ -24,7 +24,7 @@ from gpuc.deseq._dispersion import (
     prior_variance,
     rough_moments_init,
 )
-from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, nb_loglik_sum, per_gene
+from gpuc.deseq._glm import LN2, fit_nb_glm, gene_rows, per_gene
 from gpuc.deseq._rlinalg import r_row_sums, r_row_vars
 from gpuc.deseq._size_factors import size_factors_iterative, size_factors_poscounts, size_factors_ratio
 from gpuc.deseq._stats import independent_filtering, lrt, p_adjust_bh, wald
@@ -178,7 +178,10 @@ def _fit_map(
     )
     outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(glob.var_log_disp)
     final = xp.clip(xp.where(outlier, gw, mp.alpha), glob.min_disp, glob.max_disp)
-    fit = fit_nb_glm(bk, y, sf, x, final, min_mu=glob.min_mu, maxit=glob.max_iter)
+    # the likelihood-ratio test subtracts deviances: R's own there
+    fit = fit_nb_glm(
+        bk, y, sf, x, final, min_mu=glob.min_mu, maxit=glob.max_iter, exact_log_like=glob.reduced is not None
+    )
     return mp.alpha, mp.converged, outlier, final, fit
 
 
@@ -497,10 +500,9 @@ def fit_genes(
     # ---- LRT
     st = pv = None
     if reduced is not None:
-        fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu, maxit=max_iter)
-        ll_full = nb_loglik_sum(bk, y_fit, mu, disp)
-        ll_red = nb_loglik_sum(bk, y_fit, fr.mu, disp)
-        st, pv = lrt(np.asarray(bk.to_host(-2 * ll_red)), np.asarray(bk.to_host(-2 * ll_full)), p - reduced.shape[1])
+        fr = fit_nb_glm(bk, y_fit, sf, bk.asarray(reduced), disp, min_mu=min_mu, maxit=max_iter, exact_log_like=True)
+        # R's statistic 2 (logLike_full - logLike_reduced), from the deviances (-2 logLike) of both fits
+        st, pv = lrt(np.asarray(bk.to_host(fr.deviance)), np.asarray(bk.to_host(dev)), p - reduced.shape[1])
         nz_h = np.asarray(bk.to_host(new_all_zero))
         st[nz_h], pv[nz_h] = 0.0, 1.0
     return {

@@ -4,7 +4,7 @@
 #                 fitNbinomGLMsOptim (start: the IRLS coefficients where finite and |log2 beta| < 30, else R's QR
 #                 start). Then the genes where the IRLS does not converge (betaIter 100): with R's final dispersions
 #                 (the 5 genes DESeq() refits) and with those dispersions times exp(N(0, 2)), seeds 1 to 4. Columns: set, counts, size factors, alpha,
-#                 R's QR start and the IRLS coefficients (natural log), the log2 coefficients, their SEs and betaConv.
+#                 R's QR start and the IRLS coefficients (natural log), the log2 coefficients, their SEs, betaConv and logLike.
 #   optim_pieces.csv  what=dnbinom: dnbinom(k, mu = mu, size = size, log = TRUE) over counts, means and sizes
 #                 spanning DESeq2's range; what=sum: sum() of 8 doubles (x87 extended accumulation);
 #                 what=rosenbrock: optim(c(-1.2, 1), Rosenbrock, "L-BFGS-B", lower = c(-2, -2), upper = c(2, 0.8))
@@ -41,6 +41,7 @@ table_for <- function(dds, alpha, set) {
   for (k in seq_len(p)) out[[paste0("lfc_", k)]] <- hx(fit$betaMatrix[, k])
   for (k in seq_len(p)) out[[paste0("se_", k)]] <- hx(fit$betaSE[, k])
   out$conv <- as.integer(fit$betaConv)
+  out$loglike <- hx(fit$logLike)
   out
 }
 all <- estimateSizeFactors(DESeqDataSetFromMatrix(cts, md, design))
