@@ -66,34 +66,35 @@ def test_pasilla_vs_r(pasilla_fits, tag):
     assert list(res.index) == list(ref.index)
     np.testing.assert_allclose(res["baseMean"], ref["baseMean"], rtol=1e-6)
     _gates(res, ref)
-    # gene by gene (R's values are rounded to 7 digits here: 1.5e-6 is the tightest meaningful tolerance). gpuc
-    # computes R's dispersions, trend and fits with R's arithmetic: every dispersion column of every gene equals R's
-    # to the references' rounding, and every result column too, the 5 genes of ~type + condition whose IRLS reaches
-    # 100 iterations included (R refits them by optim's L-BFGS-B; so does gpuc, step for step).
+    # gene by gene (R's values are rounded to 7 significant digits here, at most 5e-7 relative, so 1e-6 applies).
+    # gpuc computes R's dispersions, trend and fits with R's arithmetic: every dispersion column of every gene equals
+    # R's to the references' rounding, and every result column too, the 5 genes of ~type + condition whose IRLS
+    # reaches 100 iterations included (R refits them by optim's L-BFGS-B; so does gpuc, step for step).
     ok = np.isfinite(ref["dispFit"].to_numpy())
     for f in ("dispGeneEst", "dispFit", "dispersion"):
-        assert np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1).max() < 1.5e-6, f
+        assert np.abs(a.var[f"deseq_{f}"].to_numpy()[ok] / ref[f].to_numpy()[ok] - 1).max() < 1e-6, f
     optim = a.var["deseq_betaIter"].to_numpy() >= 100
     assert optim.sum() == (0 if tag == "condition" else 5)
     for col in ("log2FoldChange", "lfcSE", "pvalue", "padj"):
         m, r = res[col].to_numpy(), ref[col].to_numpy()
         np.testing.assert_array_equal(np.isnan(m), np.isnan(r))
         fin = np.isfinite(r)
-        np.testing.assert_allclose(m[fin], r[fin], rtol=1.5e-6, atol=0, err_msg=col)
+        np.testing.assert_allclose(m[fin], r[fin], rtol=1e-6, atol=0, err_msg=col)
     sig, sig_r = set(res.index[res["padj"] < 0.1]), set(ref.index[ref["padj"] < 0.1])
     assert sig == sig_r, (sorted(sig - sig_r), sorted(sig_r - sig))
 
 
 @pytest.mark.parametrize("tag", list(DESIGN))
 def test_pasilla_lfcshrink_normal_vs_r(pasilla_fits, tag):
+    """lfcShrink(type = "normal"): the prior variance and the ridge refit are R's, so every shrunken fold change and
+    SE equals R's within the reference's 7 significant digits."""
     ref = pd.read_csv(DATA / f"pasilla_{tag}_R.csv.gz", index_col=0)
     res = gpuc.get.deseq_results(pasilla_fits[tag])
-    a, b = res["log2FoldChange_shrunk"].to_numpy(), ref["shrunk_log2FoldChange"].to_numpy()
-    ok = np.isfinite(a) & np.isfinite(b)
-    assert np.corrcoef(a[ok], b[ok])[0, 1] >= 0.9999
-    big = ok & (ref["baseMean"].to_numpy() >= 10)
-    assert np.percentile(np.abs(a[big] - b[big]), 99) <= 0.005
-    assert np.median(np.abs(res["lfcSE_shrunk"].to_numpy()[ok] / ref["shrunk_lfcSE"].to_numpy()[ok] - 1)) < 0.005
+    for mine, theirs in (("log2FoldChange_shrunk", "shrunk_log2FoldChange"), ("lfcSE_shrunk", "shrunk_lfcSE")):
+        m, r = res[mine].to_numpy(), ref[theirs].to_numpy()
+        np.testing.assert_array_equal(np.isnan(m), np.isnan(r))
+        fin = np.isfinite(r)
+        np.testing.assert_allclose(m[fin], r[fin], rtol=1e-6, atol=0, err_msg=mine)
 
 
 def test_pasilla_lrt_vs_r():
