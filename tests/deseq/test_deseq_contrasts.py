@@ -267,23 +267,25 @@ def test_round_trip_and_errors(sim_fit, tmp_path):
 
 
 def test_shrink_new_contrast_vs_r():
-    """lfcShrink(type="normal") of contrasts not named at fit time (main-effect design, as R requires)."""
+    """lfcShrink(type="normal") of contrasts not named at fit time (main-effect design, as R requires), gene by gene
+    within 1e-6 of R's (written to 10 digits; measured 5e-10), R's zero fold change for genes without a count in the
+    compared groups included (g2-g4 for C vs B)."""
     a = _sim()
     gpuc.tl.deseq(a, "~cond + group", contrast="cond[T.trt]", device="cpu")
-    _gates(gpuc.get.deseq_results(a, ["group", "C", "B"]), _read("me_res_C_vs_B"))
+    res, ref = gpuc.get.deseq_results(a, ["group", "C", "B"]), _read("me_res_C_vs_B")
+    for col in ("log2FoldChange", "lfcSE", "stat", "pvalue", "padj"):
+        _close(res[col], ref[col], col)
     # a contrast that is one coefficient is shrunk as R's lfcShrink(coef=) (standard matrix), any other as
     # lfcShrink(contrast=) (expanded matrix); R gives the two different values
     cases = (["group", "C", "B"], "C_vs_B"), (np.array([0, 1.0, 0.5, -1.0]), "numeric"), ("group_B", "coef_B")
     for contrast, name in cases:
         res = gpuc.get.deseq_results(a, contrast, lfc_shrink="normal")
         ref = _read(f"me_shrink_{name}")
-        x, y = res["log2FoldChange_shrunk"].to_numpy(), ref["log2FoldChange"].to_numpy()
-        ok = np.isfinite(x) & np.isfinite(y)
-        assert np.corrcoef(x[ok], y[ok])[0, 1] >= 0.9999
-        big = ok & (res["baseMean"].to_numpy() >= 10)
-        assert np.percentile(np.abs(x[big] - y[big]), 99) <= 0.005
-        se = res["lfcSE_shrunk"].to_numpy()[ok] / ref["lfcSE"].to_numpy()[ok]
-        assert np.median(np.abs(se - 1)) < 0.005
+        _close(res["log2FoldChange_shrunk"], ref["log2FoldChange"], f"{name} shrunken LFC")
+        _close(res["lfcSE_shrunk"], ref["lfcSE"], f"{name} shrunken SE")
+    assert (res.loc[["g2", "g3", "g4"], "log2FoldChange_shrunk"] != 0).all()  # coef=: no zero rule in R either
+    zero = gpuc.get.deseq_results(a, ["group", "C", "B"], lfc_shrink="normal")
+    assert (zero.loc[["g2", "g3", "g4"], "log2FoldChange_shrunk"] == 0).all()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -383,7 +385,7 @@ def _pasilla_nf() -> ad.AnnData:
     md["condition"] = pd.Categorical(md["condition"], ["untreated", "treated"])
     md["type"] = pd.Categorical(md["type"])
     a = ad.AnnData(cts.T.to_numpy(dtype=np.float64), obs=md, var=pd.DataFrame(index=cts.index))
-    a.layers["nf"] = _read("nf_factors").loc[a.obs_names, a.var_names].to_numpy()
+    a.layers["nf"] = _read("nf_factors").loc[a.obs_names, a.var_names].map(float.fromhex).to_numpy()
     return a
 
 
@@ -397,30 +399,15 @@ def nf_fit() -> ad.AnnData:
 
 
 def test_normalization_factors_vs_r(nf_fit):
-    """pasilla (every 10th gene) with a seeded gene x sample factor matrix, as R's normalizationFactors(dds) <- nf:
-    baseMean to 1e-8, dispersions and results gene by gene (R's factors are written to 10 digits; measured: 1 gene's
-    dispersion and 9 genes' LFCs off R by more than 1e-6, at most 1.2e-5 and 3.4e-5), and the pasilla gates."""
+    """pasilla (every 10th gene) with a seeded gene x sample factor matrix, as R's normalizationFactors(dds) <- nf
+    (R's factors to the bit): baseMean, dispersions, maxCooks and every result column gene by gene within 1e-6 of R's
+    (written to 10 digits; measured: 3e-13), and the same padj < 0.1 set."""
     res, ref, genes = gpuc.get.deseq_results(nf_fit), _read("nf_res"), _read("nf_genes")
-    np.testing.assert_allclose(res["baseMean"], ref["baseMean"], rtol=1e-8)
-    for got, want, most, worst in (
-        (nf_fit.var["deseq_dispersion"], genes["dispersion"], 0.998, 1e-4),
-        (res["log2FoldChange"], ref["log2FoldChange"], 0.99, 1e-4),
-        (res["lfcSE"], ref["lfcSE"], 0.998, 1e-5),
-    ):
-        got, want = got.to_numpy(), want.to_numpy()
-        ok = np.isfinite(want)
-        assert np.array_equal(ok, np.isfinite(got))
-        off = np.abs(got[ok] / want[ok] - 1)
-        assert np.mean(off <= 1e-6) >= most
-        assert off.max() <= worst
-    # the same 51 genes at padj < 0.1 as R since the dispersions follow R's line search (Jaccard 0.96 before)
+    for col in ("baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj"):
+        _close(res[col], ref[col], col)
+    for col in ("dispGeneEst", "dispFit", "dispersion", "maxCooks"):
+        _close(nf_fit.var[f"deseq_{col}"], genes[col], col)
     _gates(res, ref, jaccard=1.0)
-    ok = np.isfinite(ref["lfcSE"].to_numpy())
-    assert np.median(np.abs(res["lfcSE"].to_numpy()[ok] / ref["lfcSE"].to_numpy()[ok] - 1)) < 1e-3
-    for f in ("dispFit", "dispersion"):
-        got, want = nf_fit.var[f"deseq_{f}"].to_numpy(), genes[f].to_numpy()
-        ok = np.isfinite(want)
-        assert np.median(np.abs(got[ok] / want[ok] - 1)) < 0.01, f
     assert nf_fit.obs["deseq_size_factors"].isna().all()
     # without the factors the fit is another one: the test above can fail
     plain = gpuc.get.deseq_results(gpuc.tl.deseq(_pasilla_nf(), "~type + condition", device="cpu", copy=True))

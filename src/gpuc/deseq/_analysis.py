@@ -19,7 +19,7 @@ from gpuc._backend import Backend
 from gpuc._utils import serial_blas, threaded
 from gpuc.deseq._design import Design, _pretty, build_design, contrast_vector, factor_contrast
 from gpuc.deseq._glm import LN2
-from gpuc.deseq._pipeline import DeseqFit, results, run_deseq
+from gpuc.deseq._pipeline import DeseqFit, contrast_all_zero, results, run_deseq
 
 RESULT_COLUMNS = ("baseMean", "log2FoldChange", "lfcSE", "stat", "pvalue", "padj")
 # what results() reports about independent filtering and Cook's outliers that is kept with each table
@@ -352,7 +352,7 @@ def results_table(
         {col: np.asarray(res[col], dtype=np.float64) for col in RESULT_COLUMNS}, index=gene_names.copy()
     )
     if options.lfc_shrink is not None:
-        from gpuc.deseq._shrink import shrink_lfc
+        from gpuc.deseq._shrink import shrink_lfc, single_coefficient
 
         if options.lfc_shrink == "normal" and any(":" in col for col in design.columns):
             msg = "lfc_shrink='normal' is not available for designs with interactions (as R's lfcShrink)."
@@ -361,6 +361,10 @@ def results_table(
         table["log2FoldChange_shrunk"], table["lfcSE_shrunk"] = shrink_lfc(
             backend, fit, contrast.vector, method=options.lfc_shrink, design=design
         )
+        if options.lfc_shrink == "normal" and not single_coefficient(contrast.vector, design):
+            # R's lfcShrink(contrast=) reads results() of the shrunken fit, whose cleanContrast zeroes the fold
+            # change of genes without a count in the compared samples
+            table.loc[contrast_all_zero(fit, contrast.zero_groups), "log2FoldChange_shrunk"] = 0.0
     filtering = {k: (float(v) if np.isscalar(v) else np.asarray(v)) for k, v in info.items() if k in _FILTER_FIELDS}
     return table, filtering
 

@@ -628,15 +628,11 @@ def results(
         res["lfcSE"][nz] = 0.0
         if test == "wald":
             res["stat"][nz], res["pvalue"][nz] = 0.0, 1.0
-    if zero_groups is not None:
-        a, b = zero_groups
-        in_groups = a | b
-        counts = fit.counts if in_groups.all() else fit.counts[:, in_groups]  # a two-level factor: every sample
-        both = ~(counts > 0).any(axis=1) & ~fit.genes["allZero"]
-        if both.any():
-            res["log2FoldChange"][both] = 0.0
-            if test == "wald":
-                res["stat"][both], res["pvalue"][both] = 0.0, 1.0
+    both = contrast_all_zero(fit, zero_groups)
+    if both.any():
+        res["log2FoldChange"][both] = 0.0
+        if test == "wald":
+            res["stat"][both], res["pvalue"][both] = 0.0, 1.0
     pv = res["pvalue"]
     pv[fit.genes["allZero"]] = np.nan
     info: dict = {}
@@ -654,6 +650,18 @@ def results(
     res["padj"] = padj
     res["baseMean"] = bm
     return res, info
+
+
+def contrast_all_zero(fit: DeseqFit, zero_groups: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The genes with a count but none in the samples a contrast compares (R's ``contrastAllZero``), whose fold
+    change R's ``cleanContrast`` sets to 0; none without ``zero_groups``.
+    """
+    if zero_groups is None:
+        return np.zeros(fit.counts.shape[0], dtype=bool)
+    a, b = zero_groups
+    in_groups = a | b
+    counts = fit.counts if in_groups.all() else fit.counts[:, in_groups]  # a two-level factor: every sample
+    return ~(counts > 0).any(axis=1) & ~fit.genes["allZero"]
 
 
 def lfc_log2(fit: DeseqFit) -> np.ndarray:

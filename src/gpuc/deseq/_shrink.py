@@ -280,15 +280,20 @@ def shrink_apeglm(
     return lfc, sev, s
 
 
+def single_coefficient(c: np.ndarray, design: Any) -> bool:
+    """The contrast is one design coefficient other than the intercept (weight 1): R's ``lfcShrink(coef=)``."""
+    nzc = np.nonzero(c)[0]
+    return nzc.shape[0] == 1 and c[nzc[0]] == 1 and design.columns[nzc[0]] != "Intercept"
+
+
 def shrink_lfc(bk: Backend, fit: Any, c: np.ndarray, *, method: str, design: Any) -> tuple[np.ndarray, np.ndarray]:
     """Shrunken log2 fold changes and SEs for contrast ``c`` (``method`` "normal" or "apeglm"). With "normal", a
     contrast that is one design coefficient is shrunk as R's ``lfcShrink(coef=)`` (standard model matrix), any other
     as R's ``lfcShrink(contrast=)`` (expanded model matrix): R's two give different values for the same comparison.
     """
     if method == "normal":
-        nzc = np.nonzero(c)[0]
-        if nzc.shape[0] == 1 and c[nzc[0]] == 1 and design.columns[nzc[0]] != "Intercept":
-            return shrink_normal_coef(bk, fit, int(nzc[0]), design)  # one coefficient: R's lfcShrink(coef=)
+        if single_coefficient(c, design):
+            return shrink_normal_coef(bk, fit, int(np.nonzero(c)[0][0]), design)  # R's lfcShrink(coef=)
         return shrink_normal(bk, fit, c, design)
     nzc = np.nonzero(c)[0]
     if nzc.shape[0] != 1 or c[nzc[0]] != 1:

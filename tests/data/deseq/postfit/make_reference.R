@@ -8,7 +8,8 @@
 #     baseMean, allZero, dispersion, dispFit, maxCooks, replace), ia_cooks (genes x samples), ia_sf (size factors)
 #   ia_res_<name>: results() of that fit for the contrasts below; ia_summary.txt: summary() of two of them
 #   me_res_*, me_shrink_*: ~ cond + group, results() and lfcShrink(type="normal") of contrasts
-#   nf_*: pasilla (every 10th gene) with normalizationFactors(dds) <- a seeded gene x sample matrix
+#   nf_*: pasilla (every 10th gene) with normalizationFactors(dds) <- a seeded gene x sample matrix (nf_factors:
+#     samples x genes, hex floats)
 #   cg_*: pasilla (every 10th gene) with estimateSizeFactors(controlGenes = every 3rd of those genes)
 #   defaults.csv: the default arguments of results(), DESeq(), lfcShrink() and summary()
 suppressMessages(library(DESeq2))
@@ -122,7 +123,9 @@ md$condition <- factor(md$condition, levels = c("untreated", "treated")); md$typ
 set.seed(305)
 nf <- matrix(exp(rnorm(length(pc), 0, 0.25)), nrow(pc)) * rep(exp(rnorm(ncol(pc), 0, 0.3)), each = nrow(pc))
 dimnames(nf) <- dimnames(pc)
-w(t(nf), "nf_factors")
+# the factors as C99 hex floats (every bit), so that gpuc's fit starts from R's exact input
+hx <- t(nf); hx[] <- sprintf("%a", hx)
+write.csv(hx, gzfile(file.path(out, "nf_factors.csv.gz")), quote = FALSE)
 dn <- DESeqDataSetFromMatrix(pc, md, ~ type + condition)
 normalizationFactors(dn) <- nf
 dn <- DESeq(dn, quiet = TRUE)
