@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gpuc._backend import Backend
-from gpuc.deseq._glm import fit_nb_glm, nb_loglik_sum, per_gene
+from gpuc.deseq._glm import fit_nb_glm, per_gene
 from gpuc.deseq._rlinalg import (
     least_squares_coef,
     linear_model_fit,
@@ -972,32 +972,3 @@ def prior_variance(resid: np.ndarray, var_log_disp: float, n: int, p: int, *, se
     from gpuc.deseq._rrandom import simulated_prior_variance  # here: numba compiles it on first use
 
     return simulated_prior_variance(resid, df, seed=seed), "simulation"
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# whole dispersion stage
-# --------------------------------------------------------------------------------------------------------------------
-def fit_dispersions_map_pipeline(bk: Backend, y: Any, sf: Any, x: Any, *, min_disp: float = 1e-8) -> Any:
-    """Genewise -> mean trend -> prior -> MAP, used inside the iterative size-factor estimate."""
-    xp = bk.xp
-    n, p = x.shape
-    max_disp = max(10.0, float(n))
-    a0 = rough_moments_init(bk, y, sf, x, min_disp=min_disp, max_disp=max_disp)
-    mu = dispersion_mu(bk, y, sf, x, a0)
-    gw = fit_log_alpha(bk, y, mu, x, a0, min_disp=min_disp, max_disp=max_disp, r_flat_start=True).alpha
-    gwh = np.asarray(bk.to_host(gw))
-    means = np.asarray(bk.to_host(r_row_sums(bk, y / sf[None, :], mean=True)))
-    fn, _ = fit_trend(means, gwh, fit_type="mean", min_disp=min_disp)
-    fitted = fn(means)
-    v, resid = log_residual_variance(gwh, fitted, min_disp=min_disp)
-    pv, _ = prior_variance(resid, v, n, p)
-    start = xp.where(gw > 0.1 * xp.asarray(fitted), gw, xp.asarray(fitted))
-    mp = fit_log_alpha(
-        bk, y, mu, x, start, min_disp=min_disp, max_disp=max_disp, prior_mean=xp.log(xp.asarray(fitted)), prior_var=pv
-    ).alpha
-    return xp.where(xp.log(gw) > xp.log(xp.asarray(fitted)) + 2 * math.sqrt(v), gw, mp)
-
-
-def nb_deviance(bk: Backend, y: Any, mu: Any, alpha: Any) -> Any:
-    """-2 log-likelihood per gene."""
-    return -2.0 * nb_loglik_sum(bk, y, mu, alpha)

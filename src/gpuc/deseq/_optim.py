@@ -207,6 +207,16 @@ def gene_log_likelihood_terms(y, nf, x, beta, alpha, out):  # pragma: no cover -
             out[g, s] = log_nbinom_mu(y[g, s], size, nf[g, s] * math.exp(eta))
 
 
+@njit(cache=True, nogil=True)
+def log_density_matrix(y, mu, alpha, out):  # pragma: no cover - compiled
+    """R's ``dnbinom(y, mu = mu, size = 1 / alpha, log = TRUE)`` elementwise, one dispersion per gene (row)."""
+    G, n = y.shape
+    for g in range(G):
+        size = 1.0 / alpha[g]
+        for s in range(n):
+            out[g, s] = log_nbinom_mu(y[g, s], size, mu[g, s])
+
+
 @dataclass
 class NegativeLogPosterior:
     """DESeq2's optim objective for one gene: -(sum dnbinom(k, mu = nf 2^(X p), size = 1/alpha, log = TRUE)

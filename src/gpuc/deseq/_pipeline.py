@@ -155,12 +155,12 @@ def _fit_dispersions(
     return gw.alpha, gw.converged, mu, gw.state
 
 
-def _fit_map(
-    bk: Backend, y: Any, sf: Any, mu: Any, x: Any, gw: Any, fitted: Any, state: tuple | None, glob: FitGlobals
-) -> tuple[Any, Any, Any, Any, Any]:
+def map_dispersions(
+    bk: Backend, y: Any, mu: Any, x: Any, gw: Any, fitted: Any, glob: FitGlobals
+) -> tuple[Any, Any, Any, Any]:
     """MAP dispersions towards the trend values ``fitted`` (R's search from the gene-wise value, or from the trend
-    value where the gene-wise one is more than 10 times below it; ``state`` is unused), R's dispersion outliers
-    (which keep their gene-wise value), the final dispersions, and the NB GLM fitted with them.
+    value where the gene-wise one is more than 10 times below it), R's dispersion outliers (which keep their
+    gene-wise value) and the final dispersions (``estimateDispersionsMAP``).
     """
     xp = bk.xp
     start = xp.where(gw > 0.1 * fitted, gw, fitted)
@@ -174,15 +174,45 @@ def _fit_map(
         max_disp=glob.max_disp,
         prior_mean=xp.log(fitted),
         prior_var=glob.prior_var,
-        init_state=state,
     )
     outlier = xp.log(gw) > xp.log(fitted) + 2.0 * math.sqrt(glob.var_log_disp)
     final = xp.clip(xp.where(outlier, gw, mp.alpha), glob.min_disp, glob.max_disp)
+    return mp.alpha, mp.converged, outlier, final
+
+
+def _fit_map(
+    bk: Backend, y: Any, sf: Any, mu: Any, x: Any, gw: Any, fitted: Any, state: tuple | None, glob: FitGlobals
+) -> tuple[Any, Any, Any, Any, Any]:
+    """:func:`map_dispersions` and the NB GLM fitted with the final dispersions (``state`` is unused)."""
+    dmap, map_conv, outlier, final = map_dispersions(bk, y, mu, x, gw, fitted, glob)
     # the likelihood-ratio test subtracts deviances: R's own there
     fit = fit_nb_glm(
         bk, y, sf, x, final, min_mu=glob.min_mu, maxit=glob.max_iter, exact_log_like=glob.reduced is not None
     )
-    return mp.alpha, mp.converged, outlier, final, fit
+    return dmap, map_conv, outlier, final, fit
+
+
+def estimate_dispersions(
+    bk: Backend, y: Any, sf: Any, x: np.ndarray, *, fit_type: str, min_disp: float = 1e-8, min_mu: float = 0.5
+) -> tuple[Any, Any]:
+    """R's ``estimateDispersions`` on gene-major counts ``y`` of genes with a count: gene-wise estimates, the trend
+    of ``fit_type``, the prior and MAP. Returns the final dispersions and the means the gene-wise search used (R's
+    ``assays(dds)[["mu"]]``).
+    """
+    n, p = x.shape
+    max_disp = max(10.0, float(n))
+    xd = bk.asarray(x)
+    _, base_mean, _ = gene_moments(bk, y, sf)
+    gw, _, mu, _ = _fit_dispersions(bk, y, sf, xd, min_disp=min_disp, max_disp=max_disp, min_mu=min_mu)
+    prior = dispersion_prior(
+        np.asarray(bk.to_host(base_mean)), np.asarray(bk.to_host(gw)), n, p, fit_type=fit_type, min_disp=min_disp,
+        messages=[],
+    )  # fmt: skip
+    glob = FitGlobals(
+        prior.trend, prior.prior_var, prior.var_log_disp, False, 7, 100, None, min_mu, min_disp, max_disp
+    )  # fmt: skip
+    final = map_dispersions(bk, y, mu, xd, gw, bk.asarray(prior.fitted), glob)[3]
+    return final, mu
 
 
 def run_deseq(

@@ -22,6 +22,7 @@ the moments starting value of the dispersion search and ``baseMean`` come from t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -262,6 +263,20 @@ def r_mean(bk: Backend, v: Any) -> float:
     if np.isfinite(np.float64(m)):
         m += _ordered_sum(x - m, np.longdouble) / np.longdouble(len(x))
     return float(np.float64(m))
+
+
+def r_quantile(v: np.ndarray, prob: float) -> float:
+    """R's ``quantile(v, prob)`` (type 7): the order statistics at floor and ceiling of 1 + (n - 1) prob, mixed as
+    ``(1 - h) * lo + h * hi`` where they differ.
+    """
+    x = np.sort(np.asarray(v, dtype=np.float64))
+    index = 1 + max(x.shape[0] - 1, 0) * prob
+    lo, hi = math.floor(index), math.ceil(index)
+    q = x[lo - 1]
+    if index > lo and x[hi - 1] != q:
+        h = index - lo
+        q = (1 - h) * q + h * x[hi - 1]
+    return float(q)
 
 
 def r_row_vars(xp: Any, v: Any) -> Any:

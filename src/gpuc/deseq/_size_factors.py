@@ -104,52 +104,50 @@ def size_factors_poscounts(bk: Backend, y: Any, control: Any = None) -> Any:
     return centred_on_geometric_mean(bk, sf)
 
 
-def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quant: float = 0.95, min_disp: float = 1e-8) -> Any:
-    """R's ``estimateSizeFactorsIterate``: alternate an intercept-only dispersion fit and a trimmed NB likelihood.
+def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quantile: float = 0.05) -> Any:
+    """R's ``estimateSizeFactorsIterate`` on gene-major counts ``y`` of the genes with a count.
 
-    The log size factors (centred) are optimised by L-BFGS-B on the host over the summed NB log-likelihood of the
-    genes below the ``quant`` quantile of per-gene negative log-likelihood; dispersions come from the batched
-    genewise/MAP solvers with a mean trend.
+    Each round fits the dispersions of the intercept-only model with a mean trend (R's
+    ``estimateDispersions(fitType = "mean")``), then maximises over the log size factors p, with
+    sf = exp(p - mean(p)), the summed log-likelihood of the genes above the ``quantile`` of per-gene log-likelihoods
+    (means: the dispersion means over the old size factors, times sf) by ``optim``'s L-BFGS-B, as R does, in R's
+    arithmetic (:mod:`gpuc.deseq._optim`); it stops once the squared change of log sf is below 1e-4 from the second
+    round on. Raises, as R, when a round's search or the rounds do not converge.
     """
-    import scipy.optimize
+    from gpuc._backend import get_backend
+    from gpuc.deseq._optim import lbfgsb, log_density_matrix
+    from gpuc.deseq._pipeline import estimate_dispersions
+    from gpuc.deseq._rlinalg import r_quantile, r_sum
 
-    from gpuc.deseq._dispersion import fit_dispersions_map_pipeline
+    host = get_backend("cpu")
 
-    xp = bk.xp
     n = y.shape[1]
-    sf = xp.ones(n)
-    keep = (y > 0).any(axis=1)
-    y = y[keep]
-    x = xp.ones((n, 1))
-    yh = np.asarray(bk.to_host(y))
-    for it in range(niter):
-        disp = fit_dispersions_map_pipeline(bk, y, sf, x, min_disp=min_disp)
-        norm = y / sf[None, :]
-        q = norm.mean(axis=1)
-        qh, ah = np.asarray(bk.to_host(q)), np.asarray(bk.to_host(disp))
-        r = 1.0 / ah
+    x = np.ones((n, 1))
+    counts = np.ascontiguousarray(bk.to_host(y), dtype=np.float64)
+    sf = np.ones(n)
+    for i in range(1, niter + 1):
+        disp, mu = estimate_dispersions(bk, y, bk.asarray(sf), x, fit_type="mean")
+        q = np.asarray(bk.to_host(mu), dtype=np.float64) / sf[None, :]
+        alpha = np.ascontiguousarray(bk.to_host(disp), dtype=np.float64)
+        terms = np.empty(counts.shape)
 
-        def objective(logsf: np.ndarray, qh=qh, r=r) -> float:
-            s = np.exp(logsf - logsf.mean())
-            mu = qh[:, None] * s[None, :]
-            from scipy.special import gammaln
+        def negative_trimmed_log_likelihood(p: np.ndarray, q=q, alpha=alpha, terms=terms) -> float:
+            # optim(fnscale = -1) minimises -fn
+            s = np.exp(p - r_mean(host, p))
+            log_density_matrix(counts, q * s[None, :], alpha, terms)
+            gene_ll = r_row_sums(host, terms)
+            return -r_sum(gene_ll[gene_ll > r_quantile(gene_ll, quantile)])
 
-            ll = (
-                gammaln(yh + r[:, None])
-                - gammaln(r[:, None])
-                - gammaln(yh + 1)
-                + r[:, None] * np.log(r[:, None] / (r[:, None] + mu))
-                + yh * np.log(mu / (r[:, None] + mu))
-            )
-            nll = -ll.sum(axis=1)
-            cut = np.quantile(nll, quant)
-            return float(nll[nll < cut].sum())
-
-        start = np.log(np.asarray(bk.to_host(sf)))
-        res = scipy.optimize.minimize(objective, start, method="L-BFGS-B", bounds=[(-np.inf, np.inf)] * n)
-        new = np.exp(res.x - res.x.mean())
-        change = float(np.sum((np.log(new) - start) ** 2))
-        sf = xp.asarray(new)
-        if it > 1 and change < 1e-4:
+        old = sf
+        res = lbfgsb(negative_trimmed_log_likelihood, np.log(old), np.full(n, -np.inf), np.full(n, np.inf))
+        if res.convergence != 0:
+            msg = "iterative size factor normalization did not converge within an iteration (as R's estimateSizeFactorsIterate)."
+            raise RuntimeError(msg)
+        sf = np.exp(res.par - r_mean(host, res.par))
+        if i > 1 and r_sum((np.log(old) - np.log(sf)) ** 2) < 1e-4:
             break
-    return sf
+        if i == niter:
+            raise RuntimeError(
+                "iterative size factor normalization did not converge (as R's estimateSizeFactorsIterate)."
+            )
+    return bk.asarray(sf)
