@@ -467,10 +467,8 @@ class _LineSearch:
         """``dcstep``: the cubic/quadratic safeguarded step of More and Thuente; updates the bracket."""
         sgnd = dp * (dx / abs(dx))
         if fp > fx:
-            theta = (fx - fp) * 3.0 / (stp - stx) + dx + dp
-            s = _max3(theta, dx, dp)
-            d1 = theta / s
-            gamm = s * math.sqrt(d1 * d1 - dx / s * (dp / s))
+            theta, s, rad = _cubic_terms(fx, fp, stx, stp, dx, dp)
+            gamm = s * _sqrt(rad)
             if stp < stx:
                 gamm = -gamm
             p = gamm - dx + theta
@@ -481,25 +479,14 @@ class _LineSearch:
             stpf = stpc if abs(stpc - stx) < abs(stpq - stx) else stpc + (stpq - stpc) / 2.0
             self.brackt = True
         elif sgnd < 0.0:
-            theta = (fx - fp) * 3.0 / (stp - stx) + dx + dp
-            s = _max3(theta, dx, dp)
-            d1 = theta / s
-            gamm = s * math.sqrt(d1 * d1 - dx / s * (dp / s))
-            if stp > stx:
-                gamm = -gamm
-            p = gamm - dp + theta
-            q = gamm - dp + gamm + dx
-            r = p / q
-            stpc = stp + r * (stx - stp)
+            stpc = _cubic_step(stp, fp, dp, stx, fx, dx)
             stpq = stp + dp / (dp - dx) * (stx - stp)
             stpf = stpc if abs(stpc - stp) > abs(stpq - stp) else stpq
             self.brackt = True
         elif abs(dp) < abs(dx):
-            theta = (fx - fp) * 3.0 / (stp - stx) + dx + dp
-            s = _max3(theta, dx, dp)
-            d1 = theta / s
-            d1 = d1 * d1 - dx / s * (dp / s)
-            gamm = 0.0 if d1 < 0 else s * math.sqrt(d1)
+            # the cubic may not tend to infinity in the step's direction: its minimiser may lie beyond
+            theta, s, rad = _cubic_terms(fx, fp, stx, stp, dx, dp)
+            gamm = 0.0 if rad < 0 else s * math.sqrt(rad)
             if stp > stx:
                 gamm = -gamm
             p = gamm - dp + theta
@@ -525,17 +512,8 @@ class _LineSearch:
                 stpf = stpf if stpmin < stpf else stpmin
         else:
             if self.brackt:
-                theta = (fp - fy) * 3.0 / (sty - stp) + dy + dp
-                s = _max3(theta, dy, dp)
-                d1 = theta / s
-                gamm = s * math.sqrt(d1 * d1 - dy / s * (dp / s))
-                if stp > sty:
-                    gamm = -gamm
-                p = gamm - dp + theta
-                q = gamm - dp + gamm + dy
-                r = p / q
-                stpc = stp + r * (sty - stp)
-                stpf = stpc
+                # (fp - fy) 3 / (sty - stp) in R's code: the same double as (fy - fp) 3 / (stp - sty)
+                stpf = _cubic_step(stp, fp, dp, sty, fy, dy)
             elif stp > stx:
                 stpf = stpmax
             else:
@@ -547,6 +525,42 @@ class _LineSearch:
                 sty, fy, dy = stx, fx, dx
             stx, fx, dx = stp, fp, dp
         return stx, fx, dx, sty, fy, dy, stpf
+
+
+def _column_dot(a: np.ndarray, i: int, b: np.ndarray, j: int, rows: np.ndarray) -> float:
+    """Sum over ``rows`` of a[r, i] * b[r, j], in order from zero (``formk``'s partial inner products)."""
+    s = 0.0
+    for r in rows:
+        s += a[r, i] * b[r, j]
+    return s
+
+
+def _cubic_terms(f_a, f_b, st_a, st_b, d_a, d_b) -> tuple[float, float, float]:
+    """The cubic interpolating two points' values and slopes (``dcstep``): theta, the scale s and the radicand of
+    gamma = s sqrt(rad), in the search's order of operations.
+    """
+    theta = (f_a - f_b) * 3.0 / (st_b - st_a) + d_a + d_b
+    s = _max3(theta, d_a, d_b)
+    t = theta / s
+    return theta, s, t * t - d_a / s * (d_b / s)
+
+
+def _cubic_step(stp, fp, dp, st_o, f_o, d_o) -> float:
+    """The minimiser of the cubic through the trial step (stp, fp, dp) and the end point (st_o, f_o, d_o), from the
+    trial step (``dcstep``'s cases of a sign change of the slope and of a bracketed slow decrease).
+    """
+    theta, s, rad = _cubic_terms(f_o, fp, st_o, stp, d_o, dp)
+    gamm = s * _sqrt(rad)
+    if stp > st_o:
+        gamm = -gamm
+    p = gamm - dp + theta
+    q = gamm - dp + gamm + d_o
+    return stp + p / q * (st_o - stp)
+
+
+def _sqrt(v: float) -> float:
+    """C's sqrt: NaN below zero."""
+    return math.sqrt(v) if v >= 0 else math.nan
 
 
 def _max3(a: float, b: float, c: float) -> float:
@@ -892,8 +906,9 @@ class _BoundedBFGS:
         updating the blocks Y'ZZ'Y, S'AA'S and S'ZZ'Y of ``snd`` for the variables that changed sets.
         """
         n, m, col, head = self.n, self.m, self.col, self.head
-        wn, wn1, ws, wy, ind, indx2 = self.wn, self.snd, self.ws, self.wy, self.indx, self.indx2
-        nsub, nenter, ileave = self.nfree, self.nenter, self.ileave
+        wn, wn1, ws, wy = self.wn, self.snd, self.ws, self.wy
+        free, active = self.indx[: self.nfree], self.indx[self.nfree : n]
+        entering, leaving = self.indx2[: self.nenter], self.indx2[self.ileave : n]
         if self.updatd:
             if self.iupdat > m:
                 # the oldest correction dropped out: shift the old blocks up and left
@@ -902,35 +917,20 @@ class _BoundedBFGS:
                     wn1[jy : m - 1, jy] = wn1[jy + 1 : m, jy + 1].copy()
                     wn1[js : 2 * m - 1, js] = wn1[js + 1 : 2 * m, js + 1].copy()
                     wn1[m : 2 * m - 1, jy] = wn1[m + 1 : 2 * m, jy + 1].copy()
+            # the rows of the newest correction in Y'ZZ'Y, S'AA'S and S'AA'Y, and its column of S'ZZ'Y, afresh
             iy = col - 1
             is_ = m + col - 1
-            ipntr = (head + col - 1) % m
+            newest = (head + col - 1) % m
             jpntr = head
             for jy in range(col):
-                js = m + jy
-                temp1 = temp2 = temp3 = 0.0
-                for k in range(nsub):
-                    k1 = ind[k]
-                    temp1 += wy[k1, ipntr] * wy[k1, jpntr]
-                for k in range(nsub, n):
-                    k1 = ind[k]
-                    temp2 += ws[k1, ipntr] * ws[k1, jpntr]
-                    temp3 += ws[k1, ipntr] * wy[k1, jpntr]
-                wn1[iy, jy] = temp1
-                wn1[is_, js] = temp2
-                wn1[is_, jy] = temp3
+                wn1[iy, jy] = _column_dot(wy, newest, wy, jpntr, free)
+                wn1[is_, m + jy] = _column_dot(ws, newest, ws, jpntr, active)
+                wn1[is_, jy] = _column_dot(ws, newest, wy, jpntr, active)
                 jpntr = (jpntr + 1) % m
-            jy = col - 1
-            jpntr = (head + col - 1) % m
             ipntr = head
             for i in range(col):
-                is_ = m + i
-                temp3 = 0.0
-                for k in range(nsub):
-                    k1 = ind[k]
-                    temp3 += ws[k1, ipntr] * wy[k1, jpntr]
+                wn1[m + i, col - 1] = _column_dot(ws, ipntr, wy, newest, free)
                 ipntr = (ipntr + 1) % m
-                wn1[is_, jy] = temp3
             upcl = col - 1
         else:
             upcl = col
@@ -941,15 +941,10 @@ class _BoundedBFGS:
             jpntr = head
             for jy in range(iy + 1):
                 js = m + jy
-                temp1 = temp2 = temp3 = temp4 = 0.0
-                for k in range(nenter):
-                    k1 = indx2[k]
-                    temp1 += wy[k1, ipntr] * wy[k1, jpntr]
-                    temp2 += ws[k1, ipntr] * ws[k1, jpntr]
-                for k in range(ileave, n):
-                    k1 = indx2[k]
-                    temp3 += wy[k1, ipntr] * wy[k1, jpntr]
-                    temp4 += ws[k1, ipntr] * ws[k1, jpntr]
+                temp1 = _column_dot(wy, ipntr, wy, jpntr, entering)
+                temp2 = _column_dot(ws, ipntr, ws, jpntr, entering)
+                temp3 = _column_dot(wy, ipntr, wy, jpntr, leaving)
+                temp4 = _column_dot(ws, ipntr, ws, jpntr, leaving)
                 wn1[iy, jy] = wn1[iy, jy] + temp1 - temp3
                 wn1[is_, js] = wn1[is_, js] - temp2 + temp4
                 jpntr = (jpntr + 1) % m
@@ -958,13 +953,8 @@ class _BoundedBFGS:
         for is_ in range(m, m + upcl):
             jpntr = head
             for jy in range(upcl):
-                temp1 = temp3 = 0.0
-                for k in range(nenter):
-                    k1 = indx2[k]
-                    temp1 += ws[k1, ipntr] * wy[k1, jpntr]
-                for k in range(ileave, n):
-                    k1 = indx2[k]
-                    temp3 += ws[k1, ipntr] * wy[k1, jpntr]
+                temp1 = _column_dot(ws, ipntr, wy, jpntr, entering)
+                temp3 = _column_dot(ws, ipntr, wy, jpntr, leaving)
                 if is_ <= jy + m:
                     wn1[is_, jy] += temp1 - temp3
                 else:

@@ -9,30 +9,17 @@
 #                 12,359 where R's derivative takes the C library's pow(x, -1) somewhere the compiler made a
 #                 division (found by trying both on every gene), and 120 at random.
 #   trigamma.csv  x, trigamma(x)
-# Run: Rscript make_irls_reference.R /path/to/shared/data/bulk/pasilla
-suppressMessages(library(DESeq2))
-args <- commandArgs(trailingOnly = TRUE)
-src <- if (length(args)) args[1] else "/work/shared/data/bulk/pasilla"
-hx <- function(v) sprintf("%a", v)
-cts <- as.matrix(read.csv(file.path(src, "counts.csv"), row.names = 1, check.names = FALSE))
-md <- read.csv(file.path(src, "metadata.csv"), row.names = 1)
-md$condition <- factor(md$condition, levels = c("untreated", "treated"))
-md$type <- factor(md$type)
-design <- ~type + condition
-mm <- model.matrix(design, md)
+# Run in this folder: Rscript make_irls_reference.R /path/to/shared/data/bulk/pasilla
+source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit()
 
 set.seed(11)
 keep <- sort(sample(which(rowSums(cts) > 0), 150))
 dds <- estimateSizeFactors(DESeqDataSetFromMatrix(cts, md, design))[keep, ]
 y <- counts(dds); n <- ncol(y); p <- ncol(mm)
 alpha <- exp(runif(nrow(y), log(1e-4), log(5)))
-qrx <- qr(mm)
-b0 <- t(solve(qr.R(qrx), t(qr.Q(qrx)) %*% t(log(counts(dds, normalized = TRUE) + .1))))
-nf <- matrix(rep(sizeFactors(dds), each = nrow(y)), ncol = n)
-res <- DESeq2:::fitBetaWrapper(ySEXP = y, xSEXP = mm, nfSEXP = nf, alpha_hatSEXP = alpha, beta_matSEXP = b0,
-  lambdaSEXP = rep(1e-6, p) / log(2)^2, weightsSEXP = matrix(1, nrow(y), n), useWeightsSEXP = FALSE,
-  tolSEXP = 1e-8, maxitSEXP = 100, useQRSEXP = TRUE, minmuSEXP = 0.5)
-mu <- nf * t(exp(mm %*% t(res$beta_mat)))
+ir <- irls_fit(dds, alpha)
+b0 <- ir$b0; res <- ir$fit
+mu <- ir$nf * t(exp(mm %*% t(res$beta_mat)))
 out <- data.frame(gene = rownames(dds))
 for (j in seq_len(n)) out[[paste0("y", j)]] <- y[, j]
 for (j in seq_len(n)) out[[paste0("sf", j)]] <- hx(sizeFactors(dds)[j])

@@ -9,27 +9,14 @@
 #                 spanning DESeq2's range; what=sum: sum() of 8 doubles (x87 extended accumulation);
 #                 what=rosenbrock: optim(c(-1.2, 1), Rosenbrock, "L-BFGS-B", lower = c(-2, -2), upper = c(2, 0.8))
 #                 (par, value, counts, convergence).
-# Run: Rscript make_optim_reference.R /path/to/shared/data/bulk/pasilla
-suppressMessages(library(DESeq2))
-args <- commandArgs(trailingOnly = TRUE)
-src <- if (length(args)) args[1] else "/work/shared/data/bulk/pasilla"
-hx <- function(v) sprintf("%a", v)
-cts <- as.matrix(read.csv(file.path(src, "counts.csv"), row.names = 1, check.names = FALSE))
-md <- read.csv(file.path(src, "metadata.csv"), row.names = 1)
-md$condition <- factor(md$condition, levels = c("untreated", "treated"))
-md$type <- factor(md$type)
-design <- ~type + condition
-mm <- model.matrix(design, md)
+# Run in this folder: Rscript make_optim_reference.R /path/to/shared/data/bulk/pasilla
+source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit()
 
 table_for <- function(dds, alpha, set) {
   y <- counts(dds); n <- ncol(y); p <- ncol(mm)
   dispersions(dds) <- alpha
-  qrx <- qr(mm)
-  b0 <- t(solve(qr.R(qrx), t(qr.Q(qrx)) %*% t(log(counts(dds, normalized = TRUE) + .1))))
-  nf <- matrix(rep(sizeFactors(dds), each = nrow(y)), ncol = n)
-  irls <- DESeq2:::fitBetaWrapper(ySEXP = y, xSEXP = mm, nfSEXP = nf, alpha_hatSEXP = alpha, beta_matSEXP = b0,
-    lambdaSEXP = rep(1e-6, p) / log(2)^2, weightsSEXP = matrix(1, nrow(y), n), useWeightsSEXP = FALSE,
-    tolSEXP = 1e-8, maxitSEXP = 100, useQRSEXP = TRUE, minmuSEXP = 0.5)
+  ir <- irls_fit(dds, alpha)
+  b0 <- ir$b0; irls <- ir$fit
   fit <- DESeq2:::fitNbinomGLMs(dds, modelMatrix = mm, forceOptim = TRUE)
   out <- data.frame(set = set, gene = rownames(dds))
   for (j in seq_len(n)) out[[paste0("y", j)]] <- y[, j]
@@ -54,17 +41,11 @@ easy <- table_for(all[keep, ], alpha, "random")
 # times exp(N(0, 2)) with seeds 1 to 4
 all <- suppressMessages(estimateDispersions(all))
 nz <- which(rowSums(cts) > 0)
-y <- counts(all)[nz, ]
-qrx <- qr(mm)
-b0 <- t(solve(qr.R(qrx), t(qr.Q(qrx)) %*% t(log(counts(all, normalized = TRUE)[nz, ] + .1))))
-nf <- matrix(rep(sizeFactors(all), each = nrow(y)), ncol = ncol(y))
 hard <- NULL
 for (s in 0:4) {
   set.seed(s)
   alpha <- dispersions(all)[nz] * if (s == 0) 1 else exp(rnorm(length(nz), 0, 2))
-  irls <- DESeq2:::fitBetaWrapper(ySEXP = y, xSEXP = mm, nfSEXP = nf, alpha_hatSEXP = alpha, beta_matSEXP = b0,
-    lambdaSEXP = rep(1e-6, ncol(mm)) / log(2)^2, weightsSEXP = matrix(1, nrow(y), ncol(y)), useWeightsSEXP = FALSE,
-    tolSEXP = 1e-8, maxitSEXP = 100, useQRSEXP = TRUE, minmuSEXP = 0.5)
+  irls <- irls_fit(all[nz, ], alpha)$fit
   stuck <- which(irls$iter == 100)
   hard <- rbind(hard, table_for(all[nz[stuck], ], alpha[stuck], if (s == 0) "unconverged_R" else paste0("unconverged_", s)))
 }
