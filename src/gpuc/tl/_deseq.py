@@ -116,7 +116,8 @@ def deseq(
         Layer with the counts; ``None`` uses ``X``.
     size_factors
         ``"ratio"`` (median of ratios; switches to ``"poscounts"`` with a warning when every gene has a zero),
-        ``"poscounts"``, ``"iterative"``, or given size factors: an array in the order of ``obs``, or a Series,
+        ``"poscounts"``, ``"iterative"`` (R's ``type="iterate"``: rounds of dispersion fits and optim's L-BFGS-B on a
+        trimmed likelihood; raises, as R, when it does not converge), or given size factors: an array in the order of ``obs``, or a Series,
         dict or one-column DataFrame labelled by ``obs_names`` (matched by name). ``params`` stores given factors as
         that DataFrame, so a replay after the samples were reordered gives each sample its own factor.
     control_genes
@@ -157,9 +158,9 @@ def deseq(
         Minimum samples per design cell for outlier replacement.
     max_iter
         Iteration limit of the IRLS fit of the negative-binomial GLM per gene (R's ``maxit``, 100). Genes that
-        reach it, or whose coefficients run away, are refitted by a bounded likelihood maximisation (R's ``optim``
-        step; here up to ``2 * max_iter`` iterations); genes that do not converge there either keep ``betaConv``
-        False and are reported by a warning, as R reports them.
+        reach it, or whose coefficients run away, are refitted as R refits them: ``optim``'s L-BFGS-B on the log2
+        coefficients within +-30, with its own limit of 100 iterations; genes that do not converge there either
+        keep ``betaConv`` False and are reported by a warning, as R reports them.
     groupby
         Column of ``obs`` (e.g. a cell type of a pseudobulk AnnData): fit and test each group separately. Samples
         with a missing label (NaN/None) belong to no group and are left out, with a warning that counts them; two
@@ -247,7 +248,7 @@ def deseq(
     - Benjamini-Hochberg is the only p-value adjustment (R's ``pAdjustMethod="BH"`` default; no other method).
     - ``minmu=0.5`` and R's ridge are fixed; there is no ``betaPrior`` (R's default FALSE) and no ``useT``
       (default FALSE).
-    - ``max_iter=100`` is R's ``maxit``; genes that do not converge are refitted by a bounded optimiser (R: optim).
+    - ``max_iter=100`` is R's ``maxit``; genes that do not converge are refitted by R's optim (L-BFGS-B) search.
     """
     # the call's arguments, in signature order, as uns[key]["params"] will store them once checked
     call = {k: v for k, v in locals().items() if k not in ("adata", "client", "key_added", "copy")}
