@@ -105,7 +105,7 @@ def compute_size_factors(bk: Backend, y: Any, kind: str, *, control: Any = None)
     if kind == "poscounts":
         return size_factors_poscounts(bk, y, control), "poscounts", None
     if kind == "iterative":
-        return size_factors_iterative(bk, y[(y > 0).any(axis=1)]), "iterative", None
+        return size_factors_iterative(bk, y[(y > 0).any(axis=1)], estimate_dispersions), "iterative", None
     msg = f"size_factors={kind!r} is not valid."
     raise ValueError(msg)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -104,7 +105,14 @@ def size_factors_poscounts(bk: Backend, y: Any, control: Any = None) -> Any:
     return centred_on_geometric_mean(bk, sf)
 
 
-def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quantile: float = 0.05) -> Any:
+def size_factors_iterative(
+    bk: Backend,
+    y: Any,
+    estimate_dispersions: Callable[..., tuple[Any, Any]],
+    *,
+    niter: int = 10,
+    quantile: float = 0.05,
+) -> Any:
     """R's ``estimateSizeFactorsIterate`` on gene-major counts ``y`` of the genes with a count.
 
     Each round fits the dispersions of the intercept-only model with a mean trend (R's
@@ -112,11 +120,12 @@ def size_factors_iterative(bk: Backend, y: Any, *, niter: int = 10, quantile: fl
     sf = exp(p - mean(p)), the summed log-likelihood of the genes above the ``quantile`` of per-gene log-likelihoods
     (means: the dispersion means over the old size factors, times sf) by ``optim``'s L-BFGS-B, as R does, in R's
     arithmetic (:mod:`gpuc.deseq._optim`); it stops once the squared change of log sf is below 1e-4 from the second
-    round on. Raises, as R, when a round's search or the rounds do not converge.
+    round on. Raises, as R, when a round's search or the rounds do not converge. ``estimate_dispersions(bk, y, sf,
+    x, fit_type=)`` is the pipeline's (:func:`gpuc.deseq._pipeline.estimate_dispersions`): final dispersions and the
+    gene-wise means.
     """
     from gpuc._backend import get_backend
     from gpuc.deseq._optim import lbfgsb, log_density_matrix
-    from gpuc.deseq._pipeline import estimate_dispersions
     from gpuc.deseq._rlinalg import r_quantile, r_sum
 
     host = get_backend("cpu")
