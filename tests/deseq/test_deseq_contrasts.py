@@ -385,7 +385,7 @@ def _pasilla_nf() -> ad.AnnData:
     md["condition"] = pd.Categorical(md["condition"], ["untreated", "treated"])
     md["type"] = pd.Categorical(md["type"])
     a = ad.AnnData(cts.T.to_numpy(dtype=np.float64), obs=md, var=pd.DataFrame(index=cts.index))
-    a.layers["nf"] = _read("nf_factors").loc[a.obs_names, a.var_names].map(float.fromhex).to_numpy()
+    a.layers["nf"] = np.array(_read("nf_factors").loc[a.obs_names, a.var_names].map(float.fromhex), dtype=np.float64)
     return a
 
 
