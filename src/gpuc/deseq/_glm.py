@@ -285,20 +285,14 @@ def r_log_likelihood(bk: Backend, y: Any, sf: Any, x: Any, beta: Any, alpha: Any
     exp(X beta), size = 1 / alpha, log = TRUE))`` with R's density, R's order of products and R's extended-precision
     row sums, so that a difference of two (the likelihood-ratio statistic) is R's to the bit. CPU arrays.
     """
-    from gpuc.deseq._optim import gene_log_likelihood_terms
+    from gpuc.deseq._optim import fitted_means, log_density_matrix
     from gpuc.deseq._rlinalg import r_row_sums
 
     y_h = np.ascontiguousarray(y, dtype=np.float64)
-    terms = np.empty(y_h.shape)
+    terms = np.empty(y_h.shape)  # the means, then their log densities in place
     nf = np.broadcast_to(np.asarray(per_gene(sf), dtype=np.float64), y_h.shape)
-    gene_log_likelihood_terms(
-        y_h,
-        nf,
-        np.ascontiguousarray(x, dtype=np.float64),
-        np.ascontiguousarray(beta, dtype=np.float64),
-        np.ascontiguousarray(alpha, dtype=np.float64),
-        terms,
-    )
+    fitted_means(nf, np.ascontiguousarray(x, dtype=np.float64), np.ascontiguousarray(beta, dtype=np.float64), terms)
+    log_density_matrix(y_h, terms, np.ascontiguousarray(alpha, dtype=np.float64), terms)
     return r_row_sums(bk, terms)
 
 

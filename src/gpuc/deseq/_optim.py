@@ -192,24 +192,25 @@ def log_likelihood_terms(counts, nf, x, par, size, base, min_mu, out):  # pragma
 
 
 @njit(cache=True, nogil=True)
-def gene_log_likelihood_terms(y, nf, x, beta, alpha, out):  # pragma: no cover - compiled
-    """R's ``dnbinom(counts, mu = nf * t(exp(x %*% t(beta))), size = 1 / alpha, log = TRUE)`` for every gene (rows),
-    the products in reference ``dgemm`` order and the C library's ``exp``: the terms of DESeq2's ``nbinomLogLike``.
+def fitted_means(nf, x, beta, out):  # pragma: no cover - compiled
+    """DESeq2's fitted means ``nf * t(exp(x %*% t(beta)))`` for every gene (rows of ``beta``) into ``out``: the
+    products in reference ``dgemm`` order and the C library's ``exp``.
     """
-    G, n = y.shape
+    G, n = out.shape
     p = x.shape[1]
     for g in range(G):
-        size = 1.0 / alpha[g]
         for s in range(n):
             eta = 0.0
             for k in range(p):
                 eta = eta + beta[g, k] * x[s, k]
-            out[g, s] = log_nbinom_mu(y[g, s], size, nf[g, s] * math.exp(eta))
+            out[g, s] = nf[g, s] * math.exp(eta)
 
 
 @njit(cache=True, nogil=True)
 def log_density_matrix(y, mu, alpha, out):  # pragma: no cover - compiled
-    """R's ``dnbinom(y, mu = mu, size = 1 / alpha, log = TRUE)`` elementwise, one dispersion per gene (row)."""
+    """R's ``dnbinom(y, mu = mu, size = 1 / alpha, log = TRUE)`` elementwise, one dispersion per gene (row); ``out``
+    may be ``mu`` itself.
+    """
     G, n = y.shape
     for g in range(G):
         size = 1.0 / alpha[g]
