@@ -10,23 +10,16 @@
 #                 division (found by trying both on every gene), and 120 at random.
 #   trigamma.csv  x, trigamma(x)
 # Run in this folder: Rscript make_irls_reference.R /path/to/shared/data/bulk/pasilla
-source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit()
+source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit(), irls_table()
 
 set.seed(11)
 keep <- sort(sample(which(rowSums(cts) > 0), 150))
 dds <- estimateSizeFactors(DESeqDataSetFromMatrix(cts, md, design))[keep, ]
-y <- counts(dds); n <- ncol(y); p <- ncol(mm)
-alpha <- exp(runif(nrow(y), log(1e-4), log(5)))
+n <- ncol(dds)
+alpha <- exp(runif(nrow(dds), log(1e-4), log(5)))
 ir <- irls_fit(dds, alpha)
-b0 <- ir$b0; res <- ir$fit
-mu <- ir$nf * t(exp(mm %*% t(res$beta_mat)))
-out <- data.frame(gene = rownames(dds))
-for (j in seq_len(n)) out[[paste0("y", j)]] <- y[, j]
-for (j in seq_len(n)) out[[paste0("sf", j)]] <- hx(sizeFactors(dds)[j])
-out$alpha <- hx(alpha)
-for (k in seq_len(p)) out[[paste0("b0_", k)]] <- hx(b0[, k])
-for (k in seq_len(p)) out[[paste0("beta_", k)]] <- hx(res$beta_mat[, k])
-out$iter <- res$iter
+mu <- ir$nf * t(exp(mm %*% t(ir$fit$beta_mat)))
+out <- irls_table(dds, alpha, ir)
 for (j in seq_len(n)) out[[paste0("mu", j)]] <- hx(mu[, j])
 write.csv(out, "fitbeta_type_condition.csv", row.names = FALSE, quote = FALSE)
 

@@ -10,21 +10,13 @@
 #                 what=rosenbrock: optim(c(-1.2, 1), Rosenbrock, "L-BFGS-B", lower = c(-2, -2), upper = c(2, 0.8))
 #                 (par, value, counts, convergence).
 # Run in this folder: Rscript make_optim_reference.R /path/to/shared/data/bulk/pasilla
-source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit()
+source("pasilla_setup.R")  # DESeq2, hx(), cts, md, design, mm, irls_fit(), irls_table()
 
 table_for <- function(dds, alpha, set) {
-  y <- counts(dds); n <- ncol(y); p <- ncol(mm)
+  p <- ncol(mm)
   dispersions(dds) <- alpha
-  ir <- irls_fit(dds, alpha)
-  b0 <- ir$b0; irls <- ir$fit
   fit <- DESeq2:::fitNbinomGLMs(dds, modelMatrix = mm, forceOptim = TRUE)
-  out <- data.frame(set = set, gene = rownames(dds))
-  for (j in seq_len(n)) out[[paste0("y", j)]] <- y[, j]
-  for (j in seq_len(n)) out[[paste0("sf", j)]] <- hx(sizeFactors(dds)[j])
-  out$alpha <- hx(alpha)
-  for (k in seq_len(p)) out[[paste0("b0_", k)]] <- hx(b0[, k])
-  for (k in seq_len(p)) out[[paste0("beta_", k)]] <- hx(irls$beta_mat[, k])
-  out$iter <- irls$iter
+  out <- cbind(set = set, irls_table(dds, alpha, irls_fit(dds, alpha)))
   for (k in seq_len(p)) out[[paste0("lfc_", k)]] <- hx(fit$betaMatrix[, k])
   for (k in seq_len(p)) out[[paste0("se_", k)]] <- hx(fit$betaSE[, k])
   out$conv <- as.integer(fit$betaConv)
