@@ -1208,8 +1208,7 @@ def lbfgsb(
     if sbgnrm <= pgtol:
         return LBFGSBResult(x.copy(), f, 0, "CONVERGENCE: NORM OF PROJECTED GRADIENT <= PGTOL", evaluations)
     search = _LineSearch()
-    iteration = 0  # L-BFGS-B's iterations
-    new_points = 0  # optim's count of accepted points, checked against maxit
+    iteration = 0  # L-BFGS-B's iterations: optim counts the same accepted points against maxit
     fold = gd = gdold = stp = dtd = 0.0
     d, r, t, z = state.d, state.r, state.t, state.z
     while True:
@@ -1301,8 +1300,7 @@ def lbfgsb(
             continue
         iteration += 1
         sbgnrm = state.projected_gradient_norm(g)
-        new_points += 1
-        if new_points > maxit:
+        if iteration > maxit:
             return LBFGSBResult(x.copy(), f, 1, "NEW_X", evaluations)
         # ---- convergence tests (R: task NEW_X, then back in mainlb)
         if sbgnrm <= pgtol:
